@@ -1,0 +1,2 @@
+//! The `trellis` command line.
+fn main() {}

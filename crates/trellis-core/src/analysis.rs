@@ -1,0 +1,1 @@
+//! Plan analysis: waves, conflict pairs, critical path and maximum parallelism.

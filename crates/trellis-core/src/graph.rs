@@ -1,0 +1,1 @@
+//! The execution-graph builder of seed 000.

@@ -1,0 +1,139 @@
+//! Identifiers: UUIDv7 newtypes, so an execution id can never be passed where a task instance id is
+//! expected, and ids sort by creation time.
+//!
+//! The core never reads a clock or a random source; [`Id::v7`] builds an id from parts the caller
+//! supplies (the shells use the wall clock and a RNG, tests use counters), which keeps the state
+//! machine deterministic.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+macro_rules! uuid_newtype {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(pub Uuid);
+
+        impl $name {
+            /// Builds a UUIDv7 from a Unix timestamp in milliseconds and 10 bytes of entropy.
+            pub fn v7(unix_ms: u64, entropy: [u8; 10]) -> Self {
+                Self(uuid::Builder::from_unix_timestamp_millis(unix_ms, &entropy).into_uuid())
+            }
+
+            /// Builds a UUIDv7 deterministically from a timestamp and a 128-bit seed (for example a
+            /// hash of the parent id and a counter), used where replay must yield the same id.
+            pub fn derived(unix_ms: u64, seed: u128) -> Self {
+                let bytes = seed.to_le_bytes();
+                let mut entropy = [0u8; 10];
+                entropy.copy_from_slice(&bytes[..10]);
+                Self::v7(unix_ms, entropy)
+            }
+
+            /// Returns the nil id, used only as a placeholder in tests and benchmarks.
+            pub const fn nil() -> Self {
+                Self(Uuid::nil())
+            }
+
+            /// Returns the underlying UUID.
+            pub const fn as_uuid(&self) -> &Uuid {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Display::fmt(&self.0, f)
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}({})", stringify!($name), self.0)
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = uuid::Error;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                Uuid::parse_str(s).map(Self)
+            }
+        }
+
+        impl From<Uuid> for $name {
+            fn from(uuid: Uuid) -> Self {
+                Self(uuid)
+            }
+        }
+    };
+}
+
+uuid_newtype!(
+    /// One execution of a plan; also the correlation id of all its task instances.
+    ExecutionId
+);
+uuid_newtype!(
+    /// One task instance (the seed's `TaskStatusRecord.taskInstanceId`).
+    TaskInstanceId
+);
+uuid_newtype!(
+    /// A group of subtasks spawned by one task instance.
+    GroupId
+);
+uuid_newtype!(
+    /// A human question asked by a task instance.
+    QuestionId
+);
+
+/// A worker (agent) id. Workers choose their own (`host-pid-slot` by default), so it is a string.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct WorkerId(pub String);
+
+impl fmt::Display for WorkerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for WorkerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "WorkerId({})", self.0)
+    }
+}
+
+impl From<&str> for WorkerId {
+    fn from(s: &str) -> Self {
+        Self(s.to_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn derived_ids_are_v7_and_deterministic() {
+        let a = TaskInstanceId::derived(1_700_000_000_000, 42);
+        let b = TaskInstanceId::derived(1_700_000_000_000, 42);
+        assert_eq!(a, b);
+        assert_eq!(a.0.get_version_num(), 7);
+        assert_ne!(a, TaskInstanceId::derived(1_700_000_000_000, 43));
+    }
+
+    #[test]
+    fn ids_sort_by_time() {
+        let early = ExecutionId::v7(1_000, [9; 10]);
+        let late = ExecutionId::v7(2_000, [0; 10]);
+        assert!(early < late);
+    }
+
+    #[test]
+    fn ids_round_trip_through_strings() {
+        let id = GroupId::v7(5, [1; 10]);
+        assert_eq!(id.to_string().parse::<GroupId>().ok(), Some(id));
+    }
+}

@@ -1,0 +1,1 @@
+//! The execution state machine.

@@ -1,0 +1,1 @@
+//! Generated Trellis contracts.
