@@ -1,0 +1,4 @@
+//! Integration tests of `trellis-core`, one binary (faster to link than one per file).
+
+mod common;
+mod machine;
