@@ -1,0 +1,5 @@
+//! Integration tests of `trellis-proto`: one test binary (see STYLE.md, "One integration-test
+//! binary per crate").
+
+mod descriptor;
+mod round_trip;
