@@ -2,4 +2,5 @@
 //! binary per crate").
 
 mod descriptor;
+mod generated;
 mod round_trip;
