@@ -1,0 +1,6 @@
+//! Integration tests of `trellis-proto`: one test binary (see STYLE.md, "One integration-test
+//! binary per crate").
+
+mod descriptor;
+mod generated;
+mod round_trip;
