@@ -1,7 +1,7 @@
 //! Identifiers: UUIDv7 newtypes, so an execution id can never be passed where a task instance id is
 //! expected, and ids sort by creation time.
 //!
-//! The core never reads a clock or a random source; [`Id::v7`] builds an id from parts the caller
+//! The core never reads a clock or a random source; `v7` builds an id from parts the caller
 //! supplies (the shells use the wall clock and a RNG, tests use counters), which keeps the state
 //! machine deterministic.
 
@@ -26,8 +26,9 @@ macro_rules! uuid_newtype {
 
             /// Builds a UUIDv7 deterministically from a timestamp and a 128-bit seed (for example a
             /// hash of the parent id and a counter), used where replay must yield the same id.
+            /// Every bit of the seed influences the 74 bits a UUIDv7 leaves for entropy.
             pub fn derived(unix_ms: u64, seed: u128) -> Self {
-                let bytes = seed.to_le_bytes();
+                let bytes = mix(seed, &[]).to_le_bytes();
                 let mut entropy = [0u8; 10];
                 entropy.copy_from_slice(&bytes[..10]);
                 Self::v7(unix_ms, entropy)
@@ -69,6 +70,24 @@ macro_rules! uuid_newtype {
             }
         }
     };
+}
+
+/// A stable 128-bit mix (splitmix64 over the words), used to derive ids that a replay reproduces
+/// exactly. Stable across releases by construction, unlike `std`'s hashers.
+pub fn mix(seed: u128, words: &[u64]) -> u128 {
+    fn splitmix(mut z: u64) -> u64 {
+        z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    let mut hi = splitmix(seed as u64 ^ 0x7472_656c_6c69_7321);
+    let mut lo = splitmix((seed >> 64) as u64 ^ hi);
+    for &word in words {
+        hi = splitmix(hi ^ word);
+        lo = splitmix(lo.rotate_left(17) ^ word ^ hi);
+    }
+    (u128::from(hi) << 64) | u128::from(lo)
 }
 
 uuid_newtype!(
@@ -122,6 +141,11 @@ mod tests {
         assert_eq!(a, b);
         assert_eq!(a.0.get_version_num(), 7);
         assert_ne!(a, TaskInstanceId::derived(1_700_000_000_000, 43));
+        // Seeds differing only in bits a UUIDv7 overwrites still give different ids.
+        assert_ne!(
+            TaskInstanceId::derived(7, 10),
+            TaskInstanceId::derived(7, 42)
+        );
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //!
 //! It holds the model (ids, plans, task instance records), plan compilation and analysis (waves,
 //! file conflicts, critical path), failure policy, the execution state machine
-//! ([`machine::Execution`]: `apply(event)` is deterministic, `decide(now)` yields commands) and the
+//! (`machine::Execution`: `apply(event)` is deterministic, `decide(now)` yields commands) and the
 //! execution-graph builder of seed 000.
 //!
 //! Architecture invariant: this crate does no I/O. It reads no clock, no random source, no network,

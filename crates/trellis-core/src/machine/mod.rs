@@ -31,7 +31,7 @@ pub use types::{
     ResumeContext, SUMMARY_LIMIT, StateCounts, StepRecord,
 };
 
-use crate::ids::{ExecutionId, GroupId, QuestionId, TaskInstanceId, WorkerId};
+use crate::ids::{ExecutionId, GroupId, QuestionId, TaskInstanceId, WorkerId, mix};
 use crate::plan::{NotRun, Plan, TaskIdx};
 use crate::policy::{ChainPosition, Escalation, EscalationChain, FailureAction};
 use crate::record::{TaskState, TaskStatusRecord};
@@ -108,6 +108,8 @@ struct Group {
     settled: bool,
     /// The parent's resumed instance, once the group settled.
     resumed: Option<InstIdx>,
+    /// Cancelled together with its parent's chain (or the execution): it resumes nothing.
+    abandoned: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -347,11 +349,13 @@ impl Execution {
             .count()
     }
 
-    /// Returns every group id with its parent instance and whether it settled.
-    pub fn groups(&self) -> impl Iterator<Item = (GroupId, TaskInstanceId, bool)> + '_ {
-        self.groups
-            .iter()
-            .map(|g| (g.id, self.instances[g.parent as usize].id, g.settled))
+    /// Returns every subtask group with its parent instance, whether it settled, and whether it was
+    /// abandoned (cancelled with its parent's chain or the execution, so it resumes nothing).
+    pub fn groups(&self) -> impl Iterator<Item = (GroupId, TaskInstanceId, bool, bool)> + '_ {
+        self.groups.iter().map(|g| {
+            let parent = self.instances[g.parent as usize].id;
+            (g.id, parent, g.settled, g.abandoned)
+        })
     }
 
     /// Returns what a worker needs to run the instance's current attempt.
@@ -1268,6 +1272,7 @@ impl Execution {
             cancelled: 0,
             settled: false,
             resumed: None,
+            abandoned: false,
         });
         self.group_by_id.insert(group_id, group);
         self.set_state(parent, TaskState::WaitingForSubtasks);
@@ -1445,6 +1450,7 @@ impl Execution {
                     let g = &mut self.groups[group as usize];
                     if !g.settled {
                         g.settled = true;
+                        g.abandoned = true;
                         work.extend(g.first..g.first + g.len);
                     }
                     if let Some(resumed) = g.resumed {
@@ -1542,6 +1548,7 @@ impl Execution {
             self.set_state(idx, TaskState::Cancelled);
         }
         for group in &mut self.groups {
+            group.abandoned |= !group.settled;
             group.settled = true;
         }
         let mut ignored = Vec::new();
@@ -1729,22 +1736,4 @@ fn waves_of(plan: &Plan) -> (Vec<u32>, u32) {
         }
     }
     (wave, max)
-}
-
-/// A stable 128-bit mix (splitmix64 over the words), used to derive instance and group ids that a
-/// replay reproduces exactly. Stable across releases by construction, unlike `std`'s hashers.
-fn mix(seed: u128, words: &[u64]) -> u128 {
-    fn splitmix(mut z: u64) -> u64 {
-        z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    let mut hi = splitmix(seed as u64 ^ 0x7472_656c_6c69_7321);
-    let mut lo = splitmix((seed >> 64) as u64 ^ hi);
-    for &word in words {
-        hi = splitmix(hi ^ word);
-        lo = splitmix(lo.rotate_left(17) ^ word ^ hi);
-    }
-    (u128::from(hi) << 64) | u128::from(lo)
 }

@@ -2,3 +2,4 @@
 
 mod common;
 mod machine;
+mod machine_props;
