@@ -27,6 +27,8 @@
 mod build;
 mod error;
 mod render;
+#[cfg(test)]
+mod tests;
 
 use serde::Serialize;
 
