@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use super::error::{GraphError, RecordList, RecordRef};
 use super::{ExecutionGraph, Group, GroupIdx, Next, NodeIdx, group_idx, node_idx};
@@ -19,13 +20,55 @@ const NONE: u32 = u32::MAX;
 /// The most records one graph holds: positions are `u32` and [`NONE`] is reserved.
 const MAX_RECORDS: usize = NONE as usize;
 
+/// A hash map keyed by ids, with [`IdHasher`].
+type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+
+/// Hashes UUIDs cheaply: a multiply-rotate fold of their two words, then a full avalanche.
+///
+/// Ids are UUIDv7 whose low 62 bits are random, so they need no SipHash; hashing dominates the
+/// build of a large execution otherwise. There is no secret key (the core reads no random source),
+/// which is acceptable as ids are minted by the coordinator, not chosen by clients.
+#[derive(Clone, Copy, Debug, Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 = (self.0.rotate_left(26) ^ u64::from_le_bytes(word))
+                .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        // The finalizer of MurmurHash3, so that every bit of the key reaches the bits hashbrown
+        // uses for the bucket (low) and the tag (high).
+        let mut h = self.0;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        h ^ (h >> 33)
+    }
+}
+
+/// A group member while the input is being indexed: its sort key and its input position.
+type MemberKey = (u64, TaskInstanceId, u32);
+
 /// A group while the input is being indexed; positions are input positions.
 #[derive(Debug)]
 struct GroupBuild {
     group_id: GroupId,
     parent: u32,
-    members: Vec<u32>,
+    /// The members with their sort key, copied while the record is at hand so the sort reads
+    /// contiguous memory rather than a record scattered anywhere in the input.
+    members: Vec<MemberKey>,
     resumed_by: u32,
+}
+
+fn member_key(record: &TaskStatusRecord, pos: u32) -> MemberKey {
+    (record.created_at_ms, record.task_instance_id, pos)
 }
 
 /// Every record's way out, by input position: what the traversal follows.
@@ -85,7 +128,8 @@ fn record_at(records: &[TaskStatusRecord], pos: u32) -> RecordRef {
 fn index(records: &[TaskStatusRecord]) -> Result<Links, GraphError> {
     let n_records = records.len();
     let correlation_id = records[0].correlation_id;
-    let mut pos_of_id: HashMap<TaskInstanceId, u32> = HashMap::with_capacity(n_records);
+    let mut pos_of_id: IdMap<TaskInstanceId, u32> =
+        IdMap::with_capacity_and_hasher(n_records, BuildHasherDefault::default());
     for (pos, record) in records.iter().enumerate() {
         if record.correlation_id != correlation_id {
             return Err(GraphError::MixedCorrelation {
@@ -105,7 +149,7 @@ fn index(records: &[TaskStatusRecord]) -> Result<Links, GraphError> {
     let mut spawned = vec![NONE; n_records];
     let mut continued_by = vec![NONE; n_records];
     let mut groups: Vec<GroupBuild> = Vec::new();
-    let mut group_of_id: HashMap<GroupId, u32> = HashMap::new();
+    let mut group_of_id: IdMap<GroupId, u32> = IdMap::default();
     let mut resumptions: Vec<u32> = Vec::new();
     let mut roots: Vec<u32> = Vec::new();
     for (pos, record) in records.iter().enumerate() {
@@ -136,7 +180,7 @@ fn index(records: &[TaskStatusRecord]) -> Result<Links, GraphError> {
                                 second_parent: parent,
                             });
                         }
-                        group.members.push(pos);
+                        group.members.push(member_key(record, pos));
                     }
                     Entry::Vacant(entry) => {
                         let first_group = spawned[parent_pos as usize];
@@ -151,7 +195,7 @@ fn index(records: &[TaskStatusRecord]) -> Result<Links, GraphError> {
                         groups.push(GroupBuild {
                             group_id,
                             parent: parent_pos,
-                            members: vec![pos],
+                            members: vec![member_key(record, pos)],
                             resumed_by: NONE,
                         });
                         entry.insert(group);
@@ -233,10 +277,7 @@ fn index(records: &[TaskStatusRecord]) -> Result<Links, GraphError> {
         }
         // Ids are unique (checked above), so the key is a total order and an unstable sort is
         // deterministic.
-        group.members.sort_unstable_by_key(|&member| {
-            let record = &records[member as usize];
-            (record.created_at_ms, record.task_instance_id)
-        });
+        group.members.sort_unstable();
     }
 
     let root = match roots.as_slice() {
@@ -320,7 +361,7 @@ fn traverse(records: &[TaskStatusRecord], links: Links) -> Result<Traversal, Gra
                     .members
                     .iter()
                     .rev()
-                    .map(|&member| (member, Slot::GroupMember(group))),
+                    .map(|&(_, _, member)| (member, Slot::GroupMember(group))),
             );
         } else {
             let continuation = links.continued_by[old as usize];
