@@ -1,1 +1,0 @@
-//! The execution-graph builder of seed 000.
