@@ -631,6 +631,11 @@ impl Execution {
                 if self.group_by_id.contains_key(group) {
                     return Err(ApplyError::GroupIdReused(*group));
                 }
+                // A group is known to the records only through its members (seed 000), so an
+                // empty one could never be linked to its resumed parent.
+                if members.is_empty() {
+                    return Err(ApplyError::EmptyGroup(*group));
+                }
                 if let GroupRule::Quorum(k) = rule
                     && (*k == 0 || *k as usize > members.len())
                 {

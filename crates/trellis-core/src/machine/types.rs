@@ -119,6 +119,8 @@ pub enum ApplyError {
     GroupIdReused(GroupId),
     #[error("question id {0} is already used")]
     QuestionIdReused(QuestionId),
+    #[error("subtask group {0} has no members (complete the task instead of spawning nothing)")]
+    EmptyGroup(GroupId),
     #[error("invalid group rule: quorum {k} of {members} members")]
     InvalidQuorum { k: u32, members: usize },
     #[error("the execution cannot finish as {claimed:?}: {reason}")]

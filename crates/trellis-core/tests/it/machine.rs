@@ -704,6 +704,13 @@ fn refused_events_change_nothing() {
             reason: "no".into(),
         },
         EventBody::ExecutionTimedOut,
+        EventBody::SubtasksSpawned {
+            instance: running(&sim)[0],
+            attempt: 1,
+            group: GroupId::derived(1, 1),
+            rule: GroupRule::AllSettled,
+            members: vec![],
+        },
     ];
     for body in refusals {
         let name = body.name();

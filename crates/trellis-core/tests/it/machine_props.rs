@@ -136,7 +136,7 @@ fn op() -> impl Strategy<Value = Op> {
         6 => any::<u16>().prop_map(|t| Op::Decide(t % 300)),
         8 => any::<u16>().prop_map(Op::Complete),
         3 => (any::<u16>(), any::<bool>()).prop_map(|(i, r)| Op::Fail(i, r)),
-        2 => (any::<u16>(), 0u8..5, any::<u8>()).prop_map(|(i, n, r)| Op::Spawn(i, n, r)),
+        2 => (any::<u16>(), 1u8..5, any::<u8>()).prop_map(|(i, n, r)| Op::Spawn(i, n, r)),
         1 => (any::<u16>(), any::<bool>()).prop_map(|(i, e)| Op::Ask(i, e)),
         1 => any::<u16>().prop_map(Op::Answer),
         1 => any::<u16>().prop_map(Op::Lost),
@@ -443,6 +443,12 @@ proptest! {
                 prop_assert_eq!(exec.resumptions_of(group), expected, "group {} resumed wrongly", group);
             }
         }
+        // The instances always form one seed-000 tree.
+        let records = exec.records();
+        let n_records = records.len();
+        let graph = trellis_core::graph::build(records);
+        prop_assert!(graph.is_ok(), "{:?}", graph.err());
+        prop_assert_eq!(graph.map(|g| g.n_nodes()).unwrap_or(0), n_records);
         // Replaying the log (duplicates included) rebuilds the identical state.
         let replayed = harness.sim.replay();
         prop_assert!(replayed == *exec, "replay diverged");

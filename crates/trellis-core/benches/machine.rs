@@ -1,0 +1,153 @@
+//! State-machine throughput: events applied per second on one core.
+//!
+//! The event logs are produced once by driving executions to completion (the decisions and the
+//! worker results a coordinator would record); each iteration replays a log on a fresh execution,
+//! which is exactly the work `apply` does live and during recovery.
+
+use std::hint::black_box;
+use std::sync::Arc;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use trellis_core::ids::{ExecutionId, GroupId};
+use trellis_core::machine::{Event, EventBody, Execution, GroupRule, SubtaskSpec, Usage};
+use trellis_core::plan::{Plan, PlanOptions, Task};
+use trellis_core::policy::FailurePolicy;
+use trellis_core::record::TaskState;
+
+fn task(id: String) -> Task {
+    Task {
+        id,
+        task_type: "noop".to_owned(),
+        queue: "noop".to_owned(),
+        input: serde_json::Value::Null,
+        files: Vec::new(),
+        timeout: None,
+        on_failure: FailurePolicy::default().chain_for("noop"),
+        fallback: None,
+        is_fallback_only: false,
+        not_run: None,
+        subtask_of: None,
+        tests: Vec::new(),
+        relationships: Vec::new(),
+    }
+}
+
+/// `n` tasks; with `chain`, each depends on the previous one.
+fn plan(n: usize, chain: bool) -> Arc<Plan> {
+    let tasks: Vec<Task> = (0..n).map(|i| task(format!("t{i}"))).collect();
+    let deps: Vec<Vec<usize>> = (0..n)
+        .map(|i| if chain && i > 0 { vec![i - 1] } else { vec![] })
+        .collect();
+    let mut dependents = vec![Vec::new(); n];
+    for (t, ds) in deps.iter().enumerate() {
+        for &d in ds {
+            dependents[d].push(t);
+        }
+    }
+    let index = tasks
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.id.clone(), i))
+        .collect();
+    Arc::new(Plan {
+        name: "bench".into(),
+        options: PlanOptions::default(),
+        tasks,
+        deps,
+        dependents,
+        conflicts: vec![Vec::new(); n],
+        index,
+    })
+}
+
+const T0: u64 = 1_700_000_000_000;
+
+/// Runs the execution to the end, spawning a group of `fanout` members from the first task if
+/// asked, and returns the log.
+fn record(plan: Arc<Plan>, fanout: usize) -> Vec<Event> {
+    let mut exec = Execution::start(ExecutionId::v7(T0, [1; 10]), plan, 1, T0);
+    let mut log = Vec::new();
+    let mut spawned = false;
+    let mut now = T0;
+    let mut apply = |exec: &mut Execution, log: &mut Vec<Event>, event: Event| {
+        exec.apply(&event).expect("valid event");
+        log.push(event);
+    };
+    while !exec.state().is_terminal() {
+        now += 1;
+        for command in exec.decide(now) {
+            apply(&mut exec, &mut log, command.into_event(now));
+        }
+        let running: Vec<_> = exec.instances_in(TaskState::Running).collect();
+        for instance in running {
+            let attempt = exec.attempt(instance).expect("instance exists");
+            let body = if fanout > 0 && !spawned {
+                spawned = true;
+                let members = (0..fanout)
+                    .map(|_| SubtaskSpec {
+                        task_type: "noop".into(),
+                        queue: None,
+                        input: serde_json::Value::Null,
+                    })
+                    .collect();
+                let group = GroupId::derived(now, 1);
+                EventBody::SubtasksSpawned {
+                    instance,
+                    attempt,
+                    group,
+                    rule: GroupRule::AllSettled,
+                    members,
+                }
+            } else {
+                let output = serde_json::Value::Null;
+                EventBody::TaskCompleted {
+                    instance,
+                    attempt,
+                    output,
+                    usage: Usage::default(),
+                }
+            };
+            apply(&mut exec, &mut log, Event { at_ms: now, body });
+        }
+    }
+    log
+}
+
+fn replay(c: &mut Criterion, name: &str, plan: Arc<Plan>, log: &[Event]) {
+    let mut group = c.benchmark_group("machine");
+    group.throughput(Throughput::Elements(log.len() as u64));
+    group.sample_size(10);
+    group.bench_function(name, |b| {
+        b.iter(|| {
+            let mut exec = Execution::start(ExecutionId::v7(T0, [1; 10]), Arc::clone(&plan), 1, T0);
+            for event in log {
+                let _ = black_box(exec.apply(event));
+            }
+            exec
+        })
+    });
+    group.finish();
+}
+
+fn benches(c: &mut Criterion) {
+    let independent = plan(100_000, false);
+    let log = record(Arc::clone(&independent), 0);
+    replay(c, "apply_100k_independent_tasks", independent, &log);
+
+    let chain = plan(10_000, true);
+    let log = record(Arc::clone(&chain), 0);
+    replay(c, "apply_10k_chain", chain, &log);
+
+    let single = plan(1, false);
+    let log = record(Arc::clone(&single), 100_000);
+    replay(c, "apply_fanout_100k", single, &log);
+
+    let independent = plan(100_000, false);
+    let exec = Execution::start(ExecutionId::v7(T0, [1; 10]), independent, 1, T0);
+    c.bench_function("machine/decide_100k_ready", |b| {
+        b.iter(|| black_box(exec.decide(T0 + 1)).len())
+    });
+}
+
+criterion_group!(machine, benches);
+criterion_main!(machine);
