@@ -299,9 +299,17 @@ fn parse_error(path: String, mut message: String, location: Option<Location>) ->
             message.truncate(message.len() - suffix.len());
         }
     }
+    // `?` marks a position the parser could not name (a syntax error inside a value).
+    let mut path = path;
+    while let Some(rest) = path.strip_suffix('?') {
+        path = rest.strip_suffix('.').unwrap_or(rest).to_owned();
+    }
     let path = if path == "." { String::new() } else { path };
-    if !path.is_empty()
-        && let Some(rest) = message.strip_prefix(&format!("{path}: "))
+    // serde_yaml_ng starts its messages with its own path, which may stop short of ours (for an
+    // unknown field it names the map, we name the field).
+    if let Some((prefix, rest)) = message.split_once(": ")
+        && !prefix.is_empty()
+        && path.starts_with(prefix)
     {
         message = rest.to_owned();
     }
@@ -1087,9 +1095,10 @@ fn cycle_text(tasks: &[Task], cycle: &[TaskIdx], first: TaskIdx) -> String {
     res
 }
 
-/// Reports every dependency cycle (each once), found without recursion: Kahn's algorithm removes
-/// everything that is not on or behind a cycle; from what is left, following any remaining
-/// dependency always stays in what is left, so a walk must close a loop.
+/// Reports dependency cycles without recursion, one per strongly connected component: Kahn's
+/// algorithm first removes everything that is not on or behind a cycle, an iterative Tarjan finds
+/// the components of what is left, and inside a component following any dependency that stays in
+/// it must close a loop.
 fn check_cycles(
     c: &mut Compiler<'_>,
     tasks: &[Task],
@@ -1113,48 +1122,113 @@ fn check_cycles(
     if n_done == n {
         return;
     }
+    let active: Vec<bool> = remaining_deps.iter().map(|&r| r > 0).collect();
+    let components = strongly_connected(deps, &active);
     let origins: HashMap<(TaskIdx, TaskIdx), Origin> = edges
         .iter()
         .rev()
         .map(|e| ((e.dependent, e.dep), e.origin))
         .collect();
-    let mut state = vec![0u8; n];
-    let mut pos_in_walk = vec![0usize; n];
-    for start in 0..n {
-        if remaining_deps[start] == 0 || state[start] != 0 {
-            continue;
-        }
-        let mut walk = Vec::new();
-        let mut v = start;
-        loop {
-            state[v] = 1;
-            pos_in_walk[v] = walk.len();
-            walk.push(v);
-            let Some(&next) = deps[v].iter().find(|&&d| remaining_deps[d] > 0) else {
-                break; // Cannot happen (see above); stop the walk rather than loop.
-            };
-            if state[next] == 1 {
-                let cycle = &walk[pos_in_walk[next]..];
-                let first = cycle.iter().copied().min().unwrap_or(next);
-                let at = cycle.iter().position(|&t| t == first).unwrap_or(0);
-                let second = cycle[(at + 1) % cycle.len()];
-                let path = origins
-                    .get(&(first, second))
-                    .map_or_else(|| format!("tasks[{first}]"), |o| o.path());
-                c.error(
-                    PlanErrorKind::Cycle,
-                    path,
-                    format!("dependency cycle: {}", cycle_text(tasks, cycle, first)),
-                );
-                break;
-            }
-            if state[next] == 2 {
-                break;
-            }
-            v = next;
-        }
-        for w in walk {
-            state[w] = 2;
+    let mut component_of = vec![usize::MAX; n];
+    for (k, component) in components.iter().enumerate() {
+        for &t in component {
+            component_of[t] = k;
         }
     }
+    let mut pos_in_walk = vec![usize::MAX; n];
+    for (k, component) in components.iter().enumerate() {
+        let Some(&start) = component.iter().min() else {
+            continue;
+        };
+        let mut walk = Vec::new();
+        let mut v = start;
+        let cycle = loop {
+            if pos_in_walk[v] != usize::MAX {
+                break &walk[pos_in_walk[v]..];
+            }
+            pos_in_walk[v] = walk.len();
+            walk.push(v);
+            // Every member of a component of two or more has a dependency inside it.
+            match deps[v].iter().find(|&&d| component_of[d] == k) {
+                Some(&next) => v = next,
+                None => break &walk[..0],
+            }
+        };
+        if let Some(&first) = cycle.iter().min() {
+            let at = cycle.iter().position(|&t| t == first).unwrap_or(0);
+            let second = cycle[(at + 1) % cycle.len()];
+            let path = origins
+                .get(&(first, second))
+                .map_or_else(|| format!("tasks[{first}]"), |o| o.path());
+            c.error(
+                PlanErrorKind::Cycle,
+                path,
+                format!("dependency cycle: {}", cycle_text(tasks, cycle, first)),
+            );
+        }
+    }
+}
+
+/// Returns the strongly connected components of two or more tasks among the `active` ones
+/// (Tarjan's algorithm with an explicit stack), ordered by their lowest task index.
+fn strongly_connected(deps: &[Vec<TaskIdx>], active: &[bool]) -> Vec<Vec<TaskIdx>> {
+    const UNSEEN: usize = usize::MAX;
+    let n = deps.len();
+    let mut index = vec![UNSEEN; n];
+    let mut low = vec![0usize; n];
+    let mut on_stack = vec![false; n];
+    let mut stack: Vec<TaskIdx> = Vec::new();
+    let mut calls: Vec<(TaskIdx, usize)> = Vec::new();
+    let mut counter = 0;
+    let mut res = Vec::new();
+    for root in 0..n {
+        if !active[root] || index[root] != UNSEEN {
+            continue;
+        }
+        index[root] = counter;
+        low[root] = counter;
+        counter += 1;
+        stack.push(root);
+        on_stack[root] = true;
+        calls.push((root, 0));
+        while let Some((v, pos)) = calls.last_mut() {
+            let v = *v;
+            if let Some(&w) = deps[v].get(*pos) {
+                *pos += 1;
+                if !active[w] {
+                    continue;
+                }
+                if index[w] == UNSEEN {
+                    index[w] = counter;
+                    low[w] = counter;
+                    counter += 1;
+                    stack.push(w);
+                    on_stack[w] = true;
+                    calls.push((w, 0));
+                } else if on_stack[w] {
+                    low[v] = low[v].min(index[w]);
+                }
+                continue;
+            }
+            calls.pop();
+            if let Some(&(u, _)) = calls.last() {
+                low[u] = low[u].min(low[v]);
+            }
+            if low[v] == index[v] {
+                let mut component = Vec::new();
+                while let Some(w) = stack.pop() {
+                    on_stack[w] = false;
+                    component.push(w);
+                    if w == v {
+                        break;
+                    }
+                }
+                if component.len() > 1 {
+                    res.push(component);
+                }
+            }
+        }
+    }
+    res.sort_unstable_by_key(|component| component.iter().min().copied());
+    res
 }
