@@ -5,14 +5,17 @@
 //! DAG, and relationship semantics are already lowered to edges, so later code never re-checks them.
 
 mod compile;
-mod spec;
+pub mod spec;
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-pub use compile::{Limits, PlanError, PlanErrors, compile, compile_str, parse_spec};
+pub use compile::{
+    Limits, Location, OWN_FALLBACK, PlanError, PlanErrorKind, PlanErrors, compile, compile_bytes,
+    compile_str, parse_spec, parse_spec_bytes,
+};
 pub use spec::PlanSpec;
 
 use crate::policy::{EscalationChain, FailurePolicy};

@@ -1,5 +1,364 @@
-//! The plan spec as written (YAML or JSON).
+//! The plan spec as people write it (YAML or JSON, DESIGN.md §11), before any validation.
+//!
+//! These types mirror the file format one to one: every struct denies unknown fields, task
+//! references are still ids, durations are still text. [`super::compile`] checks all of it and
+//! lowers it into a [`super::Plan`]. Values that need checking beyond their type (durations, ids,
+//! jitter) stay loosely typed here so the compiler can report every problem with its path instead
+//! of stopping at the first.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::{Deserialize, Serialize};
 
 /// The plan spec as written.
-#[derive(Debug)]
-pub struct PlanSpec;
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanSpec {
+    pub name: String,
+    #[serde(default)]
+    pub options: OptionsSpec,
+    pub tasks: Vec<TaskSpec>,
+}
+
+/// `options:` — execution-wide settings, all optional.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptionsSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrency: Option<u32>,
+    /// A humantime duration such as `30m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_timeout: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause_on_human_review: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<FailureSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetSpec>,
+}
+
+/// `options.failure:` — the plan's failure policy (DESIGN.md §5).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FailureSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_action: Option<ActionSpec>,
+    /// The retry count of a `retry` action that gives none (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_retries: Option<u32>,
+    /// The backoff of a `retry` action that gives none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<BackoffSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continue_on_partial_failure: Option<bool>,
+    /// Task type → the action for tasks of that type.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub overrides: BTreeMap<String, ActionSpec>,
+}
+
+/// `options.budget:` — resource limits of one execution.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_exhausted: Option<BudgetActionSpec>,
+}
+
+/// `on_exhausted:` — `pause` or `fail`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BudgetActionSpec {
+    Pause,
+    Fail,
+}
+
+/// One task as written.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSpec {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub task_type: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    #[serde(default = "empty_object")]
+    pub input: serde_json::Value,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<FileSpec>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub depends_on: Vec<String>,
+    /// A humantime duration such as `5m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    /// The id of the task run in this one's place by a `fallback` action.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
+    /// This task's escalation chain; absent = the plan policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_failure: Option<Vec<ActionSpec>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub relationships: Vec<RelationshipSpec>,
+}
+
+fn empty_object() -> serde_json::Value {
+    serde_json::Value::Object(serde_json::Map::new())
+}
+
+/// One file a task touches.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSpec {
+    pub path: String,
+    pub op: FileOpSpec,
+    /// 0.0–1.0, default 1.0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confidence: Option<f32>,
+}
+
+/// `CREATE | UPDATE | DELETE | READ`, lowercase accepted too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FileOpSpec {
+    #[serde(rename = "CREATE", alias = "create")]
+    Create,
+    #[serde(rename = "UPDATE", alias = "update")]
+    Update,
+    #[serde(rename = "DELETE", alias = "delete")]
+    Delete,
+    #[serde(rename = "READ", alias = "read")]
+    Read,
+}
+
+/// `{type: conflicts_with, target: ui}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelationshipSpec {
+    #[serde(rename = "type")]
+    pub kind: RelationshipKindSpec,
+    pub target: String,
+}
+
+/// The 11 relationship types as written (snake_case).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RelationshipKindSpec {
+    DependsOn,
+    Blocks,
+    ConflictsWith,
+    Supersedes,
+    DuplicateOf,
+    SubtaskOf,
+    Tests,
+    RelatedTo,
+    Implements,
+    Enables,
+    InspiredBy,
+}
+
+/// A failure action as written: a bare name (`reassign`, `retry`, `fallback`) or a one-key map
+/// with arguments (`{retry: {max: 3, backoff: exponential}}`, `{fallback: api-fallback}`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActionSpec {
+    Retry(RetrySpec),
+    Reassign,
+    Skip,
+    Pause,
+    Abort,
+    /// The target task id; `None` means the task's own `fallback`.
+    Fallback(Option<String>),
+}
+
+/// The arguments of `retry`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrySpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<BackoffSpec>,
+}
+
+const ACTION_NAMES: &[&str] = &["retry", "reassign", "skip", "pause", "abort", "fallback"];
+
+impl<'de> Deserialize<'de> for ActionSpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ActionVisitor;
+
+        impl<'de> Visitor<'de> for ActionVisitor {
+            type Value = ActionSpec;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a failure action: one of retry, reassign, skip, pause, abort, fallback, or a one-key map such as {retry: {max: 3}} or {fallback: task-id}")
+            }
+
+            fn visit_str<E: de::Error>(self, name: &str) -> Result<ActionSpec, E> {
+                match name {
+                    "retry" => Ok(ActionSpec::Retry(RetrySpec::default())),
+                    "reassign" => Ok(ActionSpec::Reassign),
+                    "skip" => Ok(ActionSpec::Skip),
+                    "pause" => Ok(ActionSpec::Pause),
+                    "abort" => Ok(ActionSpec::Abort),
+                    "fallback" => Ok(ActionSpec::Fallback(None)),
+                    other => Err(E::unknown_variant(other, ACTION_NAMES)),
+                }
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ActionSpec, A::Error> {
+                let Some(name) = map.next_key::<String>()? else {
+                    return Err(de::Error::custom(
+                        "expected a failure action, found an empty map",
+                    ));
+                };
+                let action = match name.as_str() {
+                    "retry" => ActionSpec::Retry(
+                        map.next_value::<Option<RetrySpec>>()?.unwrap_or_default(),
+                    ),
+                    "fallback" => ActionSpec::Fallback(map.next_value::<Option<String>>()?),
+                    "reassign" | "skip" | "pause" | "abort" => {
+                        // `{pause: null}` is accepted as a spelling of `pause`; any argument is not.
+                        map.next_value::<Option<NoArgument>>()?;
+                        self.visit_str::<A::Error>(&name)?
+                    }
+                    other => return Err(de::Error::unknown_variant(other, ACTION_NAMES)),
+                };
+                if let Some(extra) = map.next_key::<String>()? {
+                    return Err(de::Error::custom(format!(
+                        "a failure action is a map with exactly one key, found also `{extra}`"
+                    )));
+                }
+                Ok(action)
+            }
+        }
+
+        deserializer.deserialize_any(ActionVisitor)
+    }
+}
+
+/// Accepts nothing but a null (deserialised through `Option`), for actions that take no argument.
+struct NoArgument;
+
+impl<'de> Deserialize<'de> for NoArgument {
+    fn deserialize<D: Deserializer<'de>>(_deserializer: D) -> Result<Self, D::Error> {
+        Err(de::Error::custom("this failure action takes no argument"))
+    }
+}
+
+/// A retry backoff as written: a kind name (`constant`, `linear`, `exponential`) or a map
+/// `{kind, base: 100ms, cap: 1m, jitter: 20%}` (jitter also as a ratio such as `0.2`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct BackoffSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<BackoffKindSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cap: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jitter: Option<JitterSpec>,
+}
+
+/// How backoff delays grow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackoffKindSpec {
+    Constant,
+    Linear,
+    Exponential,
+}
+
+/// Jitter as written: `"20%"` or a ratio such as `0.2`; checked by the compiler.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum JitterSpec {
+    Percent(String),
+    Ratio(f64),
+}
+
+impl<'de> Deserialize<'de> for BackoffSpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        /// The map form; a separate type so the derive checks its fields.
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct BackoffMap {
+            #[serde(default)]
+            kind: Option<BackoffKindSpec>,
+            #[serde(default)]
+            base: Option<String>,
+            #[serde(default)]
+            cap: Option<String>,
+            #[serde(default)]
+            jitter: Option<JitterSpec>,
+        }
+
+        struct BackoffVisitor;
+
+        impl<'de> Visitor<'de> for BackoffVisitor {
+            type Value = BackoffSpec;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(
+                    "a backoff: constant, linear, exponential, or a map {kind, base, cap, jitter}",
+                )
+            }
+
+            fn visit_str<E: de::Error>(self, name: &str) -> Result<BackoffSpec, E> {
+                let kind =
+                    BackoffKindSpec::deserialize(de::value::StrDeserializer::<E>::new(name))?;
+                Ok(BackoffSpec {
+                    kind: Some(kind),
+                    ..BackoffSpec::default()
+                })
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<BackoffSpec, A::Error> {
+                let m = BackoffMap::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(BackoffSpec {
+                    kind: m.kind,
+                    base: m.base,
+                    cap: m.cap,
+                    jitter: m.jitter,
+                })
+            }
+        }
+
+        deserializer.deserialize_any(BackoffVisitor)
+    }
+}
+
+impl<'de> Deserialize<'de> for JitterSpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct JitterVisitor;
+
+        impl Visitor<'_> for JitterVisitor {
+            type Value = JitterSpec;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a jitter: a percentage such as \"20%\" or a ratio such as 0.2")
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<JitterSpec, E> {
+                Ok(JitterSpec::Percent(v.to_owned()))
+            }
+
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<JitterSpec, E> {
+                Ok(JitterSpec::Ratio(v))
+            }
+
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<JitterSpec, E> {
+                Ok(JitterSpec::Ratio(v as f64))
+            }
+
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<JitterSpec, E> {
+                Ok(JitterSpec::Ratio(v as f64))
+            }
+        }
+
+        deserializer.deserialize_any(JitterVisitor)
+    }
+}

@@ -1,0 +1,244 @@
+//! `trellis` end to end: the binary's output and exit codes on good and bad plans.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+const TRELLIS: &str = env!("CARGO_BIN_EXE_trellis");
+
+fn example(name: &str) -> String {
+    format!("{}/../../examples/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(TRELLIS)
+        .args(args)
+        .output()
+        .expect("trellis runs")
+}
+
+fn run_stdin(args: &[&str], input: &[u8]) -> Output {
+    let mut child = Command::new(TRELLIS)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("trellis runs");
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    // The CLI may stop reading early (input over the limit); a broken pipe is fine then.
+    let _ = stdin.write_all(input);
+    drop(stdin);
+    child.wait_with_output().expect("trellis finishes")
+}
+
+/// Writes `content` to a fresh temporary file and returns its path.
+fn temp_file(content: &[u8]) -> PathBuf {
+    static COUNTER: AtomicUsize = AtomicUsize::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let path =
+        std::env::temp_dir().join(format!("trellis-cli-test-{}-{n}.yaml", std::process::id()));
+    std::fs::write(&path, content).expect("temp file written");
+    path
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Validates `content` as a file; expects exit code 2 and returns stderr without the file prefix.
+fn bad_plan(content: &[u8]) -> Vec<String> {
+    let path = temp_file(content);
+    let path_text = path.to_str().expect("utf-8 temp path").to_owned();
+    let output = run(&["plan", "validate", &path_text]);
+    let _ = std::fs::remove_file(&path);
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(2), "stderr: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(stdout(&output).is_empty());
+    err.lines()
+        .map(|line| {
+            line.strip_prefix(&format!("{path_text}: "))
+                .unwrap_or_else(|| panic!("every line names the file: {line}"))
+                .to_owned()
+        })
+        .collect()
+}
+
+#[test]
+fn analyze_shows_seed_001_waves() {
+    let output = run(&["plan", "analyze", &example("seed-001.yaml")]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let out = stdout(&output);
+    for line in [
+        "wave 1: T-001, T-002",
+        "wave 2: T-003, T-004",
+        "wave 3: T-005",
+        "critical path: T-001 -> T-003 -> T-005 (3 tasks)",
+    ] {
+        assert!(out.lines().any(|l| l == line), "missing {line:?} in\n{out}");
+    }
+}
+
+#[test]
+fn analyze_json_is_one_object_with_ids() {
+    let output = run(&["plan", "analyze", "--json", &example("feature-x.yaml")]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json output");
+    assert_eq!(report["plan"], "feature-x");
+    assert_eq!(report["waves"][0], serde_json::json!(["schema"]));
+    assert_eq!(report["fallback_only"], serde_json::json!(["api-fallback"]));
+    assert_eq!(report["conflicts"][0]["a"], "api");
+    assert_eq!(report["conflicts"][0]["b"], "ui");
+}
+
+#[test]
+fn every_example_is_valid() {
+    let dir = format!("{}/../../examples", env!("CARGO_MANIFEST_DIR"));
+    let mut n_examples = 0;
+    for entry in std::fs::read_dir(dir).expect("examples dir") {
+        let path = entry.expect("dir entry").path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            n_examples += 1;
+            let output = run(&["plan", "validate", path.to_str().expect("utf-8 path")]);
+            assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+            assert!(
+                stdout(&output).starts_with("ok: plan "),
+                "{}",
+                stdout(&output)
+            );
+        }
+    }
+    assert!(n_examples >= 3);
+}
+
+#[test]
+fn validate_reads_stdin() {
+    let output = run_stdin(
+        &["plan", "validate", "-"],
+        b"name: s\ntasks: [{id: a, type: noop}, {id: b, type: noop, depends_on: [a]}]\n",
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(stdout(&output), "ok: plan \"s\" — 2 tasks, 2 waves\n");
+    let output = run_stdin(&["plan", "validate", "-"], b"name: s\ntasks: []\n");
+    assert_eq!(output.status.code(), Some(2));
+    assert_eq!(stderr(&output), "<stdin>: tasks: plan has no tasks\n");
+}
+
+#[test]
+fn invalid_yaml() {
+    assert_eq!(
+        bad_plan(b"name: p\ntasks:\n  - id: a\n    type: x: y\n"),
+        ["tasks[0]: mapping values are not allowed in this context (line 4, column 12)"]
+    );
+}
+
+#[test]
+fn unknown_field() {
+    let errors = bad_plan(b"name: p\ntasks:\n  - {id: a, type: noop, dependson: [b]}\n");
+    assert_eq!(errors.len(), 1);
+    assert!(
+        errors[0].starts_with("tasks[0].dependson: unknown field `dependson`, expected one of"),
+        "{errors:?}"
+    );
+}
+
+#[test]
+fn cycle() {
+    let errors = bad_plan(
+        b"name: p\ntasks:\n  - {id: a, type: noop, depends_on: [c]}\n  - {id: b, type: noop, depends_on: [a]}\n  - {id: c, type: noop, depends_on: [b]}\n",
+    );
+    assert_eq!(
+        errors,
+        ["tasks[0].depends_on: dependency cycle: a -> c -> b -> a"]
+    );
+}
+
+#[test]
+fn unknown_dependency() {
+    let errors = bad_plan(
+        b"name: p\ntasks:\n  - {id: a, type: noop}\n  - {id: b, type: noop}\n  - {id: c, type: noop}\n  - {id: d, type: noop, depends_on: [api]}\n",
+    );
+    assert_eq!(errors, [r#"tasks[3].depends_on[0]: unknown task "api""#]);
+}
+
+#[test]
+fn duplicate_id() {
+    let errors = bad_plan(
+        b"name: p\ntasks:\n  - {id: a, type: noop}\n  - {id: api, type: noop}\n  - {id: b, type: noop}\n  - {id: c, type: noop}\n  - {id: api, type: noop}\n",
+    );
+    assert_eq!(
+        errors,
+        [r#"tasks[4].id: duplicate task id "api" (first declared at tasks[1])"#]
+    );
+}
+
+#[test]
+fn empty_file() {
+    assert_eq!(bad_plan(b""), ["plan is empty"]);
+}
+
+#[test]
+fn ten_megabytes_of_garbage() {
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let garbage: Vec<u8> = (0..10 * 1024 * 1024)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 32) as u8
+        })
+        .collect();
+    let errors = bad_plan(&garbage);
+    assert_eq!(errors.len(), 1);
+    assert!(errors[0].contains("not valid UTF-8"), "{errors:?}");
+    // The same garbage squeezed into printable ASCII gets past the UTF-8 check to the parser.
+    let ascii: Vec<u8> = garbage.iter().map(|b| b % 95 + 32).collect();
+    let errors = bad_plan(&ascii);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+}
+
+#[test]
+fn oversized_input_is_refused() {
+    let output = run_stdin(
+        &["plan", "validate", "-"],
+        &vec![b'#'; 64 * 1024 * 1024 + 10],
+    );
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        stderr(&output).contains("over the limit of 67108864 bytes"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn unreadable_file_and_bad_usage() {
+    let output = run(&["plan", "validate", "/nonexistent/plan.yaml"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        stderr(&output).starts_with("/nonexistent/plan.yaml: cannot open: no such file"),
+        "{}",
+        stderr(&output)
+    );
+    let output = run(&["plan", "validate", "/"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert_eq!(output.status.code(), run(&["plan"]).status.code());
+    assert_eq!(run(&["plan", "frobnicate"]).status.code(), Some(2));
+    assert_eq!(run(&[]).status.code(), Some(2));
+}
+
+#[test]
+fn help_teaches_with_examples() {
+    let output = run(&["--help"]);
+    assert_eq!(output.status.code(), Some(0));
+    assert!(stdout(&output).contains("trellis plan analyze examples/seed-001.yaml"));
+    let output = run(&["plan", "analyze", "--help"]);
+    assert_eq!(output.status.code(), Some(0));
+    assert!(stdout(&output).contains("--json"));
+}
