@@ -69,7 +69,7 @@ fn record(plan: Arc<Plan>, fanout: usize) -> Vec<Event> {
     let mut log = Vec::new();
     let mut spawned = false;
     let mut now = T0;
-    let mut apply = |exec: &mut Execution, log: &mut Vec<Event>, event: Event| {
+    let apply = |exec: &mut Execution, log: &mut Vec<Event>, event: Event| {
         exec.apply(&event).expect("valid event");
         log.push(event);
     };
