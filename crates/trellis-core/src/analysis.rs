@@ -83,26 +83,55 @@ pub struct Parallelism {
 
 /// Analyses a compiled plan.
 pub fn analyze(plan: &Plan) -> Analysis {
-    let n = plan.tasks.len();
     let order = topological_order(plan);
     let apart = |t: TaskIdx| plan.tasks[t].is_fallback_only || plan.tasks[t].subtask_of.is_some();
+    let Waves {
+        waves,
+        wave_of,
+        fallback_only,
+        subtasks,
+    } = waves_in_order(plan, &order);
+    Analysis {
+        conflict_pairs: conflict_pairs(plan),
+        critical_path: critical_path(plan, &order, &apart),
+        max_parallelism: parallelism(plan, &waves),
+        waves,
+        wave_of,
+        fallback_only,
+        subtasks,
+    }
+}
 
+/// The waves of a plan: wave k (0-based here) holds the tasks whose dependencies all sit in
+/// earlier waves. Fallback-only tasks and static subtasks are listed apart and belong to no wave.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Waves {
+    pub waves: Vec<Vec<TaskIdx>>,
+    pub wave_of: Vec<Option<usize>>,
+    pub fallback_only: Vec<TaskIdx>,
+    pub subtasks: Vec<TaskIdx>,
+}
+
+/// Returns the plan's waves.
+pub fn waves(plan: &Plan) -> Waves {
+    waves_in_order(plan, &topological_order(plan))
+}
+
+fn waves_in_order(plan: &Plan, order: &[TaskIdx]) -> Waves {
+    let n = plan.tasks.len();
     // Levels over the whole graph, so an ordering through a task listed apart still counts.
     let mut level = vec![0usize; n];
-    for &t in &order {
+    for &t in order {
         level[t] = plan.deps[t]
             .iter()
             .map(|&d| level[d] + 1)
             .max()
             .unwrap_or(0);
     }
-    let placed: Vec<bool> = {
-        let mut placed = vec![false; n];
-        for &t in &order {
-            placed[t] = true;
-        }
-        placed
-    };
+    let mut placed = vec![false; n];
+    for &t in order {
+        placed[t] = true;
+    }
     let n_levels = order.iter().map(|&t| level[t] + 1).max().unwrap_or(0);
     let mut by_level: Vec<Vec<TaskIdx>> = vec![Vec::new(); n_levels];
     let mut fallback_only = Vec::new();
@@ -124,11 +153,7 @@ pub fn analyze(plan: &Plan) -> Analysis {
             wave_of[t] = Some(w);
         }
     }
-
-    Analysis {
-        conflict_pairs: conflict_pairs(plan),
-        critical_path: critical_path(plan, &order, &apart),
-        max_parallelism: parallelism(plan, &waves),
+    Waves {
         waves,
         wave_of,
         fallback_only,

@@ -1584,7 +1584,7 @@ impl Execution {
             if slot.head.is_none() && slot.status == SlotStatus::Waiting {
                 uninstantiated += 1;
             }
-            if !matches!(slot.status, SlotStatus::Done { .. }) {
+            if !matches!(slot.status, SlotStatus::Done { .. }) && self.wave_of[task_idx] > 0 {
                 wave = wave.min(self.wave_of[task_idx]);
             }
         }
@@ -1720,25 +1720,14 @@ fn invalid_execution(state: ExecutionState, event: &'static str) -> ApplyError {
     }
 }
 
-/// Returns each task's 1-based wave and the number of waves (fallback-only tasks count as wave 1).
+/// Returns each task's 1-based wave (0 for tasks outside the waves: fallbacks and static subtasks)
+/// and the number of waves.
 fn waves_of(plan: &Plan) -> (Vec<u32>, u32) {
-    let n = plan.tasks.len();
-    let mut wave = vec![0u32; n];
-    let mut unmet: Vec<usize> = plan.deps.iter().map(Vec::len).collect();
-    let mut frontier: Vec<TaskIdx> = (0..n).filter(|&t| unmet[t] == 0).collect();
-    for &t in &frontier {
-        wave[t] = 1;
-    }
-    let mut max = u32::from(n > 0);
-    while let Some(t) = frontier.pop() {
-        for &d in &plan.dependents[t] {
-            wave[d] = wave[d].max(wave[t] + 1);
-            max = max.max(wave[d]);
-            unmet[d] -= 1;
-            if unmet[d] == 0 {
-                frontier.push(d);
-            }
-        }
-    }
-    (wave, max)
+    let waves = crate::analysis::waves(plan);
+    let wave_of = waves
+        .wave_of
+        .iter()
+        .map(|w| w.map_or(0, |w| w as u32 + 1))
+        .collect();
+    (wave_of, waves.waves.len() as u32)
 }

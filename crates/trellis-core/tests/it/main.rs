@@ -3,3 +3,4 @@
 mod common;
 mod machine;
 mod machine_props;
+mod relationships;
