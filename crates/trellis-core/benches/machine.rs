@@ -11,30 +11,11 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use trellis_core::ids::{ExecutionId, GroupId};
 use trellis_core::machine::{Event, EventBody, Execution, GroupRule, SubtaskSpec, Usage};
 use trellis_core::plan::{Plan, PlanOptions, Task};
-use trellis_core::policy::FailurePolicy;
 use trellis_core::record::TaskState;
-
-fn task(id: String) -> Task {
-    Task {
-        id,
-        task_type: "noop".to_owned(),
-        queue: "noop".to_owned(),
-        input: serde_json::Value::Null,
-        files: Vec::new(),
-        timeout: None,
-        on_failure: FailurePolicy::default().chain_for("noop"),
-        fallback: None,
-        is_fallback_only: false,
-        not_run: None,
-        subtask_of: None,
-        tests: Vec::new(),
-        relationships: Vec::new(),
-    }
-}
 
 /// `n` tasks; with `chain`, each depends on the previous one.
 fn plan(n: usize, chain: bool) -> Arc<Plan> {
-    let tasks: Vec<Task> = (0..n).map(|i| task(format!("t{i}"))).collect();
+    let tasks: Vec<Task> = (0..n).map(|i| Task::new(format!("t{i}"), "noop")).collect();
     let deps: Vec<Vec<usize>> = (0..n)
         .map(|i| if chain && i > 0 { vec![i - 1] } else { vec![] })
         .collect();

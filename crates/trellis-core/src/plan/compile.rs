@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use super::spec::{
     ActionSpec, BackoffKindSpec, BackoffSpec, BudgetActionSpec, FileOpSpec, JitterSpec, PlanSpec,
-    RelationshipKindSpec, TaskSpec,
+    TaskSpec,
 };
 use super::{
     Budget, BudgetAction, FileImpact, FileOp, NotRun, Plan, PlanOptions, Relationship,
@@ -872,7 +872,7 @@ fn compile_task(
         let Some(target) = c.resolve(&rel.target, || format!("{}.target", path())) else {
             continue;
         };
-        let kind = relationship_kind(rel.kind);
+        let kind = rel.kind;
         if target == i {
             c.error(
                 PlanErrorKind::SelfReference,
@@ -1010,22 +1010,6 @@ fn compile_task(
         subtask_of: None,
         tests,
         relationships,
-    }
-}
-
-fn relationship_kind(spec: RelationshipKindSpec) -> RelationshipKind {
-    match spec {
-        RelationshipKindSpec::DependsOn => RelationshipKind::DependsOn,
-        RelationshipKindSpec::Blocks => RelationshipKind::Blocks,
-        RelationshipKindSpec::ConflictsWith => RelationshipKind::ConflictsWith,
-        RelationshipKindSpec::Supersedes => RelationshipKind::Supersedes,
-        RelationshipKindSpec::DuplicateOf => RelationshipKind::DuplicateOf,
-        RelationshipKindSpec::SubtaskOf => RelationshipKind::SubtaskOf,
-        RelationshipKindSpec::Tests => RelationshipKind::Tests,
-        RelationshipKindSpec::RelatedTo => RelationshipKind::RelatedTo,
-        RelationshipKindSpec::Implements => RelationshipKind::Implements,
-        RelationshipKindSpec::Enables => RelationshipKind::Enables,
-        RelationshipKindSpec::InspiredBy => RelationshipKind::InspiredBy,
     }
 }
 

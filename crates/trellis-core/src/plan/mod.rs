@@ -128,6 +128,29 @@ pub struct Task {
     pub relationships: Vec<Relationship>,
 }
 
+impl Task {
+    /// Returns a task of `task_type` on the queue of that name, with empty input, no files, no
+    /// relationships and the default failure policy. Handy for plans built in code.
+    pub fn new(id: impl Into<String>, task_type: impl Into<String>) -> Self {
+        let task_type = task_type.into();
+        Self {
+            id: id.into(),
+            queue: task_type.clone(),
+            on_failure: FailurePolicy::default().chain_for(&task_type),
+            task_type,
+            input: serde_json::Value::Object(serde_json::Map::new()),
+            files: Vec::new(),
+            timeout: None,
+            fallback: None,
+            is_fallback_only: false,
+            not_run: None,
+            subtask_of: None,
+            tests: Vec::new(),
+            relationships: Vec::new(),
+        }
+    }
+}
+
 /// Why a task is not run.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum NotRun {
@@ -175,8 +198,9 @@ impl FileOp {
     }
 }
 
-/// One of the 11 relationship types (DESIGN.md §4).
+/// One of the 11 relationship types (DESIGN.md §4), written in snake_case in plans.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum RelationshipKind {
     DependsOn,
     Blocks,

@@ -143,22 +143,8 @@ pub struct RelationshipSpec {
     pub target: String,
 }
 
-/// The 11 relationship types as written (snake_case).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RelationshipKindSpec {
-    DependsOn,
-    Blocks,
-    ConflictsWith,
-    Supersedes,
-    DuplicateOf,
-    SubtaskOf,
-    Tests,
-    RelatedTo,
-    Implements,
-    Enables,
-    InspiredBy,
-}
+/// The 11 relationship types as written (snake_case): the compiled kind, read directly.
+pub use super::RelationshipKind as RelationshipKindSpec;
 
 /// A failure action as written: a bare name (`reassign`, `retry`, `fallback`) or a one-key map
 /// with arguments (`{retry: {max: 3, backoff: exponential}}`, `{fallback: api-fallback}`).

@@ -7,7 +7,7 @@ use std::time::Duration;
 use trellis_core::ids::ExecutionId;
 use trellis_core::machine::{Applied, Event, EventBody, Execution};
 use trellis_core::plan::{Plan, PlanOptions, Task, TaskIdx};
-use trellis_core::policy::{EscalationChain, FailurePolicy};
+use trellis_core::policy::EscalationChain;
 
 /// Builds plans for tests.
 pub struct PlanBuilder {
@@ -78,21 +78,7 @@ impl PlanBuilder {
 }
 
 pub fn task(id: &str) -> Task {
-    Task {
-        id: id.to_owned(),
-        task_type: "noop".to_owned(),
-        queue: "noop".to_owned(),
-        input: serde_json::json!({}),
-        files: Vec::new(),
-        timeout: None,
-        on_failure: FailurePolicy::default().chain_for("noop"),
-        fallback: None,
-        is_fallback_only: false,
-        not_run: None,
-        subtask_of: None,
-        tests: Vec::new(),
-        relationships: Vec::new(),
-    }
+    Task::new(id, "noop")
 }
 
 pub fn build_plan(
