@@ -1,0 +1,200 @@
+//! NATS JetStream plumbing shared by the Trellis services: one place that knows how to connect,
+//! which streams exist with which retention, and how the durable consumers are configured, so the
+//! coordinator and the workers can start in any order and agree.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer, stream};
+use trellis_proto::subjects;
+
+/// How long a task message may stay unacknowledged before JetStream hands it to another worker.
+/// Workers send `AckProgress` every [`HEARTBEAT_INTERVAL`], so a live worker never hits it; a
+/// dead one loses its task after three silent intervals (DESIGN.md §4, "Agents").
+pub const TASK_ACK_WAIT: Duration = Duration::from_secs(6);
+
+/// How often workers heartbeat and extend their in-flight task messages.
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Errors of the NATS plumbing.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "cannot connect to NATS at {url}: {source} (start one with `nats-server -js`, or install it with `apt-get install nats-server`)"
+    )]
+    Connect {
+        url: String,
+        #[source]
+        source: async_nats::ConnectError,
+    },
+    #[error(
+        "cannot create or open JetStream stream {stream}: {message} (is JetStream enabled, `nats-server -js`?)"
+    )]
+    Stream {
+        stream: &'static str,
+        message: String,
+    },
+    #[error("cannot create consumer {consumer}: {message}")]
+    Consumer { consumer: String, message: String },
+}
+
+/// Connects to NATS with the name shown in `nats-server` monitoring.
+pub async fn connect(url: &str, name: &str) -> Result<async_nats::Client, Error> {
+    async_nats::ConnectOptions::new()
+        .name(name)
+        .retry_on_initial_connect()
+        .connection_timeout(Duration::from_secs(5))
+        .client_capacity(8192)
+        .subscription_capacity(65_536)
+        .connect(url)
+        .await
+        .map_err(|source| Error::Connect {
+            url: url.to_owned(),
+            source,
+        })
+}
+
+/// The three streams of DESIGN.md §3.
+#[derive(Debug, Clone)]
+pub struct Streams {
+    pub tasks: stream::Stream,
+    pub results: stream::Stream,
+    pub events: stream::Stream,
+}
+
+/// Creates the streams if they do not exist (idempotent; safe from every service at start).
+pub async fn ensure_streams(js: &jetstream::Context) -> Result<Streams, Error> {
+    let tasks = ensure(
+        js,
+        stream::Config {
+            name: subjects::TASKS_STREAM.to_owned(),
+            subjects: vec![subjects::TASKS_WILDCARD.to_owned()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            storage: stream::StorageType::File,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        },
+        subjects::TASKS_STREAM,
+    )
+    .await?;
+    let results = ensure(
+        js,
+        stream::Config {
+            name: subjects::RESULTS_STREAM.to_owned(),
+            subjects: vec![subjects::RESULTS_WILDCARD.to_owned()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            storage: stream::StorageType::File,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        },
+        subjects::RESULTS_STREAM,
+    )
+    .await?;
+    let events = ensure(
+        js,
+        stream::Config {
+            name: subjects::EVENTS_STREAM.to_owned(),
+            subjects: vec![subjects::EVENTS_WILDCARD.to_owned()],
+            retention: stream::RetentionPolicy::Limits,
+            storage: stream::StorageType::File,
+            max_message_size: 8 * 1024 * 1024,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        },
+        subjects::EVENTS_STREAM,
+    )
+    .await?;
+    Ok(Streams {
+        tasks,
+        results,
+        events,
+    })
+}
+
+async fn ensure(
+    js: &jetstream::Context,
+    config: stream::Config,
+    name: &'static str,
+) -> Result<stream::Stream, Error> {
+    js.get_or_create_stream(config)
+        .await
+        .map_err(|e| Error::Stream {
+            stream: name,
+            message: e.to_string(),
+        })
+}
+
+/// Returns the durable pull consumer shared by every worker of `queue`.
+pub async fn task_consumer(
+    tasks: &stream::Stream,
+    queue: &str,
+    max_ack_pending: i64,
+) -> Result<consumer::PullConsumer, Error> {
+    let name = format!("workers-{}", consumer_safe(queue));
+    tasks
+        .get_or_create_consumer(
+            &name,
+            consumer::pull::Config {
+                durable_name: Some(name.clone()),
+                filter_subject: subjects::tasks(queue),
+                ack_policy: consumer::AckPolicy::Explicit,
+                ack_wait: TASK_ACK_WAIT,
+                max_ack_pending,
+                max_deliver: -1,
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| Error::Consumer {
+            consumer: name,
+            message: e.to_string(),
+        })
+}
+
+/// Returns the durable consumer of one coordinator shard's results.
+pub async fn results_consumer(
+    results: &stream::Stream,
+    shard: u32,
+) -> Result<consumer::PullConsumer, Error> {
+    let name = format!("coordinator-{shard}");
+    results
+        .get_or_create_consumer(
+            &name,
+            consumer::pull::Config {
+                durable_name: Some(name.clone()),
+                filter_subject: subjects::results(shard),
+                ack_policy: consumer::AckPolicy::Explicit,
+                ack_wait: Duration::from_secs(30),
+                max_ack_pending: 100_000,
+                max_deliver: -1,
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| Error::Consumer {
+            consumer: name,
+            message: e.to_string(),
+        })
+}
+
+/// Consumer names allow `[A-Za-z0-9_-]`; queue names may hold dots.
+fn consumer_safe(queue: &str) -> String {
+    queue
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn consumer_names_are_safe() {
+        assert_eq!(super::consumer_safe("gpu.large"), "gpu_large");
+        assert_eq!(super::consumer_safe("shell"), "shell");
+    }
+}
