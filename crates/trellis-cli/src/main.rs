@@ -1,12 +1,15 @@
 //! The `trellis` command line.
 //!
 //! `main` only parses arguments and maps the outcome to an exit code; each command group lives in
-//! its own module under `commands/`.
+//! its own module under `commands/`, the coordinator client is created in `client`, and what is
+//! printed is built in `render`.
 //!
-//! Exit codes: 0 success, 1 an unexpected failure (such as a closed stdout), 2 bad usage or bad
-//! input (an invalid plan, an unreadable file).
+//! Exit codes: 0 success, 1 a failure (no coordinator, an execution that failed, a refused call),
+//! 2 bad usage or bad input (an invalid plan, an unreadable file, an invalid request).
 
+mod client;
 mod commands;
+mod render;
 
 use std::process::ExitCode;
 
@@ -26,9 +29,21 @@ use clap::{Parser, Subcommand};
         trellis plan validate examples/feature-x.yaml\n  \
         trellis plan analyze examples/seed-001.yaml\n  \
         trellis plan analyze --json examples/feature-x.yaml\n  \
-        cat plan.json | trellis plan validate -"
+        cat plan.json | trellis plan validate -\n  \
+        trellis submit --wait examples/seed-001.yaml\n  \
+        trellis tree 0190a5c4-7d1e-7000-8000-000000000001\n  \
+        TRELLIS_COORDINATOR=http://coordinator:7400 trellis list --state running"
 )]
 struct Cli {
+    /// The coordinator's gRPC address.
+    #[arg(
+        long,
+        global = true,
+        env = "TRELLIS_COORDINATOR",
+        value_name = "URL",
+        default_value = client::DEFAULT_COORDINATOR
+    )]
+    coordinator: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -37,6 +52,16 @@ struct Cli {
 enum Command {
     #[command(subcommand)]
     Plan(commands::plan::PlanCommand),
+    Submit(commands::submit::SubmitArgs),
+    Status(commands::inspect::StatusArgs),
+    List(commands::inspect::ListArgs),
+    Tree(commands::inspect::TreeArgs),
+    Events(commands::inspect::EventsArgs),
+    Pause(commands::control::PauseArgs),
+    Resume(commands::control::ResumeArgs),
+    Cancel(commands::control::CancelArgs),
+    Answer(commands::control::AnswerArgs),
+    Workers(commands::workers::WorkersArgs),
 }
 
 fn main() -> ExitCode {
@@ -52,7 +77,19 @@ fn main() -> ExitCode {
             };
         }
     };
+    let url = cli.coordinator.as_str();
+    use commands::{control, inspect, run_remote, submit, workers};
     match cli.command {
         Command::Plan(command) => commands::plan::run(command),
+        Command::Submit(args) => run_remote(submit::run(url, args)),
+        Command::Status(args) => run_remote(inspect::status(url, args)),
+        Command::List(args) => run_remote(inspect::list(url, args)),
+        Command::Tree(args) => run_remote(inspect::tree(url, args)),
+        Command::Events(args) => run_remote(inspect::events(url, args)),
+        Command::Pause(args) => run_remote(control::pause(url, args)),
+        Command::Resume(args) => run_remote(control::resume(url, args)),
+        Command::Cancel(args) => run_remote(control::cancel(url, args)),
+        Command::Answer(args) => run_remote(control::answer(url, args)),
+        Command::Workers(args) => run_remote(workers::run(url, args)),
     }
 }

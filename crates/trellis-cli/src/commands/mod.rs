@@ -1,16 +1,90 @@
-//! The command groups of `trellis`, one module each, and what they share: exit codes and input
-//! reading.
+//! The command groups of `trellis`, one module each, and what they share: exit codes, the
+//! [`Failure`] every remote command returns, and input reading.
 
+pub mod control;
+pub mod inspect;
 pub mod plan;
+pub mod submit;
+pub mod workers;
 
 use std::fs::File;
 use std::io::{self, Read};
 use std::path::Path;
+use std::process::ExitCode;
 
 /// Bad usage or bad input: an invalid plan, an unreadable file.
 pub const EXIT_BAD_INPUT: u8 = 2;
 /// An unexpected failure, such as stdout closed under us.
 pub const EXIT_FAILURE: u8 = 1;
+
+/// Why a command stopped: the exit code and the one line to print on stderr.
+#[derive(Debug)]
+pub struct Failure {
+    pub exit: u8,
+    /// Printed as `trellis: MESSAGE`; empty when the command already said everything (for example
+    /// `submit --wait` of an execution that failed).
+    pub message: String,
+}
+
+impl Failure {
+    /// Bad usage or bad input (exit 2).
+    pub fn bad_input(message: impl Into<String>) -> Self {
+        Self {
+            exit: EXIT_BAD_INPUT,
+            message: message.into(),
+        }
+    }
+
+    /// Anything else that went wrong (exit 1).
+    pub fn failed(message: impl Into<String>) -> Self {
+        Self {
+            exit: EXIT_FAILURE,
+            message: message.into(),
+        }
+    }
+
+    /// Exit 1 without a message: the outcome was already reported.
+    pub fn silent() -> Self {
+        Self::failed(String::new())
+    }
+}
+
+impl From<io::Error> for Failure {
+    fn from(e: io::Error) -> Self {
+        // A closed pipe (`| head`) is the reader's choice, not an error worth a message.
+        if e.kind() == io::ErrorKind::BrokenPipe {
+            return Self {
+                exit: 0,
+                message: String::new(),
+            };
+        }
+        Self::failed(format!("cannot write output: {}", lower(&e)))
+    }
+}
+
+/// Runs a command that talks to the coordinator on a single-threaded runtime and maps its outcome
+/// to an exit code.
+pub fn run_remote(command: impl Future<Output = Result<(), Failure>>) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("trellis: cannot start the async runtime: {}", lower(&e));
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    match runtime.block_on(command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            if !failure.message.is_empty() {
+                eprintln!("trellis: {}", failure.message);
+            }
+            ExitCode::from(failure.exit)
+        }
+    }
+}
 
 /// Returns how to name `path` in messages (`<stdin>` for `-`).
 pub fn display_name(path: &Path) -> String {
@@ -51,7 +125,7 @@ pub fn read_input(path: &Path, max_bytes: usize) -> Result<Vec<u8>, String> {
 }
 
 /// Returns an I/O error's message in the lowercase style of our own messages.
-fn lower(e: &io::Error) -> String {
+pub fn lower(e: &io::Error) -> String {
     let text = e.to_string();
     let mut chars = text.chars();
     match chars.next() {

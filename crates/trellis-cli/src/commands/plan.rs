@@ -8,7 +8,7 @@ use clap::Subcommand;
 use trellis_core::analysis::{Analysis, ConflictReason, analyze, op_name};
 use trellis_core::plan::{Limits, Plan, compile_bytes};
 
-use super::{EXIT_BAD_INPUT, EXIT_FAILURE, display_name, read_input};
+use super::{EXIT_FAILURE, Failure, display_name, read_input};
 
 /// Work with plan files (YAML or JSON; `-` reads stdin).
 #[derive(Debug, Subcommand)]
@@ -67,30 +67,40 @@ pub fn run(command: PlanCommand) -> ExitCode {
     }
 }
 
-/// Loads, compiles and analyses `file`, then calls `show`; reports problems on stderr.
-fn with_plan(
-    file: &Path,
-    show: impl FnOnce(&mut dyn Write, &Plan, &Analysis) -> io::Result<()>,
-) -> ExitCode {
+/// Reads and compiles a plan file (or stdin for `-`), printing every problem on stderr as
+/// `FILE: message`; returns the plan's bytes with the compiled plan.
+///
+/// # Errors
+///
+/// Bad input (exit 2, message already printed) for an unreadable file or an invalid plan.
+pub fn load(file: &Path) -> Result<(Vec<u8>, Plan), Failure> {
     let name = display_name(file);
     let limits = Limits::default();
-    let bytes = match read_input(file, limits.max_input_bytes) {
-        Ok(bytes) => bytes,
-        Err(message) => {
-            eprintln!("{name}: {message}");
-            return ExitCode::from(EXIT_BAD_INPUT);
-        }
-    };
-    let plan = match compile_bytes(&bytes, &limits) {
-        Ok(plan) => plan,
+    let bytes = read_input(file, limits.max_input_bytes).map_err(|message| {
+        eprintln!("{name}: {message}");
+        Failure::bad_input("")
+    })?;
+    match compile_bytes(&bytes, &limits) {
+        Ok(plan) => Ok((bytes, plan)),
         Err(errors) => {
             let mut err = BufWriter::new(io::stderr().lock());
             for error in &errors {
                 let _ = writeln!(err, "{name}: {error}");
             }
             let _ = err.flush();
-            return ExitCode::from(EXIT_BAD_INPUT);
+            Err(Failure::bad_input(""))
         }
+    }
+}
+
+/// Loads, compiles and analyses `file`, then calls `show`; reports problems on stderr.
+fn with_plan(
+    file: &Path,
+    show: impl FnOnce(&mut dyn Write, &Plan, &Analysis) -> io::Result<()>,
+) -> ExitCode {
+    let plan = match load(file) {
+        Ok((_, plan)) => plan,
+        Err(failure) => return ExitCode::from(failure.exit),
     };
     let analysis = analyze(&plan);
     let mut out = BufWriter::new(io::stdout().lock());

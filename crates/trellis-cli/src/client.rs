@@ -1,0 +1,157 @@
+//! The one place that creates the gRPC client of the coordinator and turns transport failures and
+//! gRPC statuses into messages that say what to do.
+
+use std::error::Error as _;
+use std::ops::ControlFlow;
+use std::time::Duration;
+
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+use trellis_proto::v1::coordinator_client::CoordinatorClient;
+use trellis_proto::v1::{ObserveExecutionRequest, ObserveExecutionResponse};
+
+use crate::commands::Failure;
+
+/// Where `trellis` looks for a coordinator when neither `--coordinator` nor `TRELLIS_COORDINATOR`
+/// says otherwise; `trellis dev` listens there.
+pub const DEFAULT_COORDINATOR: &str = "http://127.0.0.1:7400";
+
+/// How long to wait for the TCP connection before saying nobody is there.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How many times in a row a broken event stream is reopened before giving up.
+const MAX_REOPENS: u32 = 5;
+
+/// A connected coordinator client and the address it was reached at, for messages.
+#[derive(Debug, Clone)]
+pub struct Coordinator {
+    pub url: String,
+    pub client: CoordinatorClient<Channel>,
+}
+
+impl Coordinator {
+    /// Connects to the coordinator at `url`.
+    ///
+    /// # Errors
+    ///
+    /// Bad input (exit 2) for a URL that cannot be parsed; a failure naming `trellis dev` when
+    /// nothing answers there.
+    pub async fn connect(url: &str) -> Result<Self, Failure> {
+        let endpoint = Endpoint::from_shared(url.to_owned())
+            .map_err(|_| {
+                Failure::bad_input(format!(
+                    "invalid coordinator address {url:?}: expected a URL such as {DEFAULT_COORDINATOR}"
+                ))
+            })?
+            .connect_timeout(CONNECT_TIMEOUT);
+        let channel = endpoint.connect().await.map_err(|e| {
+            Failure::failed(format!(
+                "{} ({})",
+                not_running(url),
+                root_cause(&e).to_lowercase()
+            ))
+        })?;
+        Ok(Self {
+            url: url.to_owned(),
+            client: CoordinatorClient::new(channel),
+        })
+    }
+
+    /// Turns a failed call into a message: `what` names the call's subject, e.g.
+    /// `execution 0190…`.
+    pub fn status_failure(&self, status: &Status, what: &str) -> Failure {
+        let message = status.message();
+        match status.code() {
+            Code::NotFound => Failure::failed(format!("{what} not found")),
+            Code::InvalidArgument | Code::OutOfRange => {
+                Failure::bad_input(format!("{what}: {message}"))
+            }
+            Code::FailedPrecondition => Failure::failed(format!("{what}: {message}")),
+            Code::Unavailable => Failure::failed(format!("{} ({message})", not_running(&self.url))),
+            Code::DeadlineExceeded => Failure::failed(format!(
+                "the coordinator at {} did not answer in time: {message}",
+                self.url
+            )),
+            code => Failure::failed(format!("{what}: {code:?}: {message}")),
+        }
+    }
+}
+
+impl Coordinator {
+    /// Follows an execution's events from `from_sequence`, calling `on_item` for each stream item
+    /// in order, until the stream ends (after the run's terminal event) or `on_item` breaks.
+    ///
+    /// A stream that breaks (a restarted coordinator, a dropped connection) is reopened from the
+    /// sequence after the last one seen, as `ObserveExecution` allows, so nothing is missed or
+    /// repeated.
+    ///
+    /// # Errors
+    ///
+    /// The coordinator's refusal (unknown execution, ...), a stream that keeps breaking, or what
+    /// `on_item` returns.
+    pub async fn observe(
+        &mut self,
+        execution_id: &str,
+        from_sequence: u64,
+        mut on_item: impl FnMut(ObserveExecutionResponse) -> Result<ControlFlow<()>, Failure>,
+    ) -> Result<(), Failure> {
+        let what = format!("execution {execution_id}");
+        let mut next_sequence = from_sequence.max(1);
+        let mut n_reopens = 0;
+        loop {
+            let request = ObserveExecutionRequest {
+                execution_id: execution_id.to_owned(),
+                from_sequence: next_sequence,
+            };
+            let broken = match self.client.observe_execution(request).await {
+                Ok(response) => {
+                    let mut stream = response.into_inner();
+                    loop {
+                        match stream.message().await {
+                            Ok(Some(item)) => {
+                                n_reopens = 0;
+                                if let Some(event) = &item.event {
+                                    next_sequence = event.sequence + 1;
+                                }
+                                if on_item(item)?.is_break() {
+                                    return Ok(());
+                                }
+                            }
+                            Ok(None) => return Ok(()),
+                            Err(status) => break status,
+                        }
+                    }
+                }
+                Err(status) => status,
+            };
+            if !is_transient(&broken) || n_reopens >= MAX_REOPENS {
+                return Err(self.status_failure(&broken, &what));
+            }
+            n_reopens += 1;
+            tokio::time::sleep(Duration::from_millis(200 << n_reopens)).await;
+        }
+    }
+}
+
+/// The message for a coordinator that cannot be reached, naming the fix.
+fn not_running(url: &str) -> String {
+    format!("no coordinator at {url}: start one with `trellis dev`, or pass --coordinator URL")
+}
+
+/// Returns the innermost cause of `e` (e.g. "Connection refused"), which says more than tonic's
+/// "transport error".
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause: &(dyn std::error::Error + 'static) = e;
+    while let Some(source) = cause.source() {
+        cause = source;
+    }
+    cause.to_string()
+}
+
+/// Returns whether a stream that failed with `status` is worth reopening.
+fn is_transient(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        Code::Unavailable | Code::Unknown | Code::Internal | Code::Aborted
+    ) || status.source().is_some()
+}

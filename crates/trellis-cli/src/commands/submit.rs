@@ -1,0 +1,283 @@
+//! `trellis submit`: check a plan locally, start an execution of it, and optionally follow it to
+//! the end with a live progress bar or a JSON line per event.
+
+use std::io::{self, BufWriter, IsTerminal, Write};
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde_json::json;
+use trellis_core::analysis::analyze;
+use trellis_proto::v1::start_execution_request::PlanSource;
+use trellis_proto::v1::{
+    ExecutionOptions, ExecutionState, GetExecutionRequest, PlanFormat, PlanSpec, Progress,
+    StartExecutionRequest,
+};
+
+use super::{Failure, display_name, plan};
+use crate::client::Coordinator;
+use crate::render::{self, events, progress};
+
+/// Start an execution of a plan.
+#[derive(Debug, Args)]
+#[command(
+    long_about = "Start an execution of a plan.\n\n\
+        The plan is checked locally first: an invalid plan prints every error and exits 2 without \
+        contacting the coordinator. Otherwise the execution starts and its id is printed. With \
+        --wait, follow it to the end with a live progress bar (counts by state, percent, ETA, \
+        \"wave k of n\") and exit 0 if it completed, 1 if it failed or was cancelled.",
+    after_help = "Examples:\n  \
+        trellis submit examples/feature-x.yaml\n  \
+        trellis submit --wait examples/seed-001.yaml\n  \
+        trellis submit --wait --json --label team=infra plan.yaml | jq -c 'select(.kind == \"task_failed\")'\n  \
+        cat plan.json | trellis submit -"
+)]
+pub struct SubmitArgs {
+    /// The plan file (YAML or JSON), or `-` for stdin.
+    pub file: PathBuf,
+    /// Follow the execution until it ends; exit 0 if it completed, 1 otherwise.
+    #[arg(long)]
+    pub wait: bool,
+    /// Print JSON: the start as one object, or with --wait one object per event line and a final
+    /// summary object.
+    #[arg(long)]
+    pub json: bool,
+    /// A label on the execution, shown in listings and usable as a filter (repeatable).
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
+    /// Starting again with the same key returns the execution already started with it.
+    #[arg(long, value_name = "KEY")]
+    pub idempotency_key: Option<String>,
+}
+
+/// Runs `trellis submit`.
+pub async fn run(coordinator_url: &str, args: SubmitArgs) -> Result<(), Failure> {
+    let (bytes, plan) = plan::load(&args.file)?;
+    let analysis = analyze(&plan);
+    let waves: Vec<Vec<String>> = analysis
+        .waves
+        .iter()
+        .map(|wave| wave.iter().map(|&t| plan.tasks[t].id.clone()).collect())
+        .collect();
+    // The compiler accepted the bytes, so they are UTF-8; the check costs nothing.
+    let text = String::from_utf8(bytes)
+        .map_err(|_| Failure::bad_input(format!("{}: not UTF-8", display_name(&args.file))))?;
+    let format = if serde_json::from_str::<serde_json::Value>(&text).is_ok() {
+        PlanFormat::Json
+    } else {
+        PlanFormat::Yaml
+    };
+
+    let mut coordinator = Coordinator::connect(coordinator_url).await?;
+    let request = StartExecutionRequest {
+        plan_source: Some(PlanSource::Spec(PlanSpec {
+            text,
+            format: format as i32,
+            source_name: display_name(&args.file),
+        })),
+        options: Some(ExecutionOptions {
+            idempotency_key: args.idempotency_key.clone().unwrap_or_default(),
+            labels: args.labels.iter().cloned().collect(),
+        }),
+    };
+    let started = coordinator
+        .client
+        .start_execution(request)
+        .await
+        .map_err(|status| coordinator.status_failure(&status, &format!("plan {:?}", plan.name)))?
+        .into_inner();
+    let execution_id = started.execution_id;
+
+    let mut out = BufWriter::new(io::stdout().lock());
+    if args.json && !args.wait {
+        writeln!(
+            out,
+            "{}",
+            json!({"execution_id": execution_id, "created": started.created})
+        )?;
+    } else if !args.json {
+        writeln!(out, "{execution_id}")?;
+    }
+    out.flush()?;
+    drop(out);
+    if !args.wait {
+        return Ok(());
+    }
+
+    let mode = if args.json {
+        Mode::Json
+    } else if io::stdout().is_terminal() && io::stderr().is_terminal() {
+        Mode::Bar(new_bar())
+    } else {
+        Mode::Quiet
+    };
+    let mut tracker = progress::Tracker::new(&execution_id, &waves);
+    let watch = watch(&mut coordinator, &execution_id, &mut tracker, &mode);
+    let watched = tokio::select! {
+        watched = watch => watched,
+        _ = tokio::signal::ctrl_c() => Err(Failure::failed(format!(
+            "stopped watching; the execution keeps running: `trellis events {execution_id} --follow`"
+        ))),
+    };
+    if let Mode::Bar(bar) = &mode {
+        bar.finish_and_clear();
+    }
+    watched?;
+    finish(&mut coordinator, &execution_id, &tracker, &mode).await
+}
+
+/// How `--wait` shows what happens.
+#[derive(Debug)]
+enum Mode {
+    /// A live progress bar on stderr, for a terminal.
+    Bar(ProgressBar),
+    /// One JSON object per event on stdout.
+    Json,
+    /// Nothing until the end (stdout is a pipe or a file).
+    Quiet,
+}
+
+fn new_bar() -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(Some(1000), ProgressDrawTarget::stderr());
+    let style = ProgressStyle::with_template("{spinner} [{bar:30}] {msg}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+    bar.set_style(style);
+    bar.enable_steady_tick(Duration::from_millis(120));
+    bar.set_message("waiting for the first event");
+    bar
+}
+
+/// Follows the execution's events until the stream ends, feeding `tracker` and showing progress.
+async fn watch(
+    coordinator: &mut Coordinator,
+    execution_id: &str,
+    tracker: &mut progress::Tracker,
+    mode: &Mode,
+) -> Result<(), Failure> {
+    coordinator
+        .observe(execution_id, 1, |item| {
+            let Some(event) = &item.event else {
+                return Ok(ControlFlow::Continue(()));
+            };
+            tracker.apply(event);
+            match mode {
+                Mode::Bar(bar) => {
+                    let snapshot = progress::observed(&item).unwrap_or_else(|| tracker.snapshot());
+                    bar.set_position((f64::from(snapshot.percent) * 10.0) as u64);
+                    bar.set_message(bar_message(&snapshot, tracker));
+                }
+                Mode::Json => {
+                    let mut out = io::stdout().lock();
+                    writeln!(out, "{}", events::json(event))?;
+                }
+                Mode::Quiet => {}
+            }
+            Ok(ControlFlow::Continue(()))
+        })
+        .await
+}
+
+fn bar_message(snapshot: &Progress, tracker: &progress::Tracker) -> String {
+    let line = progress::line(snapshot);
+    match tracker.state() {
+        ExecutionState::Paused if tracker.reason().is_empty() => format!("paused · {line}"),
+        ExecutionState::Paused => format!("paused ({}) · {line}", tracker.reason()),
+        _ => line,
+    }
+}
+
+/// Prints the outcome and returns success only for a completed execution.
+async fn finish(
+    coordinator: &mut Coordinator,
+    execution_id: &str,
+    tracker: &progress::Tracker,
+    mode: &Mode,
+) -> Result<(), Failure> {
+    let mut state = tracker.state();
+    let mut reason = tracker.reason().to_owned();
+    let mut progress = tracker.snapshot();
+    if !render::is_terminal(state) {
+        // The stream ended without a terminal event (an older log, a coordinator that closed it):
+        // ask for the summary instead.
+        let execution = coordinator
+            .client
+            .get_execution(GetExecutionRequest {
+                execution_id: execution_id.to_owned(),
+            })
+            .await
+            .map_err(|status| {
+                coordinator.status_failure(&status, &format!("execution {execution_id}"))
+            })?
+            .into_inner()
+            .execution
+            .unwrap_or_default();
+        state = ExecutionState::try_from(execution.state).unwrap_or_default();
+        reason.clone_from(&execution.reason);
+        progress = progress::of_execution(&execution);
+    }
+    let state_name = render::execution_state_name(state as i32);
+    let mut out = BufWriter::new(io::stdout().lock());
+    match mode {
+        Mode::Json => writeln!(
+            out,
+            "{}",
+            json!({
+                "execution_id": execution_id,
+                "state": state_name,
+                "reason": reason,
+                "counts": render::counts_json(&progress.counts.unwrap_or_default()),
+                "seconds": tracker.elapsed_ms() as f64 / 1000.0,
+                "last_sequence": tracker.last_sequence(),
+            })
+        )?,
+        Mode::Bar(_) | Mode::Quiet => {
+            let took = render::format_duration_ms(tracker.elapsed_ms());
+            let counts = progress::line(&Progress {
+                total_waves: 0,
+                eta_ms: None,
+                ..progress
+            });
+            if reason.is_empty() {
+                writeln!(out, "{state_name} in {took}: {counts}")?;
+            } else {
+                writeln!(out, "{state_name} in {took}: {reason} ({counts})")?;
+            }
+        }
+    }
+    out.flush()?;
+    match state {
+        ExecutionState::Completed => Ok(()),
+        ExecutionState::Failed | ExecutionState::Cancelled => Err(Failure::silent()),
+        _ => Err(Failure::failed(format!(
+            "the event stream ended while execution {execution_id} is {state_name}; \
+             watch again with `trellis events {execution_id} --follow`"
+        ))),
+    }
+}
+
+/// Parses `KEY=VALUE`.
+fn parse_label(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        _ => Err(format!("expected KEY=VALUE, got {text:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels() {
+        assert_eq!(
+            parse_label("team=infra"),
+            Ok(("team".to_owned(), "infra".to_owned()))
+        );
+        assert_eq!(parse_label("k="), Ok(("k".to_owned(), String::new())));
+        assert!(parse_label("=v").is_err());
+        assert!(parse_label("novalue").is_err());
+    }
+}
