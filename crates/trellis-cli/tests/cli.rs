@@ -242,3 +242,99 @@ fn help_teaches_with_examples() {
     assert_eq!(output.status.code(), Some(0));
     assert!(stdout(&output).contains("--json"));
 }
+
+/// Returns a loopback address where nothing listens: a port the OS just handed out and took back.
+fn dead_coordinator() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+    let port = listener.local_addr().expect("local addr").port();
+    drop(listener);
+    format!("http://127.0.0.1:{port}")
+}
+
+#[test]
+fn submit_of_an_invalid_plan_exits_2_without_contacting_the_coordinator() {
+    // A listener that would see any connection attempt.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let url = format!("http://{}", listener.local_addr().expect("local addr"));
+    let path = temp_file(b"name: p\ntasks:\n  - {id: a, type: noop, depends_on: [missing]}\n");
+    let path_text = path.to_str().expect("utf-8 temp path").to_owned();
+    let output = run(&["--coordinator", &url, "submit", "--wait", &path_text]);
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert_eq!(
+        stderr(&output),
+        format!("{path_text}: tasks[0].depends_on[0]: unknown task \"missing\"\n")
+    );
+    assert!(stdout(&output).is_empty());
+    assert_eq!(
+        listener.accept().map(|_| ()).map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::WouldBlock),
+        "submit connected to the coordinator"
+    );
+}
+
+#[test]
+fn no_coordinator_exits_1_naming_trellis_dev() {
+    let url = dead_coordinator();
+    for args in [
+        vec!["status", "0190a5c4-7d1e-7000-8000-000000000001"],
+        vec!["list"],
+        vec!["workers"],
+        vec!["submit", "--wait"],
+    ] {
+        let mut args: Vec<String> = args.into_iter().map(str::to_owned).collect();
+        if args[0] == "submit" {
+            args.push(example("feature-x.yaml"));
+        }
+        let mut full = vec!["--coordinator".to_owned(), url.clone()];
+        full.extend(args);
+        let full: Vec<&str> = full.iter().map(String::as_str).collect();
+        let output = run(&full);
+        let err = stderr(&output);
+        assert_eq!(output.status.code(), Some(1), "{full:?}: {err}");
+        assert!(
+            err.starts_with(&format!(
+                "trellis: no coordinator at {url}: start one with `trellis dev`"
+            )),
+            "{full:?}: {err}"
+        );
+    }
+    // The environment variable names the coordinator too.
+    let output = Command::new(TRELLIS)
+        .args(["status", "x"])
+        .env("TRELLIS_COORDINATOR", &url)
+        .output()
+        .expect("trellis runs");
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr(&output).contains(&url), "{}", stderr(&output));
+}
+
+#[test]
+fn bad_coordinator_address_or_label_is_bad_input() {
+    let output = run(&["--coordinator", "not a url", "status", "x"]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    let output = run(&["submit", "--label", "novalue", &example("feature-x.yaml")]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(stderr(&output).contains("KEY=VALUE"), "{}", stderr(&output));
+}
+
+#[test]
+fn help_of_every_command_shows_an_example() {
+    for command in [
+        "submit", "status", "list", "tree", "events", "pause", "resume", "cancel", "answer",
+        "workers", "plan",
+    ] {
+        let output = run(&[command, "--help"]);
+        assert_eq!(output.status.code(), Some(0), "{command}");
+        let out = stdout(&output);
+        assert!(out.contains("Example"), "{command} --help:\n{out}");
+        assert!(
+            out.contains(&format!("trellis {command} ")),
+            "{command} --help has no example of itself:\n{out}"
+        );
+    }
+    let out = stdout(&run(&["--help"]));
+    assert!(out.contains("TRELLIS_COORDINATOR"), "{out}");
+    assert!(out.contains("trellis submit --wait"), "{out}");
+}
