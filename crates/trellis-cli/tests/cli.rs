@@ -338,3 +338,440 @@ fn help_of_every_command_shows_an_example() {
     assert!(out.contains("TRELLIS_COORDINATOR"), "{out}");
     assert!(out.contains("trellis submit --wait"), "{out}");
 }
+
+/// A coordinator that serves one canned execution, enough to drive the remote commands end to end.
+mod fake {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use tonic::codegen::tokio_stream;
+    use tonic::transport::Server;
+    use tonic::transport::server::TcpIncoming;
+    use tonic::{Request, Response, Status};
+    use trellis_proto::v1::coordinator_server::{Coordinator, CoordinatorServer};
+    use trellis_proto::v1::event::Kind;
+    use trellis_proto::v1::graph_node::Next;
+    use trellis_proto::v1::start_execution_request::PlanSource;
+    use trellis_proto::v1::*;
+
+    pub const EXECUTION_ID: &str = "0190a5c4-7d1e-7000-8000-000000000001";
+
+    #[derive(Debug, Default)]
+    pub struct Fake {
+        /// The last `StartExecution` request.
+        pub started: Mutex<Option<StartExecutionRequest>>,
+        /// Whether the first event stream was already broken on purpose.
+        broke_once: AtomicBool,
+    }
+
+    impl Fake {
+        fn doomed(&self) -> bool {
+            let started = self.started.lock().expect("lock");
+            matches!(
+                started.as_ref().and_then(|r| r.plan_source.as_ref()),
+                Some(PlanSource::Spec(spec)) if spec.text.contains("doomed")
+            )
+        }
+
+        fn events(&self) -> Vec<Event> {
+            let instance = |id: &str| id.to_owned();
+            let mut kinds = vec![
+                Kind::ExecutionStarted(ExecutionStarted::default()),
+                Kind::TaskQueued(TaskQueued {
+                    task_instance_id: instance("i-build"),
+                    task_id: "build".to_owned(),
+                    attempt: 1,
+                    run_number: 1,
+                }),
+                Kind::TaskDispatched(TaskDispatched {
+                    task_instance_id: instance("i-build"),
+                    task_id: "build".to_owned(),
+                    ..TaskDispatched::default()
+                }),
+                Kind::SubtaskGroupSpawned(SubtaskGroupSpawned {
+                    group_id: "g1".to_owned(),
+                    parent_task_instance_id: instance("i-build"),
+                    rule: Some(CompletionRule {
+                        kind: CompletionRuleKind::AllSettled as i32,
+                        quorum: 0,
+                    }),
+                    member_count: 2,
+                    members: ["m1", "m2"]
+                        .map(|id| SpawnedMember {
+                            task_instance_id: instance(id),
+                            task_type: "noop".to_owned(),
+                            ..SpawnedMember::default()
+                        })
+                        .to_vec(),
+                }),
+                Kind::TaskCompleted(TaskCompleted {
+                    task_instance_id: instance("m1"),
+                    attempt: 1,
+                    ..TaskCompleted::default()
+                }),
+                Kind::TaskCompleted(TaskCompleted {
+                    task_instance_id: instance("m2"),
+                    attempt: 1,
+                    ..TaskCompleted::default()
+                }),
+                Kind::ParentResumed(ParentResumed {
+                    group_id: "g1".to_owned(),
+                    parent_task_instance_id: instance("i-build"),
+                    new_task_instance_id: instance("i-build-2"),
+                }),
+                Kind::TaskQueued(TaskQueued {
+                    task_instance_id: instance("i-build-2"),
+                    task_id: "build".to_owned(),
+                    attempt: 1,
+                    run_number: 1,
+                }),
+            ];
+            let counts = |completed, failed| TaskStateCounts {
+                completed,
+                failed,
+                ..TaskStateCounts::default()
+            };
+            if self.doomed() {
+                kinds.push(Kind::TaskFailed(TaskFailed {
+                    task_instance_id: instance("i-build-2"),
+                    attempt: 1,
+                    error: "boom".to_owned(),
+                    ..TaskFailed::default()
+                }));
+                kinds.push(Kind::ExecutionFailed(ExecutionFailed {
+                    reason: "task build failed: boom".to_owned(),
+                    counts: Some(counts(3, 1)),
+                    usage: None,
+                }));
+            } else {
+                kinds.push(Kind::TaskCompleted(TaskCompleted {
+                    task_instance_id: instance("i-build-2"),
+                    attempt: 1,
+                    ..TaskCompleted::default()
+                }));
+                kinds.push(Kind::ExecutionCompleted(ExecutionCompleted {
+                    counts: Some(counts(4, 0)),
+                    usage: None,
+                }));
+            }
+            kinds
+                .into_iter()
+                .zip(1..)
+                .map(|(kind, sequence)| Event {
+                    execution_id: EXECUTION_ID.to_owned(),
+                    sequence,
+                    timestamp_unix_ms: 1_793_628_187_000
+                        + i64::try_from(sequence).expect("small") * 100,
+                    kind: Some(kind),
+                })
+                .collect()
+        }
+
+        fn check_id(id: &str) -> Result<(), Status> {
+            if id == EXECUTION_ID {
+                Ok(())
+            } else {
+                Err(Status::not_found(format!("no execution {id}")))
+            }
+        }
+    }
+
+    #[tonic::async_trait]
+    impl Coordinator for Fake {
+        async fn start_execution(
+            &self,
+            request: Request<StartExecutionRequest>,
+        ) -> Result<Response<StartExecutionResponse>, Status> {
+            *self.started.lock().expect("lock") = Some(request.into_inner());
+            Ok(Response::new(StartExecutionResponse {
+                execution_id: EXECUTION_ID.to_owned(),
+                created: true,
+            }))
+        }
+
+        async fn pause_execution(
+            &self,
+            _: Request<PauseExecutionRequest>,
+        ) -> Result<Response<PauseExecutionResponse>, Status> {
+            Err(Status::failed_precondition("execution is completed"))
+        }
+
+        async fn resume_execution(
+            &self,
+            _: Request<ResumeExecutionRequest>,
+        ) -> Result<Response<ResumeExecutionResponse>, Status> {
+            Err(Status::unimplemented("resume"))
+        }
+
+        async fn cancel_execution(
+            &self,
+            _: Request<CancelExecutionRequest>,
+        ) -> Result<Response<CancelExecutionResponse>, Status> {
+            Err(Status::unimplemented("cancel"))
+        }
+
+        async fn retry_execution(
+            &self,
+            _: Request<RetryExecutionRequest>,
+        ) -> Result<Response<RetryExecutionResponse>, Status> {
+            Err(Status::unimplemented("retry"))
+        }
+
+        async fn get_execution(
+            &self,
+            request: Request<GetExecutionRequest>,
+        ) -> Result<Response<GetExecutionResponse>, Status> {
+            Self::check_id(&request.get_ref().execution_id)?;
+            Ok(Response::new(GetExecutionResponse {
+                execution: Some(Execution {
+                    execution_id: EXECUTION_ID.to_owned(),
+                    name: "seed-001".to_owned(),
+                    state: ExecutionState::Completed as i32,
+                    run_number: 1,
+                    last_sequence: u64::try_from(self.events().len()).expect("small"),
+                    ..Execution::default()
+                }),
+            }))
+        }
+
+        async fn list_executions(
+            &self,
+            _: Request<ListExecutionsRequest>,
+        ) -> Result<Response<ListExecutionsResponse>, Status> {
+            Err(Status::unimplemented("list"))
+        }
+
+        type ObserveExecutionStream =
+            tokio_stream::Iter<std::vec::IntoIter<Result<ObserveExecutionResponse, Status>>>;
+
+        async fn observe_execution(
+            &self,
+            request: Request<ObserveExecutionRequest>,
+        ) -> Result<Response<Self::ObserveExecutionStream>, Status> {
+            let request = request.into_inner();
+            Self::check_id(&request.execution_id)?;
+            let from = request.from_sequence.max(1);
+            let mut items: Vec<Result<ObserveExecutionResponse, Status>> = self
+                .events()
+                .into_iter()
+                .filter(|event| event.sequence >= from)
+                .map(|event| Ok(ObserveExecutionResponse { event: Some(event) }))
+                .collect();
+            // The first stream breaks after three events, as when a coordinator restarts.
+            if !self.broke_once.swap(true, Ordering::SeqCst) {
+                items.truncate(3);
+                items.push(Err(Status::unavailable("coordinator restarting")));
+            }
+            Ok(Response::new(tokio_stream::iter(items)))
+        }
+
+        async fn get_execution_graph(
+            &self,
+            request: Request<GetExecutionGraphRequest>,
+        ) -> Result<Response<GetExecutionGraphResponse>, Status> {
+            Self::check_id(&request.get_ref().execution_id)?;
+            let node = |task_id: &str, state: TaskState, next: Option<Next>| GraphNode {
+                record: Some(TaskInstance {
+                    task_id: task_id.to_owned(),
+                    state: state as i32,
+                    attempt: 1,
+                    ..TaskInstance::default()
+                }),
+                next,
+            };
+            let mut resumed = node("build", TaskState::Completed, None);
+            if let Some(record) = resumed.record.as_mut() {
+                record.resumed_after_subtasks_group_id = Some("g1".to_owned());
+            }
+            Ok(Response::new(GetExecutionGraphResponse {
+                graph: Some(ExecutionGraph {
+                    nodes: vec![
+                        node("build", TaskState::Completed, Some(Next::GroupIndex(0))),
+                        node("noop", TaskState::Completed, None),
+                        node("noop", TaskState::Completed, None),
+                        resumed,
+                    ],
+                    groups: vec![GraphGroup {
+                        group_id: "g1".to_owned(),
+                        node_indices: vec![1, 2],
+                        next_node_index: Some(3),
+                    }],
+                    root_indices: vec![0],
+                }),
+            }))
+        }
+
+        async fn answer_question(
+            &self,
+            request: Request<AnswerQuestionRequest>,
+        ) -> Result<Response<AnswerQuestionResponse>, Status> {
+            let request = request.into_inner();
+            if request.answer != "yes" {
+                return Err(Status::invalid_argument("answer must be one of: yes, no"));
+            }
+            Ok(Response::new(AnswerQuestionResponse {
+                sequence: 12,
+                task_instance_id: format!("continued-by-{}", request.answered_by),
+            }))
+        }
+
+        async fn list_workers(
+            &self,
+            _: Request<ListWorkersRequest>,
+        ) -> Result<Response<ListWorkersResponse>, Status> {
+            Ok(Response::new(ListWorkersResponse::default()))
+        }
+    }
+
+    /// Serves a fresh fake on a loopback port from a background thread; returns its URL.
+    pub fn start() -> (String, Arc<Fake>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let url = format!("http://{}", listener.local_addr().expect("local addr"));
+        let fake = Arc::new(Fake::default());
+        let served = Arc::clone(&fake);
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+                Server::builder()
+                    .add_service(CoordinatorServer::from_arc(served))
+                    .serve_with_incoming(TcpIncoming::from(listener))
+                    .await
+                    .expect("fake coordinator serves");
+            });
+        });
+        (url, fake)
+    }
+}
+
+#[test]
+fn submit_wait_json_follows_every_event_across_a_broken_stream() {
+    let (url, fake) = fake::start();
+    let output = run(&[
+        "--coordinator",
+        &url,
+        "submit",
+        "--wait",
+        "--json",
+        "--label",
+        "team=infra",
+        &example("seed-001.yaml"),
+    ]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let lines: Vec<serde_json::Value> = stdout(&output)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
+        .collect();
+    let (summary, events) = lines.split_last().expect("lines");
+    let sequences: Vec<u64> = events
+        .iter()
+        .map(|e| e["sequence"].as_u64().expect("sequence"))
+        .collect();
+    assert_eq!(
+        sequences,
+        (1..=10).collect::<Vec<u64>>(),
+        "no gap, no repeat"
+    );
+    assert_eq!(events[3]["kind"], "subtask_group_spawned");
+    assert_eq!(events[3]["rule"], "all_settled");
+    assert_eq!(summary["execution_id"], fake::EXECUTION_ID);
+    assert_eq!(summary["state"], "completed");
+    assert_eq!(summary["counts"]["completed"], 4);
+    assert_eq!(summary["seconds"], 0.9);
+
+    let started = fake.started.lock().expect("lock").clone().expect("started");
+    assert_eq!(started.options.expect("options").labels["team"], "infra");
+    match started.plan_source {
+        Some(trellis_proto::v1::start_execution_request::PlanSource::Spec(spec)) => {
+            assert!(spec.text.contains("T-001"), "{}", spec.text);
+            assert_eq!(spec.format, trellis_proto::v1::PlanFormat::Yaml as i32);
+        }
+        other => panic!("expected a spec, got {other:?}"),
+    }
+}
+
+#[test]
+fn submit_wait_of_a_failing_execution_exits_1_with_the_reason() {
+    let (url, _fake) = fake::start();
+    let path = temp_file(b"name: doomed\ntasks: [{id: build, type: noop}]\n");
+    let path_text = path.to_str().expect("utf-8 temp path").to_owned();
+    let output = run(&["--coordinator", &url, "submit", "--wait", &path_text]);
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    // stdout is a pipe here, so no bar: the id, then the outcome.
+    assert_eq!(
+        stdout(&output),
+        format!(
+            "{}\nfailed in 900ms: task build failed: boom (3 completed · 0 running · 1 failed · 0 pending · 100%)\n",
+            fake::EXECUTION_ID
+        )
+    );
+}
+
+#[test]
+fn tree_events_status_and_answer_against_a_coordinator() {
+    let (url, _fake) = fake::start();
+    let id = fake::EXECUTION_ID;
+    let output = run(&["--coordinator", &url, "tree", id]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(
+        stdout(&output),
+        "build [completed] attempt 1\n\
+         ├─ group g1 (2 subtasks, all_settled)\n\
+         │  ├─ noop [completed] attempt 1\n\
+         │  └─ noop [completed] attempt 1\n\
+         └─ resumed: build [completed] attempt 1\n"
+    );
+
+    let output = run(&["--coordinator", &url, "events", "--from", "9", id]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let out = stdout(&output);
+    assert_eq!(out.lines().count(), 2, "{out}");
+    assert!(
+        out.lines()
+            .nth(1)
+            .expect("line")
+            .contains("execution_completed"),
+        "{out}"
+    );
+
+    let output = run(&["--coordinator", &url, "status", "nope"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(stderr(&output), "trellis: execution nope not found\n");
+
+    let output = run(&["--coordinator", &url, "pause", id]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("execution is completed"),
+        "{}",
+        stderr(&output)
+    );
+
+    let output = run(&[
+        "--coordinator",
+        &url,
+        "answer",
+        "--by",
+        "alice",
+        id,
+        "q-1",
+        "yes",
+    ]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(
+        stdout(&output).contains("continued-by-alice"),
+        "{}",
+        stdout(&output)
+    );
+    let output = run(&["--coordinator", &url, "answer", id, "q-1", "maybe"]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("one of: yes, no"),
+        "{}",
+        stderr(&output)
+    );
+}
