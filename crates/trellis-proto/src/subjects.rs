@@ -78,15 +78,16 @@ pub fn task_msg_id(task_instance_id: impl std::fmt::Display, attempt: u32) -> St
     format!("{task_instance_id}:{attempt}")
 }
 
-/// Returns the `Nats-Msg-Id` of an event, `<execution_id>:<sequence>`, so a coordinator that
-/// re-publishes after a crash does not append the event twice.
+/// Returns the `Nats-Msg-Id` of an event batch, `<execution_id>:<sequence>` where `sequence` is
+/// the batch's first event, so a coordinator that re-publishes after a crash does not append the
+/// events twice.
 pub fn event_msg_id(execution_id: impl std::fmt::Display, sequence: u64) -> String {
     format!("{execution_id}:{sequence}")
 }
 
 /// Returns the `Nats-Msg-Id` of a task result, `<task_instance_id>:<attempt>:<outcome>`, where
-/// `outcome` is `completed`, `failed`, `spawned`, `question` or `step:<step name>` (an attempt
-/// sends several step checkpoints but only one final outcome).
+/// `outcome` is `started`, `completed`, `failed`, `spawned`, `question` or `step:<step name>` (an
+/// attempt sends several step checkpoints but only one final outcome).
 pub fn result_msg_id(
     task_instance_id: impl std::fmt::Display,
     attempt: u32,

@@ -1,6 +1,7 @@
 //! Integration tests of `trellis-proto`: one test binary (see STYLE.md, "One integration-test
 //! binary per crate").
 
+mod convert;
 mod descriptor;
 mod generated;
 mod round_trip;

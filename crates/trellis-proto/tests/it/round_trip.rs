@@ -4,8 +4,8 @@
 use prost::Message;
 use trellis_proto::v1::{
     CompletionRule, CompletionRuleKind, Event, ExecutionGraph, GraphNode, Question,
-    QuestionPriority, QuestionTimeoutAction, QuestionType, SubtaskGroup, SubtaskSpec,
-    TaskCompleted, TaskInstance, TaskResult, TaskState, Usage, event, graph_node, task_result,
+    QuestionTimeoutAction, SubtaskGroup, SubtaskSpec, TaskCompleted, TaskInstance, TaskResult,
+    TaskState, Usage, event, graph_node, task_result,
 };
 
 const EXECUTION_ID: &str = "01968f3e-7b2a-7c4d-9e1f-0a1b2c3d4e5f";
@@ -35,6 +35,7 @@ fn task_result(outcome: task_result::Outcome) -> TaskResult {
 #[test]
 fn task_result_round_trips_with_every_outcome() {
     let outcomes = [
+        task_result::Outcome::Started(task_result::Started {}),
         task_result::Outcome::Completed(task_result::Completed {
             output: br#"{"ok":true}"#.to_vec(),
         }),
@@ -66,10 +67,9 @@ fn task_result_round_trips_with_every_outcome() {
         task_result::Outcome::Question(task_result::Asked {
             question: Some(Question {
                 question_id: "01968f3e-7b2a-7c4d-9e1f-cccccccccccc".to_owned(),
-                question_type: QuestionType::Approval.into(),
+                question_type: "approval".to_owned(),
                 text: "deploy to production?".to_owned(),
                 options: vec!["yes".to_owned(), "no".to_owned()],
-                priority: QuestionPriority::High.into(),
                 expires_at_unix_ms: Some(1_760_000_600_000),
                 timeout_action: QuestionTimeoutAction::AnswerDefault.into(),
                 default_answer: "no".to_owned(),
