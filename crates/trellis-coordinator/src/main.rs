@@ -1,8 +1,90 @@
 //! Entry point of the `trellis-coordinator` binary.
 
-fn main() -> std::process::ExitCode {
-    eprintln!(
-        "trellis-coordinator: this service is not available yet; use `trellis plan validate|analyze`"
-    );
-    std::process::ExitCode::from(2)
+use std::process::ExitCode;
+
+use clap::Parser;
+use tokio_util::sync::CancellationToken;
+
+/// The Trellis coordinator: runs executions, serves the `Coordinator` gRPC API.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// NATS server with JetStream.
+    #[arg(
+        long,
+        env = "TRELLIS_NATS_URL",
+        default_value = "nats://127.0.0.1:4222"
+    )]
+    nats_url: String,
+    /// gRPC listen address.
+    #[arg(
+        long,
+        env = "TRELLIS_COORDINATOR_ADDR",
+        default_value = "127.0.0.1:7400"
+    )]
+    listen: std::net::SocketAddr,
+    /// Number of result shards (workers must use the same).
+    #[arg(long, env = "TRELLIS_SHARDS", default_value_t = 1)]
+    shards: u32,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let args = Args::parse();
+    let listener = match tokio::net::TcpListener::bind(args.listen).await {
+        Ok(listener) => listener,
+        Err(err) => {
+            eprintln!(
+                "trellis-coordinator: cannot listen on {}: {err}",
+                args.listen
+            );
+            return ExitCode::from(2);
+        }
+    };
+    let shutdown = CancellationToken::new();
+    let signal = shutdown.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        signal.cancel();
+    });
+    let config = trellis_coordinator::Config {
+        nats_url: args.nats_url,
+        shards: args.shards,
+    };
+    match trellis_coordinator::run(config, listener, shutdown).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("trellis-coordinator: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Completes on SIGTERM (what Kubernetes sends) or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
 }

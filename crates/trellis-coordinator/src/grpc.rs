@@ -1,0 +1,311 @@
+//! The `Coordinator` gRPC service: parses and checks requests, then asks the engine.
+
+use std::pin::Pin;
+
+use futures::Stream;
+use tokio::sync::broadcast::error::RecvError;
+use tonic::{Request, Response, Status};
+use trellis_core::ids::{ExecutionId, QuestionId};
+use trellis_proto::v1;
+use trellis_proto::v1::coordinator_server::Coordinator;
+
+use crate::engine::{self, Control, Handle};
+use crate::workers::Registry;
+
+/// The gRPC face of the coordinator.
+pub(crate) struct CoordinatorService {
+    engine: Handle,
+    workers: Registry,
+}
+
+impl CoordinatorService {
+    pub(crate) fn new(engine: Handle, workers: Registry) -> Self {
+        Self { engine, workers }
+    }
+}
+
+fn execution_id(field: &str, value: &str) -> Result<ExecutionId, Status> {
+    value
+        .parse()
+        .map_err(|_| Status::invalid_argument(format!("{field}: not an execution id: {value:?}")))
+}
+
+type EventStream =
+    Pin<Box<dyn Stream<Item = Result<v1::ObserveExecutionResponse, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl Coordinator for CoordinatorService {
+    async fn start_execution(
+        &self,
+        request: Request<v1::StartExecutionRequest>,
+    ) -> Result<Response<v1::StartExecutionResponse>, Status> {
+        let request = request.into_inner();
+        let spec = match request.plan_source {
+            Some(v1::start_execution_request::PlanSource::Spec(spec)) => spec,
+            Some(v1::start_execution_request::PlanSource::Plan(_)) => {
+                return Err(Status::unimplemented(
+                    "plan_source.plan: send the spec text (plan_source.spec)",
+                ));
+            }
+            None => {
+                return Err(Status::invalid_argument(
+                    "plan_source: missing (send plan_source.spec)",
+                ));
+            }
+        };
+        let options = request.options.unwrap_or_default();
+        let (id, created) = self
+            .engine
+            .request(|reply| engine::Request::Start {
+                spec,
+                options,
+                reply,
+            })
+            .await?;
+        Ok(Response::new(v1::StartExecutionResponse {
+            execution_id: id.to_string(),
+            created,
+        }))
+    }
+
+    async fn pause_execution(
+        &self,
+        request: Request<v1::PauseExecutionRequest>,
+    ) -> Result<Response<v1::PauseExecutionResponse>, Status> {
+        let request = request.into_inner();
+        let id = execution_id("execution_id", &request.execution_id)?;
+        let reason = if request.reason.is_empty() {
+            "paused by request".to_owned()
+        } else {
+            request.reason
+        };
+        let state = self
+            .engine
+            .request(|reply| engine::Request::Control {
+                id,
+                control: Control::Pause(reason),
+                reply,
+            })
+            .await?;
+        Ok(Response::new(v1::PauseExecutionResponse { state }))
+    }
+
+    async fn resume_execution(
+        &self,
+        request: Request<v1::ResumeExecutionRequest>,
+    ) -> Result<Response<v1::ResumeExecutionResponse>, Status> {
+        let id = execution_id("execution_id", &request.into_inner().execution_id)?;
+        let state = self
+            .engine
+            .request(|reply| engine::Request::Control {
+                id,
+                control: Control::Resume,
+                reply,
+            })
+            .await?;
+        Ok(Response::new(v1::ResumeExecutionResponse { state }))
+    }
+
+    async fn cancel_execution(
+        &self,
+        request: Request<v1::CancelExecutionRequest>,
+    ) -> Result<Response<v1::CancelExecutionResponse>, Status> {
+        let request = request.into_inner();
+        let id = execution_id("execution_id", &request.execution_id)?;
+        let reason = if request.reason.is_empty() {
+            "cancelled by request".to_owned()
+        } else {
+            request.reason
+        };
+        let state = self
+            .engine
+            .request(|reply| engine::Request::Control {
+                id,
+                control: Control::Cancel(reason),
+                reply,
+            })
+            .await?;
+        Ok(Response::new(v1::CancelExecutionResponse { state }))
+    }
+
+    async fn retry_execution(
+        &self,
+        _request: Request<v1::RetryExecutionRequest>,
+    ) -> Result<Response<v1::RetryExecutionResponse>, Status> {
+        Err(Status::unimplemented(
+            "retrying an execution as a new run is not available yet",
+        ))
+    }
+
+    async fn get_execution(
+        &self,
+        request: Request<v1::GetExecutionRequest>,
+    ) -> Result<Response<v1::GetExecutionResponse>, Status> {
+        let id = execution_id("execution_id", &request.into_inner().execution_id)?;
+        let execution = self
+            .engine
+            .request(|reply| engine::Request::Get { id, reply })
+            .await?;
+        Ok(Response::new(v1::GetExecutionResponse {
+            execution: Some(execution),
+        }))
+    }
+
+    async fn list_executions(
+        &self,
+        request: Request<v1::ListExecutionsRequest>,
+    ) -> Result<Response<v1::ListExecutionsResponse>, Status> {
+        let request = request.into_inner();
+        let mut executions = self
+            .engine
+            .request(|reply| engine::Request::List { reply })
+            .await?;
+        executions.retain(|e| {
+            (request.states.is_empty() || request.states.contains(&e.state))
+                && (request.name_contains.is_empty() || e.name.contains(&request.name_contains))
+                && request
+                    .labels
+                    .iter()
+                    .all(|(k, v)| e.labels.get(k) == Some(v))
+        });
+        let page_size = request.page.as_ref().map_or(100, |p| {
+            if p.page_size == 0 {
+                100
+            } else {
+                p.page_size.min(1000)
+            }
+        });
+        executions.truncate(page_size as usize);
+        Ok(Response::new(v1::ListExecutionsResponse {
+            executions,
+            page: None,
+        }))
+    }
+
+    type ObserveExecutionStream = EventStream;
+
+    async fn observe_execution(
+        &self,
+        request: Request<v1::ObserveExecutionRequest>,
+    ) -> Result<Response<Self::ObserveExecutionStream>, Status> {
+        let request = request.into_inner();
+        let id = execution_id("execution_id", &request.execution_id)?;
+        let from = request.from_sequence;
+        let observation = self
+            .engine
+            .request(|reply| engine::Request::Observe { id, from, reply })
+            .await?;
+        let stream = async_stream(observation);
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn get_execution_graph(
+        &self,
+        request: Request<v1::GetExecutionGraphRequest>,
+    ) -> Result<Response<v1::GetExecutionGraphResponse>, Status> {
+        let id = execution_id("execution_id", &request.into_inner().execution_id)?;
+        let graph = self
+            .engine
+            .request(|reply| engine::Request::Graph { id, reply })
+            .await?;
+        Ok(Response::new(v1::GetExecutionGraphResponse {
+            graph: Some(graph),
+        }))
+    }
+
+    async fn answer_question(
+        &self,
+        request: Request<v1::AnswerQuestionRequest>,
+    ) -> Result<Response<v1::AnswerQuestionResponse>, Status> {
+        let request = request.into_inner();
+        let id = execution_id("execution_id", &request.execution_id)?;
+        let question: QuestionId = request.question_id.parse().map_err(|_| {
+            Status::invalid_argument(format!(
+                "question_id: not a question id: {:?}",
+                request.question_id
+            ))
+        })?;
+        let answer = request.answer;
+        let (sequence, instance) = self
+            .engine
+            .request(|reply| engine::Request::Answer {
+                id,
+                question,
+                answer,
+                reply,
+            })
+            .await?;
+        Ok(Response::new(v1::AnswerQuestionResponse {
+            sequence,
+            task_instance_id: instance.map(|i| i.to_string()).unwrap_or_default(),
+        }))
+    }
+
+    async fn list_workers(
+        &self,
+        request: Request<v1::ListWorkersRequest>,
+    ) -> Result<Response<v1::ListWorkersResponse>, Status> {
+        let request = request.into_inner();
+        Ok(Response::new(v1::ListWorkersResponse {
+            workers: self
+                .workers
+                .list(&request.queue, request.include_terminated),
+        }))
+    }
+}
+
+/// History first, then live batches; the stream ends once the execution is over.
+fn async_stream(
+    observation: engine::Observation,
+) -> impl Stream<Item = Result<v1::ObserveExecutionResponse, Status>> {
+    let engine::Observation {
+        history,
+        terminal,
+        mut live,
+    } = observation;
+    let last = history.last().map_or(0, |e| e.sequence);
+    let (tx, rx) = tokio::sync::mpsc::channel(256);
+    tokio::spawn(async move {
+        for event in history {
+            if tx
+                .send(Ok(v1::ObserveExecutionResponse {
+                    event: Some(event),
+                    progress: None,
+                }))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+        if terminal {
+            return;
+        }
+        loop {
+            match live.recv().await {
+                Ok(flushed) => {
+                    for item in &flushed.items {
+                        if item.event.as_ref().is_some_and(|e| e.sequence <= last) {
+                            continue;
+                        }
+                        if tx.send(Ok(item.clone())).await.is_err() {
+                            return;
+                        }
+                    }
+                    if flushed.terminal {
+                        return;
+                    }
+                }
+                Err(RecvError::Lagged(n)) => {
+                    let message = format!(
+                        "observer fell {n} batches behind; observe again from the last sequence received"
+                    );
+                    let _ = tx.send(Err(Status::resource_exhausted(message))).await;
+                    return;
+                }
+                Err(RecvError::Closed) => return,
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}

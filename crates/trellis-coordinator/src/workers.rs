@@ -1,0 +1,114 @@
+//! The worker registry: built from heartbeats (core NATS, held in memory, never a database write
+//! each), with missed-heartbeat detection.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use prost::Message as _;
+use tokio_util::sync::CancellationToken;
+use trellis_proto::{subjects, v1};
+
+use crate::engine::now_ms;
+
+/// A worker is declared terminated after this many missed heartbeats.
+const MISSED_BEFORE_TERMINATED: u32 = 3;
+
+#[derive(Debug)]
+struct Entry {
+    last: v1::WorkerHeartbeat,
+    first_seen_ms: u64,
+    last_seen_ms: u64,
+}
+
+/// Shared view of the workers.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Registry {
+    inner: Arc<Mutex<HashMap<String, Entry>>>,
+}
+
+impl Registry {
+    /// Subscribes to heartbeats and keeps the registry up to date until `shutdown`.
+    pub(crate) async fn start(
+        nats: &async_nats::Client,
+        shutdown: CancellationToken,
+    ) -> Result<Self, crate::Error> {
+        let mut subscription = nats
+            .subscribe(subjects::HEARTBEAT_WILDCARD)
+            .await
+            .map_err(|e| crate::Error::Subscribe {
+                subject: subjects::HEARTBEAT_WILDCARD.to_owned(),
+                message: e.to_string(),
+            })?;
+        let registry = Self::default();
+        let inner = Arc::clone(&registry.inner);
+        tokio::spawn(async move {
+            loop {
+                let message = tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    message = subscription.next() => message,
+                };
+                let Some(message) = message else { return };
+                let heartbeat = match v1::WorkerHeartbeat::decode(message.payload) {
+                    Ok(heartbeat) => heartbeat,
+                    Err(err) => {
+                        tracing::warn!(subject = %message.subject, %err, "corrupt heartbeat ignored");
+                        continue;
+                    }
+                };
+                let now = now_ms();
+                // A poisoned lock only means another thread panicked mid-update; the map is
+                // still usable.
+                let mut workers = inner
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let entry = workers
+                    .entry(heartbeat.worker_id.clone())
+                    .or_insert_with(|| Entry {
+                        last: heartbeat.clone(),
+                        first_seen_ms: now,
+                        last_seen_ms: now,
+                    });
+                entry.last = heartbeat;
+                entry.last_seen_ms = now;
+            }
+        });
+        Ok(registry)
+    }
+
+    /// Returns the workers with their state as seen now.
+    pub(crate) fn list(&self, queue: &str, include_terminated: bool) -> Vec<v1::WorkerInfo> {
+        let now = now_ms();
+        let interval = trellis_bus::HEARTBEAT_INTERVAL.as_millis() as u64;
+        let workers = self
+            .inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut list: Vec<v1::WorkerInfo> = workers
+            .iter()
+            .filter(|(_, e)| queue.is_empty() || e.last.queues.iter().any(|q| q == queue))
+            .map(|(id, e)| {
+                let missed = (now.saturating_sub(e.last_seen_ms) / interval.max(1)) as u32;
+                let state = if missed >= MISSED_BEFORE_TERMINATED {
+                    v1::WorkerState::Terminated
+                } else if e.last.running.is_empty() {
+                    v1::WorkerState::Idle
+                } else {
+                    v1::WorkerState::Running
+                };
+                v1::WorkerInfo {
+                    worker_id: id.clone(),
+                    state: state as i32,
+                    last_heartbeat: Some(e.last.clone()),
+                    first_seen_at_unix_ms: e.first_seen_ms as i64,
+                    missed_heartbeats: missed,
+                    tasks_completed: 0,
+                    tasks_failed: 0,
+                }
+            })
+            .filter(|w| include_terminated || w.state != v1::WorkerState::Terminated as i32)
+            .collect();
+        list.sort_by(|a, b| a.worker_id.cmp(&b.worker_id));
+        list
+    }
+}
