@@ -330,6 +330,9 @@ fn execution_json(execution: &Execution) -> Value {
         "run_number": execution.run_number,
         "counts": render::counts_json(&execution.counts.unwrap_or_default()),
         "percent": progress.percent,
+        "eta_ms": progress.eta_ms,
+        "wave": progress.wave,
+        "waves": progress.waves,
         "usage": render::usage_json(execution.usage.as_ref()),
         "created_at_unix_ms": execution.created_at_unix_ms,
         "started_at_unix_ms": execution.started_at_unix_ms,
@@ -443,7 +446,7 @@ fn list_table(executions: &[Execution]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use trellis_proto::v1::{OpenQuestion, Question, TaskStateCounts};
+    use trellis_proto::v1::{OpenQuestion, Progress, Question, TaskStateCounts};
 
     use super::*;
 
@@ -493,6 +496,38 @@ mod tests {
         let object = execution_json(&execution());
         assert_eq!(object["state"], "waiting_for_human");
         assert_eq!(object["open_questions"][0]["question_id"], "q-1");
+    }
+
+    #[test]
+    fn status_shows_the_coordinators_progress() {
+        let execution = Execution {
+            progress: Some(Progress {
+                counts: Some(TaskStateCounts {
+                    completed: 2,
+                    running: 2,
+                    ..TaskStateCounts::default()
+                }),
+                total: 4,
+                done: 2,
+                percent: 50.0,
+                eta_ms: Some(4_000),
+                wave: 2,
+                waves: 3,
+                ..Progress::default()
+            }),
+            ..execution()
+        };
+        assert!(
+            status_text(&execution).contains(
+                "progress   wave 2 of 3 · 2 completed · 2 running · 0 pending · 50% · ETA 4.0s\n"
+            ),
+            "{}",
+            status_text(&execution)
+        );
+        let object = execution_json(&execution);
+        assert_eq!(object["wave"], 2);
+        assert_eq!(object["waves"], 3);
+        assert_eq!(object["eta_ms"], 4_000);
     }
 
     #[test]

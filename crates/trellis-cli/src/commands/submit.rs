@@ -9,7 +9,6 @@ use std::time::Duration;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
-use trellis_core::analysis::analyze;
 use trellis_proto::v1::start_execution_request::PlanSource;
 use trellis_proto::v1::{
     ExecutionOptions, ExecutionState, GetExecutionRequest, PlanFormat, PlanSpec, Progress,
@@ -55,12 +54,6 @@ pub struct SubmitArgs {
 /// Runs `trellis submit`.
 pub async fn run(coordinator_url: &str, args: SubmitArgs) -> Result<(), Failure> {
     let (bytes, plan) = plan::load(&args.file)?;
-    let analysis = analyze(&plan);
-    let waves: Vec<Vec<String>> = analysis
-        .waves
-        .iter()
-        .map(|wave| wave.iter().map(|&t| plan.tasks[t].id.clone()).collect())
-        .collect();
     // The compiler accepted the bytes, so they are UTF-8; the check costs nothing.
     let text = String::from_utf8(bytes)
         .map_err(|_| Failure::bad_input(format!("{}: not UTF-8", display_name(&args.file))))?;
@@ -113,7 +106,7 @@ pub async fn run(coordinator_url: &str, args: SubmitArgs) -> Result<(), Failure>
     } else {
         Mode::Quiet
     };
-    let mut tracker = progress::Tracker::new(&execution_id, &waves);
+    let mut tracker = progress::Tracker::new();
     let watch = watch(&mut coordinator, &execution_id, &mut tracker, &mode);
     let watched = tokio::select! {
         watched = watch => watched,
@@ -150,7 +143,8 @@ fn new_bar() -> ProgressBar {
     bar
 }
 
-/// Follows the execution's events until the stream ends, feeding `tracker` and showing progress.
+/// Follows the execution's events until it is over (or the stream ends), feeding `tracker` and
+/// showing progress.
 async fn watch(
     coordinator: &mut Coordinator,
     execution_id: &str,
@@ -159,23 +153,35 @@ async fn watch(
 ) -> Result<(), Failure> {
     coordinator
         .observe(execution_id, 1, |item| {
-            let Some(event) = &item.event else {
-                return Ok(ControlFlow::Continue(()));
-            };
-            tracker.apply(event);
+            tracker.apply(&item);
             match mode {
                 Mode::Bar(bar) => {
-                    let snapshot = progress::observed(&item).unwrap_or_else(|| tracker.snapshot());
-                    bar.set_position((f64::from(snapshot.percent) * 10.0) as u64);
-                    bar.set_message(bar_message(&snapshot, tracker));
+                    if let Some(snapshot) = tracker.snapshot() {
+                        bar.set_position((snapshot.percent.clamp(0.0, 100.0) * 10.0) as u64);
+                        bar.set_message(bar_message(snapshot, tracker));
+                    } else if let Some(event) = &item.event {
+                        // Replayed history carries no snapshot: say where the replay is.
+                        bar.set_message(format!(
+                            "#{} {}",
+                            event.sequence,
+                            events::kind_name(event.kind.as_ref())
+                        ));
+                    }
                 }
                 Mode::Json => {
-                    let mut out = io::stdout().lock();
-                    writeln!(out, "{}", events::json(event))?;
+                    if let Some(event) = &item.event {
+                        let mut out = io::stdout().lock();
+                        writeln!(out, "{}", events::json(event))?;
+                    }
                 }
                 Mode::Quiet => {}
             }
-            Ok(ControlFlow::Continue(()))
+            // The last event of an execution ends the log; no need to wait for the stream to close.
+            Ok(if tracker.is_over() {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            })
         })
         .await
 }
@@ -185,6 +191,7 @@ fn bar_message(snapshot: &Progress, tracker: &progress::Tracker) -> String {
     match tracker.state() {
         ExecutionState::Paused if tracker.reason().is_empty() => format!("paused · {line}"),
         ExecutionState::Paused => format!("paused ({}) · {line}", tracker.reason()),
+        ExecutionState::WaitingForHuman => format!("waiting for an answer · {line}"),
         _ => line,
     }
 }
@@ -198,26 +205,33 @@ async fn finish(
 ) -> Result<(), Failure> {
     let mut state = tracker.state();
     let mut reason = tracker.reason().to_owned();
-    let mut progress = tracker.snapshot();
-    if !render::is_terminal(state) {
-        // The stream ended without a terminal event (an older log, a coordinator that closed it):
-        // ask for the summary instead.
-        let execution = coordinator
-            .client
-            .get_execution(GetExecutionRequest {
-                execution_id: execution_id.to_owned(),
-            })
-            .await
-            .map_err(|status| {
-                coordinator.status_failure(&status, &format!("execution {execution_id}"))
-            })?
-            .into_inner()
-            .execution
-            .unwrap_or_default();
-        state = ExecutionState::try_from(execution.state).unwrap_or_default();
-        reason.clone_from(&execution.reason);
-        progress = progress::of_execution(&execution);
-    }
+    // The coordinator always sends a snapshot with the last event of an execution; it holds the
+    // final counts and the reason.
+    let final_snapshot = tracker
+        .snapshot()
+        .filter(|snapshot| snapshot.sequence >= tracker.last_sequence() && tracker.is_over());
+    let progress = match final_snapshot {
+        Some(snapshot) => snapshot.clone(),
+        None => {
+            // The stream ended without the last event and its snapshot (a coordinator that
+            // closed it): ask for the summary instead.
+            let execution = coordinator
+                .client
+                .get_execution(GetExecutionRequest {
+                    execution_id: execution_id.to_owned(),
+                })
+                .await
+                .map_err(|status| {
+                    coordinator.status_failure(&status, &format!("execution {execution_id}"))
+                })?
+                .into_inner()
+                .execution
+                .unwrap_or_default();
+            state = ExecutionState::try_from(execution.state).unwrap_or_default();
+            reason.clone_from(&execution.reason);
+            progress::of_execution(&execution)
+        }
+    };
     let state_name = render::execution_state_name(state as i32);
     let mut out = BufWriter::new(io::stdout().lock());
     match mode {
@@ -236,7 +250,7 @@ async fn finish(
         Mode::Bar(_) | Mode::Quiet => {
             let took = render::format_duration_ms(tracker.elapsed_ms());
             let counts = progress::line(&Progress {
-                total_waves: 0,
+                waves: 0,
                 eta_ms: None,
                 ..progress
             });

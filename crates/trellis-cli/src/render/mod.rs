@@ -2,7 +2,7 @@
 //! every format is unit-tested.
 //!
 //! - [`events`] is the only module that knows the kinds of `Event`.
-//! - [`progress`] computes and formats progress ("wave 3 of 7").
+//! - [`progress`] shows the coordinator's progress snapshots ("wave 3 of 7").
 //! - [`tree`] draws the execution graph.
 
 pub mod events;
@@ -119,7 +119,6 @@ pub fn total(counts: &TaskStateCounts) -> u64 {
         counts.cancelled,
     ]
     .iter()
-    .map(|&n| u64::from(n))
     .sum()
 }
 
