@@ -341,7 +341,7 @@ fn help_of_every_command_shows_an_example() {
 
 /// A coordinator that serves one canned execution, enough to drive the remote commands end to end.
 mod fake {
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
 
     use tonic::codegen::tokio_stream;
@@ -360,111 +360,174 @@ mod fake {
     pub struct Fake {
         /// The last `StartExecution` request.
         pub started: Mutex<Option<StartExecutionRequest>>,
+        /// How many times `GetExecution` was called.
+        pub n_get_execution: AtomicUsize,
         /// Whether the first event stream was already broken on purpose.
         broke_once: AtomicBool,
     }
 
+    /// Sequences are `1..`, timestamps `START_MS + sequence * 100`.
+    const START_MS: i64 = 1_793_628_187_000;
+
     impl Fake {
-        fn doomed(&self) -> bool {
+        /// Whether the started plan's spec contains `word`: `doomed` makes the execution fail,
+        /// `mute` makes the coordinator send no progress snapshots and close the stream before the
+        /// last event.
+        fn spec_says(&self, word: &str) -> bool {
             let started = self.started.lock().expect("lock");
             matches!(
                 started.as_ref().and_then(|r| r.plan_source.as_ref()),
-                Some(PlanSource::Spec(spec)) if spec.text.contains("doomed")
+                Some(PlanSource::Spec(spec)) if spec.text.contains(word)
             )
         }
 
+        /// The log: `build` spawns two `noop` subtasks (the second fails once and is retried),
+        /// then resumes as a new instance that completes (or fails, when doomed).
         fn events(&self) -> Vec<Event> {
             let instance = |id: &str| id.to_owned();
-            let mut kinds = vec![
-                Kind::ExecutionStarted(ExecutionStarted::default()),
-                Kind::TaskQueued(TaskQueued {
-                    task_instance_id: instance("i-build"),
-                    task_id: "build".to_owned(),
-                    attempt: 1,
-                    run_number: 1,
-                }),
+            let doomed = self.spec_says("doomed");
+            let started = self
+                .started
+                .lock()
+                .expect("lock")
+                .clone()
+                .unwrap_or_default();
+            let spec = match started.plan_source {
+                Some(PlanSource::Spec(spec)) => spec,
+                _ => PlanSpec::default(),
+            };
+            let dispatched = |id: &str, attempt| {
                 Kind::TaskDispatched(TaskDispatched {
-                    task_instance_id: instance("i-build"),
-                    task_id: "build".to_owned(),
-                    ..TaskDispatched::default()
-                }),
-                Kind::SubtaskGroupSpawned(SubtaskGroupSpawned {
-                    group_id: "g1".to_owned(),
-                    parent_task_instance_id: instance("i-build"),
-                    rule: Some(CompletionRule {
-                        kind: CompletionRuleKind::AllSettled as i32,
-                        quorum: 0,
-                    }),
-                    member_count: 2,
-                    members: ["m1", "m2"]
-                        .map(|id| SpawnedMember {
-                            task_instance_id: instance(id),
-                            task_type: "noop".to_owned(),
-                            ..SpawnedMember::default()
-                        })
-                        .to_vec(),
-                }),
+                    task_instance_id: instance(id),
+                    attempt,
+                })
+            };
+            let completed = |id: &str, attempt| {
                 Kind::TaskCompleted(TaskCompleted {
-                    task_instance_id: instance("m1"),
-                    attempt: 1,
+                    task_instance_id: instance(id),
+                    attempt,
                     ..TaskCompleted::default()
-                }),
-                Kind::TaskCompleted(TaskCompleted {
-                    task_instance_id: instance("m2"),
+                })
+            };
+            let failed = |id: &str, error: &str, retryable| {
+                Kind::TaskFailed(TaskFailed {
+                    task_instance_id: instance(id),
                     attempt: 1,
-                    ..TaskCompleted::default()
-                }),
-                Kind::ParentResumed(ParentResumed {
-                    group_id: "g1".to_owned(),
-                    parent_task_instance_id: instance("i-build"),
-                    new_task_instance_id: instance("i-build-2"),
-                }),
-                Kind::TaskQueued(TaskQueued {
-                    task_instance_id: instance("i-build-2"),
-                    task_id: "build".to_owned(),
-                    attempt: 1,
+                    error: error.to_owned(),
+                    retryable,
+                    usage: None,
+                })
+            };
+            let kinds = vec![
+                Kind::ExecutionStarted(ExecutionStarted {
+                    plan_name: if doomed { "doomed" } else { "seed-001" }.to_owned(),
                     run_number: 1,
+                    spec: spec.text,
+                    format: spec.format,
+                    options: started.options,
+                    started_at_unix_ms: START_MS + 100,
+                }),
+                dispatched("i-build", 1),
+                Kind::TaskStarted(TaskStarted {
+                    task_instance_id: instance("i-build"),
+                    attempt: 1,
+                    worker_id: "w-1".to_owned(),
+                }),
+                Kind::SubtasksSpawned(SubtasksSpawned {
+                    task_instance_id: instance("i-build"),
+                    attempt: 1,
+                    group: Some(SubtaskGroup {
+                        group_id: "g1".to_owned(),
+                        rule: Some(CompletionRule {
+                            kind: CompletionRuleKind::AllSettled as i32,
+                            quorum: 0,
+                        }),
+                        members: vec![
+                            SubtaskSpec {
+                                task_type: "noop".to_owned(),
+                                ..SubtaskSpec::default()
+                            };
+                            2
+                        ],
+                    }),
+                }),
+                dispatched("m1", 1),
+                dispatched("m2", 1),
+                completed("m1", 1),
+                failed("m2", "flaky", true),
+                dispatched("m2", 2),
+                completed("m2", 2),
+                // The parent resumes as a new instance.
+                dispatched("i-build-2", 1),
+                if doomed {
+                    failed("i-build-2", "boom", false)
+                } else {
+                    completed("i-build-2", 1)
+                },
+                Kind::ExecutionFinished(ExecutionFinished {
+                    outcome: if doomed {
+                        ExecutionOutcome::Failed
+                    } else {
+                        ExecutionOutcome::Completed
+                    } as i32,
                 }),
             ];
-            let counts = |completed, failed| TaskStateCounts {
-                completed,
-                failed,
-                ..TaskStateCounts::default()
-            };
-            if self.doomed() {
-                kinds.push(Kind::TaskFailed(TaskFailed {
-                    task_instance_id: instance("i-build-2"),
-                    attempt: 1,
-                    error: "boom".to_owned(),
-                    ..TaskFailed::default()
-                }));
-                kinds.push(Kind::ExecutionFailed(ExecutionFailed {
-                    reason: "task build failed: boom".to_owned(),
-                    counts: Some(counts(3, 1)),
-                    usage: None,
-                }));
-            } else {
-                kinds.push(Kind::TaskCompleted(TaskCompleted {
-                    task_instance_id: instance("i-build-2"),
-                    attempt: 1,
-                    ..TaskCompleted::default()
-                }));
-                kinds.push(Kind::ExecutionCompleted(ExecutionCompleted {
-                    counts: Some(counts(4, 0)),
-                    usage: None,
-                }));
-            }
             kinds
                 .into_iter()
                 .zip(1..)
                 .map(|(kind, sequence)| Event {
                     execution_id: EXECUTION_ID.to_owned(),
                     sequence,
-                    timestamp_unix_ms: 1_793_628_187_000
-                        + i64::try_from(sequence).expect("small") * 100,
+                    timestamp_unix_ms: START_MS + i64::try_from(sequence).expect("small") * 100,
                     kind: Some(kind),
                 })
                 .collect()
+        }
+
+        /// The coordinator's snapshot after `sequence`: running until the last event, then the
+        /// final counts and, when it failed, the reason (which no event carries).
+        fn progress(&self, sequence: u64) -> Progress {
+            let n_events = u64::try_from(self.events().len()).expect("small");
+            let doomed = self.spec_says("doomed");
+            let (state, counts, reason) = if sequence < n_events {
+                let counts = TaskStateCounts {
+                    completed: sequence / 4,
+                    running: 1,
+                    pending: 3 - sequence / 4,
+                    ..TaskStateCounts::default()
+                };
+                (ExecutionState::Running, counts, None)
+            } else if doomed {
+                let counts = TaskStateCounts {
+                    completed: 3,
+                    failed: 1,
+                    ..TaskStateCounts::default()
+                };
+                let reason = Some("task build failed: boom".to_owned());
+                (ExecutionState::Failed, counts, reason)
+            } else {
+                let counts = TaskStateCounts {
+                    completed: 4,
+                    ..TaskStateCounts::default()
+                };
+                (ExecutionState::Completed, counts, None)
+            };
+            let done = counts.completed + counts.failed;
+            Progress {
+                execution_id: EXECUTION_ID.to_owned(),
+                run_number: 1,
+                state: state as i32,
+                counts: Some(counts),
+                total: 4,
+                done,
+                percent: done as f64 * 25.0,
+                eta_ms: None,
+                wave: 1,
+                waves: 1,
+                reason,
+                sequence,
+                sent_at_unix_ms: START_MS + i64::try_from(sequence).expect("small") * 100,
+            }
         }
 
         fn check_id(id: &str) -> Result<(), Status> {
@@ -522,13 +585,19 @@ mod fake {
             request: Request<GetExecutionRequest>,
         ) -> Result<Response<GetExecutionResponse>, Status> {
             Self::check_id(&request.get_ref().execution_id)?;
+            self.n_get_execution.fetch_add(1, Ordering::SeqCst);
+            let last_sequence = u64::try_from(self.events().len()).expect("small");
+            let progress = self.progress(last_sequence);
             Ok(Response::new(GetExecutionResponse {
                 execution: Some(Execution {
                     execution_id: EXECUTION_ID.to_owned(),
                     name: "seed-001".to_owned(),
-                    state: ExecutionState::Completed as i32,
+                    state: progress.state,
                     run_number: 1,
-                    last_sequence: u64::try_from(self.events().len()).expect("small"),
+                    counts: progress.counts,
+                    reason: progress.reason.clone().unwrap_or_default(),
+                    last_sequence,
+                    progress: Some(progress),
                     ..Execution::default()
                 }),
             }))
@@ -551,12 +620,27 @@ mod fake {
             let request = request.into_inner();
             Self::check_id(&request.execution_id)?;
             let from = request.from_sequence.max(1);
-            let mut items: Vec<Result<ObserveExecutionResponse, Status>> = self
-                .events()
+            let events = self.events();
+            let last_sequence = u64::try_from(events.len()).expect("small");
+            let mute = self.spec_says("mute");
+            let mut items: Vec<Result<ObserveExecutionResponse, Status>> = events
                 .into_iter()
                 .filter(|event| event.sequence >= from)
-                .map(|event| Ok(ObserveExecutionResponse { event: Some(event) }))
+                .map(|event| {
+                    // A snapshot every fourth event, and always with the last one.
+                    let sequence = event.sequence;
+                    let progress = (!mute && (sequence % 4 == 0 || sequence == last_sequence))
+                        .then(|| self.progress(sequence));
+                    Ok(ObserveExecutionResponse {
+                        event: Some(event),
+                        progress,
+                    })
+                })
                 .collect();
+            if mute {
+                // The stream closes before the last event.
+                items.pop();
+            }
             // The first stream breaks after three events, as when a coordinator restarts.
             if !self.broke_once.swap(true, Ordering::SeqCst) {
                 items.truncate(3);
@@ -673,15 +757,34 @@ fn submit_wait_json_follows_every_event_across_a_broken_stream() {
         .collect();
     assert_eq!(
         sequences,
-        (1..=10).collect::<Vec<u64>>(),
+        (1..=13).collect::<Vec<u64>>(),
         "no gap, no repeat"
     );
-    assert_eq!(events[3]["kind"], "subtask_group_spawned");
+    assert_eq!(events[0]["kind"], "execution_started");
+    assert_eq!(events[0]["plan"], "seed-001");
+    assert_eq!(events[0]["labels"]["team"], "infra");
+    assert_eq!(events[3]["kind"], "subtasks_spawned");
+    assert_eq!(events[3]["instance"], "i-build");
+    assert_eq!(events[3]["group"], "g1");
     assert_eq!(events[3]["rule"], "all_settled");
+    assert_eq!(events[3]["members"].as_array().map(Vec::len), Some(2));
+    assert_eq!(events[7]["kind"], "task_failed");
+    assert_eq!(events[7]["retryable"], true);
+    assert_eq!(events[8]["kind"], "task_dispatched");
+    assert_eq!(events[8]["instance"], "m2");
+    assert_eq!(events[8]["attempt"], 2);
+    assert_eq!(events[12]["kind"], "execution_finished");
+    assert_eq!(events[12]["outcome"], "completed");
     assert_eq!(summary["execution_id"], fake::EXECUTION_ID);
     assert_eq!(summary["state"], "completed");
     assert_eq!(summary["counts"]["completed"], 4);
-    assert_eq!(summary["seconds"], 0.9);
+    assert_eq!(summary["seconds"], 1.2);
+    assert_eq!(summary["last_sequence"], 13);
+    assert_eq!(
+        fake.n_get_execution.load(Ordering::SeqCst),
+        0,
+        "the snapshot of the last event says how it ended"
+    );
 
     let started = fake.started.lock().expect("lock").clone().expect("started");
     assert_eq!(started.options.expect("options").labels["team"], "infra");
@@ -696,7 +799,7 @@ fn submit_wait_json_follows_every_event_across_a_broken_stream() {
 
 #[test]
 fn submit_wait_of_a_failing_execution_exits_1_with_the_reason() {
-    let (url, _fake) = fake::start();
+    let (url, fake) = fake::start();
     let path = temp_file(b"name: doomed\ntasks: [{id: build, type: noop}]\n");
     let path_text = path.to_str().expect("utf-8 temp path").to_owned();
     let output = run(&["--coordinator", &url, "submit", "--wait", &path_text]);
@@ -706,10 +809,30 @@ fn submit_wait_of_a_failing_execution_exits_1_with_the_reason() {
     assert_eq!(
         stdout(&output),
         format!(
-            "{}\nfailed in 900ms: task build failed: boom (3 completed · 0 running · 1 failed · 0 pending · 100%)\n",
+            "{}\nfailed in 1.2s: task build failed: boom (3 completed · 0 running · 1 failed · 0 pending · 100%)\n",
             fake::EXECUTION_ID
         )
     );
+    assert_eq!(fake.n_get_execution.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn submit_wait_asks_for_the_summary_when_the_stream_ends_early() {
+    let (url, fake) = fake::start();
+    let path = temp_file(b"name: mute\ntasks: [{id: build, type: noop}]\n");
+    let path_text = path.to_str().expect("utf-8 temp path").to_owned();
+    let output = run(&["--coordinator", &url, "submit", "--wait", &path_text]);
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    // Events 1 to 12 took 1.1s; the counts come from `GetExecution`.
+    assert_eq!(
+        stdout(&output),
+        format!(
+            "{}\ncompleted in 1.1s: 4 completed · 0 running · 0 pending · 100%\n",
+            fake::EXECUTION_ID
+        )
+    );
+    assert_eq!(fake.n_get_execution.load(Ordering::SeqCst), 1);
 }
 
 #[test]
@@ -727,17 +850,34 @@ fn tree_events_status_and_answer_against_a_coordinator() {
          └─ resumed: build [completed] attempt 1\n"
     );
 
-    let output = run(&["--coordinator", &url, "events", "--from", "9", id]);
+    let output = run(&["--coordinator", &url, "events", "--from", "8", id]);
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     let out = stdout(&output);
-    assert_eq!(out.lines().count(), 2, "{out}");
-    assert!(
-        out.lines()
-            .nth(1)
-            .expect("line")
-            .contains("execution_completed"),
-        "{out}"
-    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 6, "{out}");
+    for (line, (sequence, kind, meaning)) in lines.iter().zip([
+        (8, "task_failed", "instance m2 attempt 1: flaky (retryable)"),
+        (
+            9,
+            "task_dispatched",
+            "instance m2 attempt 2 sent to a worker (retry)",
+        ),
+        (10, "task_completed", "instance m2 attempt 2 completed"),
+        (
+            11,
+            "task_dispatched",
+            "instance i-build-2 attempt 1 sent to a worker",
+        ),
+        (
+            12,
+            "task_completed",
+            "instance i-build-2 attempt 1 completed",
+        ),
+        (13, "execution_finished", "execution completed"),
+    ]) {
+        assert!(line.starts_with(&format!("#{sequence} ")), "{line}");
+        assert!(line.ends_with(&format!("{kind:<19}  {meaning}")), "{line}");
+    }
 
     let output = run(&["--coordinator", &url, "status", "nope"]);
     assert_eq!(output.status.code(), Some(1));
