@@ -1,0 +1,220 @@
+//! `trellis bench`: the scenarios of BENCH.md against a cluster this command starts itself (every
+//! service, a NATS JetStream server with file storage; durability on, nothing mocked), one JSON
+//! object per scenario on stdout, human-readable notes on stderr.
+
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use futures::StreamExt;
+use serde_json::{Value, json};
+use tonic::transport::Channel;
+use trellis_proto::v1::coordinator_client::CoordinatorClient;
+use trellis_proto::v1::{self, ExecutionState};
+
+use super::Failure;
+use crate::local;
+
+/// The scenarios, in the order they run by default.
+const SCENARIOS: [&str; 5] = ["fanout", "chain", "throughput", "executions", "latency"];
+
+/// Measure Trellis on the scenarios of BENCH.md.
+#[derive(Debug, Args)]
+#[command(
+    long_about = "Measure Trellis on the scenarios of BENCH.md.\n\n\
+        Starts every service in this process with a NATS JetStream server of its own (file storage, \
+        durability on), runs each scenario with `noop` tasks, and prints one JSON object per \
+        scenario on stdout, for example\n  \
+        {\"system\":\"trellis\",\"scenario\":\"fanout\",\"n\":10000,\"seconds\":0.84,\"tasks_per_s\":11905}\n\
+        A scenario that fails prints {\"scenario\":...,\"error\":...} and the command exits 1.",
+    after_help = "Examples:\n  \
+        trellis bench\n  \
+        trellis bench --scenario fanout --n 10000\n  \
+        trellis bench --scenario latency --scenario chain --workers 2"
+)]
+pub struct BenchArgs {
+    /// A scenario to run (repeatable): fanout, chain, throughput, executions, latency. Default: all.
+    #[arg(long = "scenario", value_name = "NAME", value_parser = clap::builder::PossibleValuesParser::new(SCENARIOS))]
+    pub scenarios: Vec<String>,
+    /// The size of each scenario instead of its default.
+    #[arg(long)]
+    pub n: Option<usize>,
+    /// In-process worker count.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Concurrent handlers per worker.
+    #[arg(long, default_value_t = 256)]
+    pub slots: usize,
+    /// Print JSON lines (the default and only format; accepted for compatibility).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `trellis bench`.
+pub async fn run(args: BenchArgs) -> Result<(), Failure> {
+    let local = local::start(local::Options {
+        nats_url: local::nats_from_env()?,
+        listen: "127.0.0.1:0".parse().map_err(|_| Failure::failed("bad listen address"))?,
+        workers: args.workers,
+        slots: args.slots,
+    })
+    .await?;
+    let client = CoordinatorClient::connect(local.coordinator_url.clone())
+        .await
+        .map_err(|e| Failure::failed(format!("cannot reach the local coordinator: {e}")))?;
+    let scenarios: Vec<&str> = if args.scenarios.is_empty() {
+        SCENARIOS.to_vec()
+    } else {
+        args.scenarios.iter().map(String::as_str).collect()
+    };
+    let mut failed = false;
+    for scenario in scenarios {
+        let sizes: Vec<usize> = match (scenario, args.n) {
+            (_, Some(n)) => vec![n],
+            ("fanout", None) => vec![1000, 10_000],
+            ("chain", None) => vec![200],
+            ("throughput", None) => vec![20_000],
+            ("executions", None) => vec![2000],
+            _ => vec![500],
+        };
+        for n in sizes {
+            eprintln!("bench: {scenario} n={n} ...");
+            let result = match scenario {
+                "fanout" => fanout(client.clone(), n).await,
+                "chain" => chain(client.clone(), n).await,
+                "throughput" => throughput(client.clone(), n).await,
+                "executions" => executions(client.clone(), n).await,
+                _ => latency(client.clone(), n).await,
+            };
+            let line = match result {
+                Ok(fields) => {
+                    let mut object = json!({"system": "trellis", "scenario": scenario, "n": n});
+                    if let (Some(object), Value::Object(fields)) = (object.as_object_mut(), fields) {
+                        object.extend(fields);
+                    }
+                    object
+                }
+                Err(error) => {
+                    failed = true;
+                    json!({"system": "trellis", "scenario": scenario, "n": n, "error": error})
+                }
+            };
+            println!("{line}");
+        }
+    }
+    local.stop().await;
+    if failed { Err(Failure::silent()) } else { Ok(()) }
+}
+
+fn round(x: f64, digits: i32) -> f64 {
+    let scale = 10f64.powi(digits);
+    (x * scale).round() / scale
+}
+
+async fn fanout(client: CoordinatorClient<Channel>, n: usize) -> Result<Value, String> {
+    let plan = format!("name: bench-fanout\ntasks:\n- {{id: fan, type: fanout, input: {{count: {n}, child: {{type: noop, input: {{}}}}}}}}\n");
+    let seconds = run_one(client, plan).await?.as_secs_f64();
+    Ok(json!({"seconds": round(seconds, 3), "tasks_per_s": round(n as f64 / seconds, 0)}))
+}
+
+async fn chain(client: CoordinatorClient<Channel>, n: usize) -> Result<Value, String> {
+    let mut plan = String::from("name: bench-chain\ntasks:\n- {id: t0, type: noop}\n");
+    for i in 1..n {
+        plan.push_str(&format!("- {{id: t{i}, type: noop, depends_on: [t{}]}}\n", i - 1));
+    }
+    let seconds = run_one(client, plan).await?.as_secs_f64();
+    Ok(json!({"seconds": round(seconds, 3), "per_hop_ms": round(seconds * 1000.0 / n as f64, 3)}))
+}
+
+async fn throughput(client: CoordinatorClient<Channel>, n: usize) -> Result<Value, String> {
+    let mut plan = String::with_capacity(n * 32);
+    plan.push_str("name: bench-throughput\ntasks:\n");
+    for i in 0..n {
+        plan.push_str(&format!("- {{id: t{i}, type: noop}}\n"));
+    }
+    let seconds = run_one(client, plan).await?.as_secs_f64();
+    Ok(json!({"seconds": round(seconds, 3), "tasks_per_s": round(n as f64 / seconds, 0)}))
+}
+
+const ONE_TASK: &str = "name: bench-one\ntasks:\n- {id: t, type: noop}\n";
+
+async fn executions(client: CoordinatorClient<Channel>, n: usize) -> Result<Value, String> {
+    let start = Instant::now();
+    let ids: Vec<Result<String, String>> = futures::stream::iter(0..n)
+        .map(|_| {
+            let mut client = client.clone();
+            async move { start_plan(&mut client, ONE_TASK.to_owned()).await }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    let waits: Vec<Result<(), String>> = futures::stream::iter(ids)
+        .map(|id| {
+            let client = client.clone();
+            async move { wait_completed(client, id?).await }
+        })
+        .buffer_unordered(256)
+        .collect()
+        .await;
+    waits.into_iter().collect::<Result<Vec<()>, String>>()?;
+    let seconds = start.elapsed().as_secs_f64();
+    Ok(json!({"seconds": round(seconds, 3), "executions_per_s": round(n as f64 / seconds, 0)}))
+}
+
+async fn latency(client: CoordinatorClient<Channel>, n: usize) -> Result<Value, String> {
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        samples.push(run_one(client.clone(), ONE_TASK.to_owned()).await?.as_secs_f64() * 1000.0);
+    }
+    samples.sort_by(f64::total_cmp);
+    let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q).round() as usize];
+    Ok(json!({"p50_ms": round(at(0.50), 3), "p95_ms": round(at(0.95), 3), "p99_ms": round(at(0.99), 3)}))
+}
+
+/// Starts one execution and returns the time until it completed.
+async fn run_one(mut client: CoordinatorClient<Channel>, plan: String) -> Result<Duration, String> {
+    let start = Instant::now();
+    let id = start_plan(&mut client, plan).await?;
+    wait_completed(client, id).await?;
+    Ok(start.elapsed())
+}
+
+async fn start_plan(client: &mut CoordinatorClient<Channel>, text: String) -> Result<String, String> {
+    let request = v1::StartExecutionRequest {
+        plan_source: Some(v1::start_execution_request::PlanSource::Spec(v1::PlanSpec {
+            text,
+            format: v1::PlanFormat::Yaml as i32,
+            source_name: "bench".to_owned(),
+        })),
+        options: None,
+    };
+    client.start_execution(request).await.map(|r| r.into_inner().execution_id).map_err(|s| s.message().to_owned())
+}
+
+/// Follows the execution's event stream to its end and checks it completed.
+async fn wait_completed(mut client: CoordinatorClient<Channel>, id: String) -> Result<(), String> {
+    let request = v1::ObserveExecutionRequest { execution_id: id.clone(), from_sequence: 1 };
+    let mut stream = client.observe_execution(request).await.map_err(|s| s.message().to_owned())?.into_inner();
+    let mut last_state = None;
+    while let Some(item) = stream.message().await.map_err(|s| s.message().to_owned())? {
+        if let Some(progress) = item.progress {
+            last_state = Some(progress.state);
+        }
+    }
+    match last_state.and_then(|s| ExecutionState::try_from(s).ok()) {
+        Some(ExecutionState::Completed) => Ok(()),
+        other => {
+            let execution = client
+                .get_execution(v1::GetExecutionRequest { execution_id: id.clone() })
+                .await
+                .map_err(|s| s.message().to_owned())?
+                .into_inner()
+                .execution
+                .unwrap_or_default();
+            if execution.state == ExecutionState::Completed as i32 {
+                Ok(())
+            } else {
+                Err(format!("execution {id} ended {other:?}: {}", execution.reason))
+            }
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! Every Trellis service in this process (DESIGN.md §1, the embedded default): the NATS server at
+//! `NATS_URL` when one is given, otherwise a `nats-server -js` child on a free loopback port with
+//! its store in a temporary directory; a coordinator; and agent-workers with the built-in handlers.
+
+use std::net::{SocketAddr, TcpListener as StdListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::commands::Failure;
+
+/// Settings of a local cluster.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Use this NATS server instead of starting one.
+    pub nats_url: Option<String>,
+    /// Where the coordinator listens (port 0: any free port).
+    pub listen: SocketAddr,
+    /// In-process workers.
+    pub workers: usize,
+    /// Concurrent handlers per worker.
+    pub slots: usize,
+}
+
+/// A running local cluster; dropping it stops everything.
+#[derive(Debug)]
+pub struct Local {
+    pub coordinator_url: String,
+    pub nats_url: String,
+    pub shutdown: CancellationToken,
+    nats: Option<NatsChild>,
+}
+
+impl Local {
+    /// Stops the services and waits briefly for them to drain.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        self.nats.take();
+    }
+}
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// Starts NATS (unless given), the coordinator and the workers.
+pub async fn start(options: Options) -> Result<Local, Failure> {
+    let (nats_url, nats) = match &options.nats_url {
+        Some(url) => (url.clone(), None),
+        None => {
+            let child = NatsChild::spawn()?;
+            (child.url(), Some(child))
+        }
+    };
+    let shutdown = CancellationToken::new();
+    let listener = tokio::net::TcpListener::bind(options.listen)
+        .await
+        .map_err(|e| Failure::failed(format!("cannot listen on {}: {e}", options.listen)))?;
+    let addr = listener.local_addr().map_err(|e| Failure::failed(format!("cannot read the listen address: {e}")))?;
+    let config = trellis_coordinator::Config { nats_url: nats_url.clone(), shards: 1 };
+    let token = shutdown.child_token();
+    tokio::spawn(async move {
+        if let Err(err) = trellis_coordinator::run(config, listener, token.clone()).await {
+            eprintln!("trellis: coordinator stopped: {err}");
+            token.cancel();
+        }
+    });
+    for i in 0..options.workers.max(1) {
+        let mut config = trellis_agent_worker::Config::new(nats_url.clone());
+        config.worker_id = Some(format!("local-{}-{i}", std::process::id()));
+        config.slots = options.slots;
+        let token = shutdown.child_token();
+        tokio::spawn(async move {
+            let registry = trellis_agent_worker::HandlerRegistry::with_builtins();
+            if let Err(err) = trellis_agent_worker::run(config, registry, token).await {
+                eprintln!("trellis: worker stopped: {err}");
+            }
+        });
+    }
+    let coordinator_url = format!("http://{addr}");
+    wait_for_port(addr, Duration::from_secs(10))?;
+    Ok(Local { coordinator_url, nats_url, shutdown, nats })
+}
+
+fn wait_for_port(addr: SocketAddr, timeout: Duration) -> Result<(), Failure> {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Err(Failure::failed(format!("nothing listens on {addr} after {timeout:?}")))
+}
+
+/// A `nats-server -js` child process, killed and its store removed on drop.
+#[derive(Debug)]
+struct NatsChild {
+    child: Child,
+    port: u16,
+    store: PathBuf,
+}
+
+impl NatsChild {
+    fn spawn() -> Result<Self, Failure> {
+        let binary = ["nats-server", "/usr/sbin/nats-server", "/usr/local/bin/nats-server"]
+            .into_iter()
+            .find(|b| Command::new(b).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok())
+            .ok_or_else(|| {
+                Failure::failed(
+                    "no nats-server found: install it (`apt-get install nats-server`) or set NATS_URL to a running one",
+                )
+            })?;
+        let port = StdListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .map_err(|e| Failure::failed(format!("cannot find a free port for nats-server: {e}")))?;
+        let store = std::env::temp_dir().join(format!("trellis-nats-{}-{port}", std::process::id()));
+        let child = Command::new(binary)
+            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
+            .arg(&store)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| Failure::failed(format!("cannot start {binary}: {e}")))?;
+        let nats = Self { child, port, store };
+        wait_for_port(SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_secs(10))?;
+        Ok(nats)
+    }
+
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for NatsChild {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.store);
+    }
+}
+
+/// Returns the NATS server to use: `NATS_URL` if set and reachable; otherwise none (start one).
+pub fn nats_from_env() -> Result<Option<String>, Failure> {
+    let Ok(url) = std::env::var("NATS_URL") else { return Ok(None) };
+    let host_port = url.trim_start_matches("nats://").split('/').next().unwrap_or_default().to_owned();
+    let reachable = std::net::ToSocketAddrs::to_socket_addrs(&host_port)
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .is_some_and(|addr| TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_ok());
+    if reachable {
+        Ok(Some(url))
+    } else {
+        eprintln!("trellis: NATS_URL={url} is not reachable; starting a nats-server of our own");
+        Ok(None)
+    }
+}
+
+/// Runs a command that hosts services on a multi-threaded runtime and maps its outcome to an exit
+/// code.
+pub fn run_local(command: impl Future<Output = Result<(), Failure>>) -> std::process::ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("trellis: cannot start the async runtime: {e}");
+            return std::process::ExitCode::from(crate::commands::EXIT_FAILURE);
+        }
+    };
+    match runtime.block_on(command) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(failure) => {
+            if !failure.message.is_empty() {
+                eprintln!("trellis: {}", failure.message);
+            }
+            std::process::ExitCode::from(failure.exit)
+        }
+    }
+}

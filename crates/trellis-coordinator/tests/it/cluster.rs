@@ -1,0 +1,181 @@
+//! A whole Trellis in one test process: a private nats-server, a coordinator on a free port and
+//! in-process agent-workers, plus helpers to run plans and read their event logs.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+use trellis_agent_worker::HandlerRegistry;
+use trellis_proto::v1::coordinator_client::CoordinatorClient;
+use trellis_proto::v1::{self, event::Kind};
+use trellis_testkit::NatsServer;
+
+pub struct Cluster {
+    pub nats: NatsServer,
+    pub client: CoordinatorClient<Channel>,
+    pub shutdown: CancellationToken,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// Starts NATS, a coordinator and `workers` workers with the built-in handlers.
+pub async fn start(workers: usize) -> Cluster {
+    start_with(workers, HandlerRegistry::with_builtins).await
+}
+
+pub async fn start_with(workers: usize, registry: impl Fn() -> HandlerRegistry) -> Cluster {
+    let nats = NatsServer::start().expect("a nats-server for the test (apt-get install nats-server)");
+    let shutdown = CancellationToken::new();
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("a free port");
+    let addr = listener.local_addr().expect("bound address");
+    let config = trellis_coordinator::Config { nats_url: nats.url(), shards: 1 };
+    let token = shutdown.child_token();
+    tokio::spawn(async move {
+        if let Err(err) = trellis_coordinator::run(config, listener, token).await {
+            panic!("coordinator failed: {err}");
+        }
+    });
+    for i in 0..workers {
+        let mut config = trellis_agent_worker::Config::new(nats.url());
+        config.worker_id = Some(format!("worker-{i}"));
+        config.slots = 64;
+        let token = shutdown.child_token();
+        let registry = registry();
+        tokio::spawn(async move {
+            if let Err(err) = trellis_agent_worker::run(config, registry, token).await {
+                panic!("worker failed: {err}");
+            }
+        });
+    }
+    let url = format!("http://{addr}");
+    let mut last_error = String::new();
+    for _ in 0..100 {
+        match CoordinatorClient::connect(url.clone()).await {
+            Ok(client) => return Cluster { nats, client, shutdown },
+            Err(err) => last_error = err.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the coordinator did not come up at {url}: {last_error}");
+}
+
+/// The outcome of a plan run to its end.
+pub struct Run {
+    pub id: String,
+    pub execution: v1::Execution,
+    pub events: Vec<v1::Event>,
+    pub graph: v1::ExecutionGraph,
+}
+
+impl Run {
+    pub fn state(&self) -> v1::ExecutionState {
+        v1::ExecutionState::try_from(self.execution.state).unwrap_or(v1::ExecutionState::Unspecified)
+    }
+
+    /// Task id of every instance, from the graph.
+    pub fn task_of(&self) -> HashMap<String, String> {
+        self.graph
+            .nodes
+            .iter()
+            .filter_map(|n| n.record.as_ref())
+            .map(|r| (r.task_instance_id.clone(), r.task_id.clone()))
+            .collect()
+    }
+
+    /// `(task id, "dispatched" | "completed" | "failed" ...)` in log order.
+    pub fn timeline(&self) -> Vec<(String, &'static str)> {
+        let task_of = self.task_of();
+        let name = |id: &str| task_of.get(id).cloned().unwrap_or_else(|| id.to_owned());
+        self.events
+            .iter()
+            .filter_map(|e| match e.kind.as_ref()? {
+                Kind::TaskDispatched(d) => Some((name(&d.task_instance_id), "dispatched")),
+                Kind::TaskCompleted(c) => Some((name(&c.task_instance_id), "completed")),
+                Kind::TaskFailed(f) => Some((name(&f.task_instance_id), "failed")),
+                Kind::SubtasksSpawned(s) => Some((name(&s.task_instance_id), "spawned")),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The most task attempts running at once, by the log.
+    pub fn max_running(&self, filter: impl Fn(&str) -> bool) -> usize {
+        let mut running = 0usize;
+        let mut max = 0;
+        for (task, what) in self.timeline() {
+            if !filter(&task) {
+                continue;
+            }
+            match what {
+                "dispatched" => running += 1,
+                _ => running = running.saturating_sub(1),
+            }
+            max = max.max(running);
+        }
+        max
+    }
+
+    pub fn count(&self, task: &str, what: &str) -> usize {
+        self.timeline().iter().filter(|(t, w)| t == task && *w == what).count()
+    }
+}
+
+impl Cluster {
+    pub async fn start_plan(&mut self, yaml: &str) -> String {
+        let request = v1::StartExecutionRequest {
+            plan_source: Some(v1::start_execution_request::PlanSource::Spec(v1::PlanSpec {
+                text: yaml.to_owned(),
+                format: v1::PlanFormat::Yaml as i32,
+                source_name: "test.yaml".to_owned(),
+            })),
+            options: None,
+        };
+        self.client.start_execution(request).await.expect("execution starts").into_inner().execution_id
+    }
+
+    /// Follows the execution to its end (within `timeout`) and collects what it did.
+    pub async fn wait(&mut self, id: &str, timeout: Duration) -> Run {
+        let observe = async {
+            let request = v1::ObserveExecutionRequest { execution_id: id.to_owned(), from_sequence: 1 };
+            let mut stream = self.client.observe_execution(request).await.expect("observe").into_inner();
+            let mut events = Vec::new();
+            while let Some(item) = stream.message().await.expect("event stream") {
+                if let Some(event) = item.event {
+                    events.push(event);
+                }
+            }
+            events
+        };
+        let events = tokio::time::timeout(timeout, observe)
+            .await
+            .unwrap_or_else(|_| panic!("execution {id} did not end within {timeout:?}"));
+        let execution = self
+            .client
+            .get_execution(v1::GetExecutionRequest { execution_id: id.to_owned() })
+            .await
+            .expect("get execution")
+            .into_inner()
+            .execution
+            .expect("execution");
+        let graph = self
+            .client
+            .get_execution_graph(v1::GetExecutionGraphRequest { execution_id: id.to_owned(), run_number: 0 })
+            .await
+            .expect("graph")
+            .into_inner()
+            .graph
+            .expect("graph");
+        Run { id: id.to_owned(), execution, events, graph }
+    }
+
+    pub async fn run(&mut self, yaml: &str) -> Run {
+        let id = self.start_plan(yaml).await;
+        self.wait(&id, Duration::from_secs(60)).await
+    }
+}

@@ -1,0 +1,5 @@
+//! End-to-end tests of the coordinator with real agent-workers over a real `nats-server -js`
+//! started per test. Nothing is mocked.
+
+mod cluster;
+mod engine;
