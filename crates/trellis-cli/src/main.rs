@@ -9,6 +9,7 @@
 
 mod client;
 mod commands;
+mod local;
 mod render;
 
 use std::process::ExitCode;
@@ -30,6 +31,8 @@ use clap::{Parser, Subcommand};
         trellis plan analyze examples/seed-001.yaml\n  \
         trellis plan analyze --json examples/feature-x.yaml\n  \
         cat plan.json | trellis plan validate -\n  \
+        trellis demo\n  \
+        trellis dev\n  \
         trellis submit --wait examples/seed-001.yaml\n  \
         trellis tree 0190a5c4-7d1e-7000-8000-000000000001\n  \
         TRELLIS_COORDINATOR=http://coordinator:7400 trellis list --state running"
@@ -62,6 +65,9 @@ enum Command {
     Cancel(commands::control::CancelArgs),
     Answer(commands::control::AnswerArgs),
     Workers(commands::workers::WorkersArgs),
+    Dev(commands::dev::DevArgs),
+    Demo(commands::demo::DemoArgs),
+    Bench(commands::bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -91,5 +97,8 @@ fn main() -> ExitCode {
         Command::Cancel(args) => run_remote(control::cancel(url, args)),
         Command::Answer(args) => run_remote(control::answer(url, args)),
         Command::Workers(args) => run_remote(workers::run(url, args)),
+        Command::Dev(args) => local::run_local(commands::dev::run(args)),
+        Command::Demo(args) => local::run_local(commands::demo::run(args)),
+        Command::Bench(args) => local::run_local(commands::bench::run(args)),
     }
 }

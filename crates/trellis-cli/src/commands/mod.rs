@@ -1,7 +1,10 @@
 //! The command groups of `trellis`, one module each, and what they share: exit codes, the
 //! [`Failure`] every remote command returns, and input reading.
 
+pub mod bench;
 pub mod control;
+pub mod demo;
+pub mod dev;
 pub mod inspect;
 pub mod plan;
 pub mod submit;

@@ -53,6 +53,11 @@ pub struct SubmitArgs {
 
 /// Runs `trellis submit`.
 pub async fn run(coordinator_url: &str, args: SubmitArgs) -> Result<(), Failure> {
+    run_with_id(coordinator_url, args).await.map(|_| ())
+}
+
+/// Runs `trellis submit` and returns the execution id.
+pub async fn run_with_id(coordinator_url: &str, args: SubmitArgs) -> Result<String, Failure> {
     let (bytes, plan) = plan::load(&args.file)?;
     // The compiler accepted the bytes, so they are UTF-8; the check costs nothing.
     let text = String::from_utf8(bytes)
@@ -96,7 +101,7 @@ pub async fn run(coordinator_url: &str, args: SubmitArgs) -> Result<(), Failure>
     out.flush()?;
     drop(out);
     if !args.wait {
-        return Ok(());
+        return Ok(execution_id);
     }
 
     let mode = if args.json {
@@ -118,7 +123,8 @@ pub async fn run(coordinator_url: &str, args: SubmitArgs) -> Result<(), Failure>
         bar.finish_and_clear();
     }
     watched?;
-    finish(&mut coordinator, &execution_id, &tracker, &mode).await
+    finish(&mut coordinator, &execution_id, &tracker, &mode).await?;
+    Ok(execution_id)
 }
 
 /// How `--wait` shows what happens.

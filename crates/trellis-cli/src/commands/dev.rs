@@ -1,0 +1,52 @@
+//! `trellis dev`: every service in this process, for local use.
+
+use std::net::SocketAddr;
+
+use clap::Args;
+
+use super::Failure;
+use crate::local;
+
+/// Run Trellis locally: NATS, the coordinator and workers in one process.
+#[derive(Debug, Args)]
+#[command(
+    long_about = "Run Trellis locally: NATS, the coordinator and workers in one process.\n\n\
+        Uses the NATS server at NATS_URL when it is reachable; otherwise starts `nats-server -js` \
+        on a free loopback port with its store in a temporary directory. The coordinator serves \
+        gRPC on --listen; other `trellis` commands reach it there by default. Ctrl-C stops \
+        everything.",
+    after_help = "Examples:\n  \
+        trellis dev\n  \
+        trellis dev --workers 4 --slots 64\n  \
+        NATS_URL=nats://127.0.0.1:4222 trellis dev --listen 127.0.0.1:7401"
+)]
+pub struct DevArgs {
+    /// Where the coordinator serves gRPC.
+    #[arg(long, default_value = "127.0.0.1:7400")]
+    pub listen: SocketAddr,
+    /// In-process workers.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Concurrent handlers per worker.
+    #[arg(long, default_value_t = 32)]
+    pub slots: usize,
+}
+
+/// Runs `trellis dev` until Ctrl-C.
+pub async fn run(args: DevArgs) -> Result<(), Failure> {
+    let local = local::start(local::Options {
+        nats_url: local::nats_from_env()?,
+        listen: args.listen,
+        workers: args.workers,
+        slots: args.slots,
+    })
+    .await?;
+    eprintln!(
+        "trellis dev: coordinator at {}, NATS at {}, {} workers\n  try: trellis submit --wait examples/demo.yaml\n  Ctrl-C stops",
+        local.coordinator_url, local.nats_url, args.workers
+    );
+    let _ = tokio::signal::ctrl_c().await;
+    eprintln!("trellis dev: stopping");
+    local.stop().await;
+    Ok(())
+}
