@@ -61,8 +61,13 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
     let listener = tokio::net::TcpListener::bind(options.listen)
         .await
         .map_err(|e| Failure::failed(format!("cannot listen on {}: {e}", options.listen)))?;
-    let addr = listener.local_addr().map_err(|e| Failure::failed(format!("cannot read the listen address: {e}")))?;
-    let config = trellis_coordinator::Config { nats_url: nats_url.clone(), shards: 1 };
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Failure::failed(format!("cannot read the listen address: {e}")))?;
+    let config = trellis_coordinator::Config {
+        nats_url: nats_url.clone(),
+        shards: 1,
+    };
     let token = shutdown.child_token();
     tokio::spawn(async move {
         if let Err(err) = trellis_coordinator::run(config, listener, token.clone()).await {
@@ -84,7 +89,12 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
     }
     let coordinator_url = format!("http://{addr}");
     wait_for_port(addr, Duration::from_secs(10))?;
-    Ok(Local { coordinator_url, nats_url, shutdown, nats })
+    Ok(Local {
+        coordinator_url,
+        nats_url,
+        shutdown,
+        nats,
+    })
 }
 
 fn wait_for_port(addr: SocketAddr, timeout: Duration) -> Result<(), Failure> {
@@ -95,7 +105,9 @@ fn wait_for_port(addr: SocketAddr, timeout: Duration) -> Result<(), Failure> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    Err(Failure::failed(format!("nothing listens on {addr} after {timeout:?}")))
+    Err(Failure::failed(format!(
+        "nothing listens on {addr} after {timeout:?}"
+    )))
 }
 
 /// A `nats-server -js` child process, killed and its store removed on drop.
@@ -119,8 +131,11 @@ impl NatsChild {
         let port = StdListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
-            .map_err(|e| Failure::failed(format!("cannot find a free port for nats-server: {e}")))?;
-        let store = std::env::temp_dir().join(format!("trellis-nats-{}-{port}", std::process::id()));
+            .map_err(|e| {
+                Failure::failed(format!("cannot find a free port for nats-server: {e}"))
+            })?;
+        let store =
+            std::env::temp_dir().join(format!("trellis-nats-{}-{port}", std::process::id()));
         let child = Command::new(binary)
             .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
             .arg(&store)
@@ -129,7 +144,10 @@ impl NatsChild {
             .spawn()
             .map_err(|e| Failure::failed(format!("cannot start {binary}: {e}")))?;
         let nats = Self { child, port, store };
-        wait_for_port(SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_secs(10))?;
+        wait_for_port(
+            SocketAddr::from(([127, 0, 0, 1], port)),
+            Duration::from_secs(10),
+        )?;
         Ok(nats)
     }
 
@@ -148,8 +166,15 @@ impl Drop for NatsChild {
 
 /// Returns the NATS server to use: `NATS_URL` if set and reachable; otherwise none (start one).
 pub fn nats_from_env() -> Result<Option<String>, Failure> {
-    let Ok(url) = std::env::var("NATS_URL") else { return Ok(None) };
-    let host_port = url.trim_start_matches("nats://").split('/').next().unwrap_or_default().to_owned();
+    let Ok(url) = std::env::var("NATS_URL") else {
+        return Ok(None);
+    };
+    let host_port = url
+        .trim_start_matches("nats://")
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
     let reachable = std::net::ToSocketAddrs::to_socket_addrs(&host_port)
         .ok()
         .and_then(|mut addrs| addrs.next())
@@ -165,7 +190,10 @@ pub fn nats_from_env() -> Result<Option<String>, Failure> {
 /// Runs a command that hosts services on a multi-threaded runtime and maps its outcome to an exit
 /// code.
 pub fn run_local(command: impl Future<Output = Result<(), Failure>>) -> std::process::ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("trellis: cannot start the async runtime: {e}");

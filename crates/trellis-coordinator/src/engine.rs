@@ -34,6 +34,8 @@ const PROGRESS_EVERY_MS: u64 = 100;
 const MAX_INPUTS_PER_TURN: usize = 4096;
 /// Capacity of each execution's observer channel, in flushed batches.
 const OBSERVER_CAPACITY: usize = 4096;
+/// Task assignments published before their acks are awaited.
+const PUBLISH_CHUNK: usize = 1000;
 
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
@@ -160,7 +162,6 @@ impl Live {
             if let EventBody::TaskDispatched { instance, .. } = event.body {
                 self.dispatch.push(instance);
             }
-            self.dirty = true;
         }
         Ok(applied)
     }
@@ -311,6 +312,7 @@ impl Engine {
     ) {
         match input {
             Input::Results(messages) => {
+                tracing::debug!(n_results = messages.len(), "results received");
                 let now = now_ms();
                 for message in messages {
                     self.result(&message, now);
@@ -561,7 +563,9 @@ impl Engine {
                 tracing::error!(%id, %err, "event log append not acknowledged");
             }
         }
-        // (2) Side effects, now that the log holds what caused them.
+        // (2) Side effects, now that the log holds what caused them. Assignments go out in
+        // chunks whose acks are awaited together: the client holds at most a few thousand
+        // unacknowledged publishes.
         let mut publishes = Vec::new();
         for id in &dirty {
             let Some(live) = self.executions.get_mut(id) else {
@@ -578,11 +582,18 @@ impl Engine {
                     subjects::MSG_ID_HEADER,
                     subjects::task_msg_id(instance, assignment.attempt).as_str(),
                 );
-                publishes.push(self.js.publish_with_headers(
-                    subjects::tasks(assignment.queue),
-                    headers,
-                    message.encode_to_vec().into(),
-                ));
+                publishes.push(
+                    self.js
+                        .publish_with_headers(
+                            subjects::tasks(assignment.queue),
+                            headers,
+                            message.encode_to_vec().into(),
+                        )
+                        .await,
+                );
+                if publishes.len() >= PUBLISH_CHUNK {
+                    await_acks(std::mem::take(&mut publishes)).await;
+                }
             }
             for instance in live.stop.drain(..) {
                 let cancel = v1::CancelTask {
@@ -627,17 +638,24 @@ impl Engine {
                 let _ = live.observers.send(Arc::new(Flushed { items, terminal }));
             }
         }
-        let mut acks = Vec::with_capacity(publishes.len());
-        for publish in publishes {
-            match publish.await {
-                Ok(ack) => acks.push(ack),
-                Err(err) => tracing::error!(%err, "cannot publish a task assignment"),
-            }
+        await_acks(publishes).await;
+    }
+}
+
+/// Awaits the acks of published task assignments.
+async fn await_acks(
+    publishes: Vec<Result<jetstream::context::PublishAckFuture, jetstream::context::PublishError>>,
+) {
+    let mut acks = Vec::with_capacity(publishes.len());
+    for publish in publishes {
+        match publish {
+            Ok(ack) => acks.push(ack.into_future()),
+            Err(err) => tracing::error!(%err, "cannot publish a task assignment"),
         }
-        for ack in join_all(acks.into_iter().map(IntoFuture::into_future)).await {
-            if let Err(err) = ack {
-                tracing::error!(%err, "task assignment not acknowledged");
-            }
+    }
+    for ack in join_all(acks).await {
+        if let Err(err) = ack {
+            tracing::error!(%err, "task assignment not acknowledged");
         }
     }
 }

@@ -1,2 +1,257 @@
-//! Test support shared by Trellis tests: plan fixtures today; NATS and PostgreSQL harnesses as the
-//! services that need them arrive.
+//! Test support shared by Trellis tests: a real `nats-server -js` per test ([`NatsServer`]) and
+//! small polling helpers ([`wait_for`]).
+//!
+//! Tests that need NATS fail loudly when the server cannot start; they never skip, so a machine
+//! without `nats-server` shows up as a red test run with the command that fixes it.
+
+use std::future::Future;
+use std::io::Read;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+/// How long a freshly spawned server may take to accept connections.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A `nats-server` with JetStream, listening on a free loopback port, with its store in a temporary
+/// directory. The child is killed and the directory removed when the value is dropped.
+#[derive(Debug)]
+pub struct NatsServer {
+    child: Option<Child>,
+    binary: PathBuf,
+    port: u16,
+    // Kept for its `Drop`, which removes the store and the log.
+    dir: tempfile::TempDir,
+}
+
+impl NatsServer {
+    /// Starts a server and waits until it accepts client connections.
+    ///
+    /// Fails, naming the fix, when no `nats-server` binary is found on `PATH` or in `/usr/sbin`.
+    pub fn start() -> anyhow::Result<NatsServer> {
+        let binary = find_binary()?;
+        let dir = tempfile::Builder::new()
+            .prefix("trellis-nats-")
+            .tempdir()
+            .context("failed to create the nats-server store directory")?;
+        let port = free_port()?;
+        let mut server = NatsServer {
+            child: None,
+            binary,
+            port,
+            dir,
+        };
+        server.spawn()?;
+        Ok(server)
+    }
+
+    /// Returns the client URL, `nats://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Returns the client port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Returns the JetStream store directory (it survives [`NatsServer::restart`]).
+    pub fn store_dir(&self) -> PathBuf {
+        self.dir.path().join("jetstream")
+    }
+
+    /// Kills the server with SIGKILL and waits for it to exit. Does nothing when it is not running.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // An error means the child already exited, which is what we want.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills the server and starts it again on the same port with the same store, so streams,
+    /// consumers and messages survive.
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        self.kill();
+        self.spawn()
+    }
+
+    fn spawn(&mut self) -> anyhow::Result<()> {
+        let log_path = self.log_path();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .with_context(|| format!("failed to open {}", log_path.display()))?;
+        let log_err = log.try_clone().context("failed to share the log file")?;
+        let child = Command::new(&self.binary)
+            .args(["-js", "-a", "127.0.0.1", "-p"])
+            .arg(self.port.to_string())
+            .arg("-sd")
+            .arg(self.store_dir())
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err)
+            .spawn()
+            .with_context(|| format!("failed to spawn {}", self.binary.display()))?;
+        self.child = Some(child);
+        self.wait_until_ready()
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("nats-server.log")
+    }
+
+    /// Polls the port until the server greets with its `INFO` line; JetStream is ready by then.
+    fn wait_until_ready(&mut self) -> anyhow::Result<()> {
+        let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
+        let started = Instant::now();
+        loop {
+            if let Some(child) = self.child.as_mut()
+                && let Some(status) = child.try_wait().context("failed to poll nats-server")?
+            {
+                self.child = None;
+                bail!(
+                    "nats-server exited with {status} before accepting connections; its log:\n{}",
+                    self.log_tail()
+                );
+            }
+            if greets(addr) {
+                return Ok(());
+            }
+            if started.elapsed() > START_TIMEOUT {
+                self.kill();
+                bail!(
+                    "nats-server did not accept connections on port {} within {START_TIMEOUT:?}; its log:\n{}",
+                    self.port,
+                    self.log_tail()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn greets(addr: SocketAddr) -> bool {
+    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    let mut greeting = [0u8; 4];
+    stream.read_exact(&mut greeting).is_ok() && &greeting == b"INFO"
+}
+
+/// Returns a port that was free a moment ago (the OS picks it; the listener is closed at once).
+fn free_port() -> anyhow::Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("failed to find a free port")?;
+    Ok(listener
+        .local_addr()
+        .context("failed to read the port")?
+        .port())
+}
+
+/// Finds `nats-server` on `PATH`, then in `/usr/sbin` and `/usr/local/bin`.
+fn find_binary() -> anyhow::Result<PathBuf> {
+    let path_dirs = std::env::var_os("PATH")
+        .map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .unwrap_or_default();
+    let fallback = [Path::new("/usr/sbin"), Path::new("/usr/local/bin")];
+    path_dirs
+        .iter()
+        .map(PathBuf::as_path)
+        .chain(fallback)
+        .map(|dir| dir.join("nats-server"))
+        .find(|candidate| candidate.is_file())
+        .context(
+            "no nats-server binary on PATH or in /usr/sbin; install it with `apt-get install nats-server`",
+        )
+}
+
+/// Polls `condition` every 20 ms until it returns true; fails once `timeout` has passed.
+pub async fn wait_for<F, Fut>(mut condition: F, timeout: Duration) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if condition().await {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("condition still false after {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Awaits `future` for at most `timeout`; fails with `what` in the message when it takes longer.
+pub async fn within<T>(
+    what: &str,
+    timeout: Duration,
+    future: impl Future<Output = T>,
+) -> anyhow::Result<T> {
+    tokio::time::timeout(timeout, future)
+        .await
+        .map_err(|_| anyhow::anyhow!("timed out after {timeout:?} waiting for {what}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_starts_restarts_and_is_killed() -> anyhow::Result<()> {
+        let mut server = NatsServer::start()?;
+        let addr = SocketAddr::from(([127, 0, 0, 1], server.port()));
+        assert!(greets(addr));
+        assert!(server.url().ends_with(&server.port().to_string()));
+        server.restart()?;
+        assert!(greets(addr));
+        server.kill();
+        assert!(!greets(addr));
+        let store = server.store_dir();
+        drop(server);
+        assert!(!store.exists());
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn waits_end_with_a_clear_error() {
+        assert!(
+            wait_for(|| async { false }, Duration::from_millis(50))
+                .await
+                .is_err()
+        );
+        assert!(
+            wait_for(|| async { true }, Duration::from_millis(50))
+                .await
+                .is_ok()
+        );
+        let err = within(
+            "the impossible",
+            Duration::from_millis(10),
+            std::future::pending::<()>(),
+        )
+        .await
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        assert!(err.contains("the impossible"), "{err}");
+    }
+}

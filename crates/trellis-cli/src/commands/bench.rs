@@ -53,7 +53,9 @@ pub struct BenchArgs {
 pub async fn run(args: BenchArgs) -> Result<(), Failure> {
     let local = local::start(local::Options {
         nats_url: local::nats_from_env()?,
-        listen: "127.0.0.1:0".parse().map_err(|_| Failure::failed("bad listen address"))?,
+        listen: "127.0.0.1:0"
+            .parse()
+            .map_err(|_| Failure::failed("bad listen address"))?,
         workers: args.workers,
         slots: args.slots,
     })
@@ -88,7 +90,8 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
             let line = match result {
                 Ok(fields) => {
                     let mut object = json!({"system": "trellis", "scenario": scenario, "n": n});
-                    if let (Some(object), Value::Object(fields)) = (object.as_object_mut(), fields) {
+                    if let (Some(object), Value::Object(fields)) = (object.as_object_mut(), fields)
+                    {
                         object.extend(fields);
                     }
                     object
@@ -102,7 +105,11 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         }
     }
     local.stop().await;
-    if failed { Err(Failure::silent()) } else { Ok(()) }
+    if failed {
+        Err(Failure::silent())
+    } else {
+        Ok(())
+    }
 }
 
 fn round(x: f64, digits: i32) -> f64 {
@@ -111,7 +118,9 @@ fn round(x: f64, digits: i32) -> f64 {
 }
 
 async fn fanout(client: CoordinatorClient<Channel>, n: usize) -> Result<Value, String> {
-    let plan = format!("name: bench-fanout\ntasks:\n- {{id: fan, type: fanout, input: {{count: {n}, child: {{type: noop, input: {{}}}}}}}}\n");
+    let plan = format!(
+        "name: bench-fanout\ntasks:\n- {{id: fan, type: fanout, input: {{count: {n}, child: {{type: noop, input: {{}}}}}}}}\n"
+    );
     let seconds = run_one(client, plan).await?.as_secs_f64();
     Ok(json!({"seconds": round(seconds, 3), "tasks_per_s": round(n as f64 / seconds, 0)}))
 }
@@ -119,7 +128,10 @@ async fn fanout(client: CoordinatorClient<Channel>, n: usize) -> Result<Value, S
 async fn chain(client: CoordinatorClient<Channel>, n: usize) -> Result<Value, String> {
     let mut plan = String::from("name: bench-chain\ntasks:\n- {id: t0, type: noop}\n");
     for i in 1..n {
-        plan.push_str(&format!("- {{id: t{i}, type: noop, depends_on: [t{}]}}\n", i - 1));
+        plan.push_str(&format!(
+            "- {{id: t{i}, type: noop, depends_on: [t{}]}}\n",
+            i - 1
+        ));
     }
     let seconds = run_one(client, plan).await?.as_secs_f64();
     Ok(json!({"seconds": round(seconds, 3), "per_hop_ms": round(seconds * 1000.0 / n as f64, 3)}))
@@ -163,11 +175,18 @@ async fn executions(client: CoordinatorClient<Channel>, n: usize) -> Result<Valu
 async fn latency(client: CoordinatorClient<Channel>, n: usize) -> Result<Value, String> {
     let mut samples = Vec::with_capacity(n);
     for _ in 0..n {
-        samples.push(run_one(client.clone(), ONE_TASK.to_owned()).await?.as_secs_f64() * 1000.0);
+        samples.push(
+            run_one(client.clone(), ONE_TASK.to_owned())
+                .await?
+                .as_secs_f64()
+                * 1000.0,
+        );
     }
     samples.sort_by(f64::total_cmp);
     let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q).round() as usize];
-    Ok(json!({"p50_ms": round(at(0.50), 3), "p95_ms": round(at(0.95), 3), "p99_ms": round(at(0.99), 3)}))
+    Ok(
+        json!({"p50_ms": round(at(0.50), 3), "p95_ms": round(at(0.95), 3), "p99_ms": round(at(0.99), 3)}),
+    )
 }
 
 /// Starts one execution and returns the time until it completed.
@@ -178,22 +197,38 @@ async fn run_one(mut client: CoordinatorClient<Channel>, plan: String) -> Result
     Ok(start.elapsed())
 }
 
-async fn start_plan(client: &mut CoordinatorClient<Channel>, text: String) -> Result<String, String> {
+async fn start_plan(
+    client: &mut CoordinatorClient<Channel>,
+    text: String,
+) -> Result<String, String> {
     let request = v1::StartExecutionRequest {
-        plan_source: Some(v1::start_execution_request::PlanSource::Spec(v1::PlanSpec {
-            text,
-            format: v1::PlanFormat::Yaml as i32,
-            source_name: "bench".to_owned(),
-        })),
+        plan_source: Some(v1::start_execution_request::PlanSource::Spec(
+            v1::PlanSpec {
+                text,
+                format: v1::PlanFormat::Yaml as i32,
+                source_name: "bench".to_owned(),
+            },
+        )),
         options: None,
     };
-    client.start_execution(request).await.map(|r| r.into_inner().execution_id).map_err(|s| s.message().to_owned())
+    client
+        .start_execution(request)
+        .await
+        .map(|r| r.into_inner().execution_id)
+        .map_err(|s| s.message().to_owned())
 }
 
 /// Follows the execution's event stream to its end and checks it completed.
 async fn wait_completed(mut client: CoordinatorClient<Channel>, id: String) -> Result<(), String> {
-    let request = v1::ObserveExecutionRequest { execution_id: id.clone(), from_sequence: 1 };
-    let mut stream = client.observe_execution(request).await.map_err(|s| s.message().to_owned())?.into_inner();
+    let request = v1::ObserveExecutionRequest {
+        execution_id: id.clone(),
+        from_sequence: 1,
+    };
+    let mut stream = client
+        .observe_execution(request)
+        .await
+        .map_err(|s| s.message().to_owned())?
+        .into_inner();
     let mut last_state = None;
     while let Some(item) = stream.message().await.map_err(|s| s.message().to_owned())? {
         if let Some(progress) = item.progress {
@@ -204,7 +239,9 @@ async fn wait_completed(mut client: CoordinatorClient<Channel>, id: String) -> R
         Some(ExecutionState::Completed) => Ok(()),
         other => {
             let execution = client
-                .get_execution(v1::GetExecutionRequest { execution_id: id.clone() })
+                .get_execution(v1::GetExecutionRequest {
+                    execution_id: id.clone(),
+                })
                 .await
                 .map_err(|s| s.message().to_owned())?
                 .into_inner()
@@ -213,7 +250,10 @@ async fn wait_completed(mut client: CoordinatorClient<Channel>, id: String) -> R
             if execution.state == ExecutionState::Completed as i32 {
                 Ok(())
             } else {
-                Err(format!("execution {id} ended {other:?}: {}", execution.reason))
+                Err(format!(
+                    "execution {id} ended {other:?}: {}",
+                    execution.reason
+                ))
             }
         }
     }

@@ -27,25 +27,42 @@ pub async fn run(_args: DemoArgs) -> Result<(), Failure> {
     eprintln!("trellis demo: starting NATS, a coordinator and 2 workers in this process ...");
     let local = local::start(local::Options {
         nats_url: local::nats_from_env()?,
-        listen: "127.0.0.1:0".parse().map_err(|_| Failure::failed("bad listen address"))?,
+        listen: "127.0.0.1:0"
+            .parse()
+            .map_err(|_| Failure::failed("bad listen address"))?,
         workers: 2,
         slots: 16,
     })
     .await?;
     let plan = std::env::temp_dir().join(format!("trellis-demo-{}.yaml", std::process::id()));
-    std::fs::write(&plan, DEMO_PLAN).map_err(|e| Failure::failed(format!("cannot write {}: {e}", plan.display())))?;
-    eprintln!("trellis demo: running plan \"demo\" (checkout -> build, lint -> test-shards (8 subtasks) -> package)");
+    std::fs::write(&plan, DEMO_PLAN)
+        .map_err(|e| Failure::failed(format!("cannot write {}: {e}", plan.display())))?;
+    eprintln!(
+        "trellis demo: running plan \"demo\" (checkout -> build, lint -> test-shards (8 subtasks) -> package)"
+    );
     let submitted = submit::run_with_id(
         &local.coordinator_url,
-        submit::SubmitArgs { file: plan.clone(), wait: true, json: false, labels: Vec::new(), idempotency_key: None },
+        submit::SubmitArgs {
+            file: plan.clone(),
+            wait: true,
+            json: false,
+            labels: Vec::new(),
+            idempotency_key: None,
+        },
     )
     .await;
     let _ = std::fs::remove_file(&plan);
     let execution_id = submitted?;
     println!("\nExecution tree:");
-    let tree = inspect::TreeArgs { execution_id: execution_id.clone(), run: 0, json: false };
+    let tree = inspect::TreeArgs {
+        execution_id: execution_id.clone(),
+        run: 0,
+        json: false,
+    };
     inspect::tree(&local.coordinator_url, tree).await?;
-    println!("\nThe `lint` task failed once and was retried (attempt 2); `test-shards` spawned a group of 8 and was resumed once they finished.");
+    println!(
+        "\nThe `lint` task failed once and was retried (attempt 2); `test-shards` spawned a group of 8 and was resumed once they finished."
+    );
     local.stop().await;
     Ok(())
 }

@@ -30,11 +30,21 @@ pub async fn start(workers: usize) -> Cluster {
 }
 
 pub async fn start_with(workers: usize, registry: impl Fn() -> HandlerRegistry) -> Cluster {
-    let nats = NatsServer::start().expect("a nats-server for the test (apt-get install nats-server)");
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .try_init();
+    let nats =
+        NatsServer::start().expect("a nats-server for the test (apt-get install nats-server)");
     let shutdown = CancellationToken::new();
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("a free port");
     let addr = listener.local_addr().expect("bound address");
-    let config = trellis_coordinator::Config { nats_url: nats.url(), shards: 1 };
+    let config = trellis_coordinator::Config {
+        nats_url: nats.url(),
+        shards: 1,
+    };
     let token = shutdown.child_token();
     tokio::spawn(async move {
         if let Err(err) = trellis_coordinator::run(config, listener, token).await {
@@ -57,7 +67,13 @@ pub async fn start_with(workers: usize, registry: impl Fn() -> HandlerRegistry) 
     let mut last_error = String::new();
     for _ in 0..100 {
         match CoordinatorClient::connect(url.clone()).await {
-            Ok(client) => return Cluster { nats, client, shutdown },
+            Ok(client) => {
+                return Cluster {
+                    nats,
+                    client,
+                    shutdown,
+                };
+            }
             Err(err) => last_error = err.to_string(),
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -75,7 +91,8 @@ pub struct Run {
 
 impl Run {
     pub fn state(&self) -> v1::ExecutionState {
-        v1::ExecutionState::try_from(self.execution.state).unwrap_or(v1::ExecutionState::Unspecified)
+        v1::ExecutionState::try_from(self.execution.state)
+            .unwrap_or(v1::ExecutionState::Unspecified)
     }
 
     /// Task id of every instance, from the graph.
@@ -122,28 +139,46 @@ impl Run {
     }
 
     pub fn count(&self, task: &str, what: &str) -> usize {
-        self.timeline().iter().filter(|(t, w)| t == task && *w == what).count()
+        self.timeline()
+            .iter()
+            .filter(|(t, w)| t == task && *w == what)
+            .count()
     }
 }
 
 impl Cluster {
     pub async fn start_plan(&mut self, yaml: &str) -> String {
         let request = v1::StartExecutionRequest {
-            plan_source: Some(v1::start_execution_request::PlanSource::Spec(v1::PlanSpec {
-                text: yaml.to_owned(),
-                format: v1::PlanFormat::Yaml as i32,
-                source_name: "test.yaml".to_owned(),
-            })),
+            plan_source: Some(v1::start_execution_request::PlanSource::Spec(
+                v1::PlanSpec {
+                    text: yaml.to_owned(),
+                    format: v1::PlanFormat::Yaml as i32,
+                    source_name: "test.yaml".to_owned(),
+                },
+            )),
             options: None,
         };
-        self.client.start_execution(request).await.expect("execution starts").into_inner().execution_id
+        self.client
+            .start_execution(request)
+            .await
+            .expect("execution starts")
+            .into_inner()
+            .execution_id
     }
 
     /// Follows the execution to its end (within `timeout`) and collects what it did.
     pub async fn wait(&mut self, id: &str, timeout: Duration) -> Run {
         let observe = async {
-            let request = v1::ObserveExecutionRequest { execution_id: id.to_owned(), from_sequence: 1 };
-            let mut stream = self.client.observe_execution(request).await.expect("observe").into_inner();
+            let request = v1::ObserveExecutionRequest {
+                execution_id: id.to_owned(),
+                from_sequence: 1,
+            };
+            let mut stream = self
+                .client
+                .observe_execution(request)
+                .await
+                .expect("observe")
+                .into_inner();
             let mut events = Vec::new();
             while let Some(item) = stream.message().await.expect("event stream") {
                 if let Some(event) = item.event {
@@ -157,7 +192,9 @@ impl Cluster {
             .unwrap_or_else(|_| panic!("execution {id} did not end within {timeout:?}"));
         let execution = self
             .client
-            .get_execution(v1::GetExecutionRequest { execution_id: id.to_owned() })
+            .get_execution(v1::GetExecutionRequest {
+                execution_id: id.to_owned(),
+            })
             .await
             .expect("get execution")
             .into_inner()
@@ -165,13 +202,21 @@ impl Cluster {
             .expect("execution");
         let graph = self
             .client
-            .get_execution_graph(v1::GetExecutionGraphRequest { execution_id: id.to_owned(), run_number: 0 })
+            .get_execution_graph(v1::GetExecutionGraphRequest {
+                execution_id: id.to_owned(),
+                run_number: 0,
+            })
             .await
             .expect("graph")
             .into_inner()
             .graph
             .expect("graph");
-        Run { id: id.to_owned(), execution, events, graph }
+        Run {
+            id: id.to_owned(),
+            execution,
+            events,
+            graph,
+        }
     }
 
     pub async fn run(&mut self, yaml: &str) -> Run {

@@ -10,13 +10,24 @@ use crate::cluster;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dependencies_run_in_order_and_the_seed_001_plan_completes() {
     let mut cluster = cluster::start(1).await;
-    let plan = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/seed-001.yaml"))
-        .expect("example plan");
+    let plan = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/seed-001.yaml"
+    ))
+    .expect("example plan");
     let run = cluster.run(&plan).await;
-    assert_eq!(run.state(), ExecutionState::Completed, "{:?}", run.execution.reason);
+    assert_eq!(
+        run.state(),
+        ExecutionState::Completed,
+        "{:?}",
+        run.execution.reason
+    );
     let timeline = run.timeline();
     let at = |task: &str, what: &str| {
-        timeline.iter().position(|(t, w)| t == task && *w == what).unwrap_or_else(|| panic!("{task} {what}"))
+        timeline
+            .iter()
+            .position(|(t, w)| t == task && *w == what)
+            .unwrap_or_else(|| panic!("{task} {what}"))
     };
     assert!(at("T-001", "completed") < at("T-003", "dispatched"));
     assert!(at("T-002", "completed") < at("T-004", "dispatched"));
@@ -33,12 +44,29 @@ async fn max_concurrency_and_file_conflicts_hold_in_real_runs() {
     for i in 0..12 {
         plan.push_str(&format!("- {{id: s{i}, type: sleep, input: {{ms: 40}}}}\n"));
     }
-    plan.push_str("- {id: w1, type: sleep, input: {ms: 40}, files: [{path: db.sql, op: UPDATE}]}\n");
-    plan.push_str("- {id: w2, type: sleep, input: {ms: 40}, files: [{path: db.sql, op: UPDATE}]}\n");
+    plan.push_str(
+        "- {id: w1, type: sleep, input: {ms: 40}, files: [{path: db.sql, op: UPDATE}]}\n",
+    );
+    plan.push_str(
+        "- {id: w2, type: sleep, input: {ms: 40}, files: [{path: db.sql, op: UPDATE}]}\n",
+    );
     let run = cluster.run(&plan).await;
-    assert_eq!(run.state(), ExecutionState::Completed, "{:?}", run.execution.reason);
-    assert_eq!(run.max_running(|_| true), 3, "never more than max_concurrency, and it is used");
-    assert_eq!(run.max_running(|t| t == "w1" || t == "w2"), 1, "conflicting tasks never overlap");
+    assert_eq!(
+        run.state(),
+        ExecutionState::Completed,
+        "{:?}",
+        run.execution.reason
+    );
+    assert_eq!(
+        run.max_running(|_| true),
+        3,
+        "never more than max_concurrency, and it is used"
+    );
+    assert_eq!(
+        run.max_running(|t| t == "w1" || t == "w2"),
+        1,
+        "conflicting tasks never overlap"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -47,13 +75,33 @@ async fn a_fan_out_of_1000_resumes_its_parent_exactly_once() {
     let run = cluster
         .run("name: fan\ntasks:\n- {id: fan, type: fanout, input: {count: 1000, child: {type: noop, input: {}}}}\n- {id: after, type: noop, depends_on: [fan]}\n")
         .await;
-    assert_eq!(run.state(), ExecutionState::Completed, "{:?}", run.execution.reason);
-    assert_eq!(run.count("fan", "dispatched"), 2, "the parent and its one resumed instance");
+    assert_eq!(
+        run.state(),
+        ExecutionState::Completed,
+        "{:?}",
+        run.execution.reason
+    );
+    assert_eq!(
+        run.count("fan", "dispatched"),
+        2,
+        "the parent and its one resumed instance"
+    );
     assert_eq!(run.count("fan", "spawned"), 1);
-    let resumed: Vec<_> =
-        run.graph.nodes.iter().filter_map(|n| n.record.as_ref()).filter(|r| r.resumed_after_subtasks_group_id.is_some()).collect();
+    let resumed: Vec<_> = run
+        .graph
+        .nodes
+        .iter()
+        .filter_map(|n| n.record.as_ref())
+        .filter(|r| r.resumed_after_subtasks_group_id.is_some())
+        .collect();
     assert_eq!(resumed.len(), 1);
-    let members = run.graph.groups.iter().map(|g| g.node_indices.len()).max().unwrap_or(0);
+    let members = run
+        .graph
+        .groups
+        .iter()
+        .map(|g| g.node_indices.len())
+        .max()
+        .unwrap_or(0);
     assert_eq!(members, 1000);
 }
 
@@ -63,7 +111,12 @@ async fn nested_groups_three_levels_deep_complete() {
     let run = cluster
         .run("name: nested\ntasks:\n- id: top\n  type: fanout\n  input: {count: 3, child: {type: fanout, input: {count: 3, child: {type: fanout, input: {count: 3, child: {type: noop, input: {}}}}}}}\n")
         .await;
-    assert_eq!(run.state(), ExecutionState::Completed, "{:?}", run.execution.reason);
+    assert_eq!(
+        run.state(),
+        ExecutionState::Completed,
+        "{:?}",
+        run.execution.reason
+    );
     let resumed = run
         .graph
         .nodes
@@ -71,7 +124,11 @@ async fn nested_groups_three_levels_deep_complete() {
         .filter_map(|n| n.record.as_ref())
         .filter(|r| r.resumed_after_subtasks_group_id.is_some())
         .count();
-    assert_eq!(resumed, 1 + 3 + 9, "every group at every level resumed its parent once");
+    assert_eq!(
+        resumed,
+        1 + 3 + 9,
+        "every group at every level resumed its parent once"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -80,27 +137,47 @@ async fn failures_are_retried_skipped_or_abort_as_the_policy_says() {
     let retried = cluster
         .run("name: retry\noptions: {failure: {default_action: retry, max_retries: 2, backoff: {kind: constant, base: 10ms}}}\ntasks:\n- {id: flaky, type: fail, input: {times: 1, retryable: true}}\n")
         .await;
-    assert_eq!(retried.state(), ExecutionState::Completed, "{:?}", retried.execution.reason);
+    assert_eq!(
+        retried.state(),
+        ExecutionState::Completed,
+        "{:?}",
+        retried.execution.reason
+    );
     assert_eq!(retried.count("flaky", "failed"), 1);
     assert_eq!(retried.count("flaky", "dispatched"), 2);
 
     let skipped = cluster
         .run("name: skip\noptions: {failure: {default_action: skip, continue_on_partial_failure: true}}\ntasks:\n- {id: broken, type: fail, input: {times: 9}}\n- {id: after, type: noop, depends_on: [broken]}\n")
         .await;
-    assert_eq!(skipped.state(), ExecutionState::Completed, "{:?}", skipped.execution.reason);
-    assert_eq!(skipped.count("after", "completed"), 1, "dependents of a skipped task proceed");
+    assert_eq!(
+        skipped.state(),
+        ExecutionState::Completed,
+        "{:?}",
+        skipped.execution.reason
+    );
+    assert_eq!(
+        skipped.count("after", "completed"),
+        1,
+        "dependents of a skipped task proceed"
+    );
 
     let aborted = cluster
         .run("name: abort\noptions: {failure: {default_action: abort}}\ntasks:\n- {id: broken, type: fail, input: {times: 9}}\n- {id: slow, type: sleep, input: {ms: 5000}}\n")
         .await;
     assert_eq!(aborted.state(), ExecutionState::Failed);
-    assert!(aborted.execution.reason.contains("broken"), "{}", aborted.execution.reason);
+    assert!(
+        aborted.execution.reason.contains("broken"),
+        "{}",
+        aborted.execution.reason
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicate_and_corrupt_results_change_nothing() {
     let mut cluster = cluster::start(1).await;
-    let run = cluster.run("name: dup\ntasks:\n- {id: a, type: noop}\n").await;
+    let run = cluster
+        .run("name: dup\ntasks:\n- {id: a, type: noop}\n")
+        .await;
     assert_eq!(run.state(), ExecutionState::Completed);
     let completed = run
         .events
@@ -119,19 +196,35 @@ async fn duplicate_and_corrupt_results_change_nothing() {
         worker_id: "intruder".into(),
         usage: None,
         sent_at_unix_ms: 0,
-        outcome: Some(v1::task_result::Outcome::Completed(v1::task_result::Completed {
-            output: b"{\"again\":true}".to_vec(),
-        })),
+        outcome: Some(v1::task_result::Outcome::Completed(
+            v1::task_result::Completed {
+                output: b"{\"again\":true}".to_vec(),
+            },
+        )),
     };
     let subject = trellis_proto::subjects::results(0);
-    for payload in [duplicate.encode_to_vec(), b"\xff\x00 not protobuf".to_vec(), duplicate.encode_to_vec()] {
-        js.publish(subject.clone(), payload.into()).await.expect("publish").await.expect("stored");
+    for payload in [
+        duplicate.encode_to_vec(),
+        b"\xff\x00 not protobuf".to_vec(),
+        duplicate.encode_to_vec(),
+    ] {
+        js.publish(subject.clone(), payload.into())
+            .await
+            .expect("publish")
+            .await
+            .expect("stored");
     }
     // The coordinator keeps working and the first execution's log did not grow.
-    let second = cluster.run("name: after\ntasks:\n- {id: b, type: noop}\n").await;
+    let second = cluster
+        .run("name: after\ntasks:\n- {id: b, type: noop}\n")
+        .await;
     assert_eq!(second.state(), ExecutionState::Completed);
     let again = cluster.wait(&run.id, Duration::from_secs(10)).await;
-    assert_eq!(again.events.len(), run.events.len(), "duplicates were not applied");
+    assert_eq!(
+        again.events.len(),
+        run.events.len(),
+        "duplicates were not applied"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -140,23 +233,53 @@ async fn pause_holds_dispatch_resume_continues_cancel_stops() {
     let id = cluster
         .start_plan("name: control\ntasks:\n- {id: a, type: sleep, input: {ms: 300}}\n- {id: b, type: noop, depends_on: [a]}\n")
         .await;
-    let pause = v1::PauseExecutionRequest { execution_id: id.clone(), reason: "hold on".into() };
+    let pause = v1::PauseExecutionRequest {
+        execution_id: id.clone(),
+        reason: "hold on".into(),
+    };
     cluster.client.pause_execution(pause).await.expect("pause");
     tokio::time::sleep(Duration::from_millis(800)).await;
-    let get = v1::GetExecutionRequest { execution_id: id.clone() };
-    let paused = cluster.client.get_execution(get.clone()).await.expect("get").into_inner().execution.expect("execution");
+    let get = v1::GetExecutionRequest {
+        execution_id: id.clone(),
+    };
+    let paused = cluster
+        .client
+        .get_execution(get.clone())
+        .await
+        .expect("get")
+        .into_inner()
+        .execution
+        .expect("execution");
     assert_eq!(paused.state, ExecutionState::Paused as i32);
     let counts = paused.progress.and_then(|p| p.counts).expect("counts");
     assert_eq!(counts.completed, 1, "a finished while paused");
     assert_eq!(counts.running, 0, "b is not dispatched while paused");
-    cluster.client.resume_execution(v1::ResumeExecutionRequest { execution_id: id.clone(), reason: String::new() }).await.expect("resume");
+    cluster
+        .client
+        .resume_execution(v1::ResumeExecutionRequest {
+            execution_id: id.clone(),
+            reason: String::new(),
+        })
+        .await
+        .expect("resume");
     let run = cluster.wait(&id, Duration::from_secs(10)).await;
     assert_eq!(run.state(), ExecutionState::Completed);
 
-    let id = cluster.start_plan("name: long\ntasks:\n- {id: forever, type: shell, input: {command: [sleep, '30']}}\n").await;
+    let id = cluster
+        .start_plan(
+            "name: long\ntasks:\n- {id: forever, type: shell, input: {command: [sleep, '30']}}\n",
+        )
+        .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let cancel = v1::CancelExecutionRequest { execution_id: id.clone(), reason: "enough".into() };
-    cluster.client.cancel_execution(cancel).await.expect("cancel");
+    let cancel = v1::CancelExecutionRequest {
+        execution_id: id.clone(),
+        reason: "enough".into(),
+    };
+    cluster
+        .client
+        .cancel_execution(cancel)
+        .await
+        .expect("cancel");
     let run = cluster.wait(&id, Duration::from_secs(10)).await;
     assert_eq!(run.state(), ExecutionState::Cancelled);
 }

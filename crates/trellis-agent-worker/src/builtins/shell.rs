@@ -1,0 +1,119 @@
+//! The `shell` handler: runs a command (no shell unless the command names one), captures bounded
+//! stdout and stderr, and kills the process when the task is cancelled.
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+
+use serde::Deserialize;
+use serde_json::json;
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::process::Command;
+
+use crate::sdk::{Outcome, TaskContext};
+
+/// Most bytes kept of each of stdout and stderr; the rest is read and dropped.
+const CAPTURE_LIMIT: usize = 64 * 1024;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ShellInput {
+    command: Vec<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    cwd: Option<String>,
+}
+
+/// Runs `command` and completes with `{exit_code, stdout, stderr, stdout_truncated,
+/// stderr_truncated}`; a non-zero exit fails the attempt (retryable).
+pub(super) async fn run(ctx: TaskContext) -> Outcome {
+    let ShellInput { command, env, cwd } = match super::input(&ctx) {
+        Ok(input) => input,
+        Err(outcome) => return outcome,
+    };
+    let Some((program, args)) = command.split_first() else {
+        return Outcome::failed("shell command is empty", false);
+    };
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .envs(&env)
+        .env("TRELLIS_TASK_INSTANCE_ID", ctx.task_instance_id())
+        .env("TRELLIS_IDEMPOTENCY_KEY", ctx.idempotency_key())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Cancellation drops this future; the child must not outlive it.
+        .kill_on_drop(true);
+    if let Some(cwd) = &cwd {
+        cmd.current_dir(cwd);
+    }
+    let mut child = match cmd.spawn() {
+        Ok(child) => child,
+        // A missing program or a bad working directory will not fix itself.
+        Err(error) => {
+            return Outcome::failed(format!("failed to start {program:?}: {error}"), false);
+        }
+    };
+    ctx.progress(0, format!("running {program}"));
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    let cancel = ctx.cancellation().clone();
+    let (status, (stdout, stdout_truncated), (stderr, stderr_truncated)) = tokio::select! {
+        _ = cancel.cancelled() => {
+            let _ = child.kill().await;
+            return Outcome::failed("cancelled", false);
+        }
+        done = async { tokio::join!(child.wait(), capture(stdout), capture(stderr)) } => done,
+    };
+    let status = match status {
+        Ok(status) => status,
+        Err(error) => {
+            return Outcome::failed(format!("failed to wait for {program:?}: {error}"), true);
+        }
+    };
+    let exit_code = status.code();
+    if !status.success() {
+        let tail: String = stderr
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .chars()
+            .take(200)
+            .collect();
+        let how = exit_code.map_or_else(
+            || "was killed by a signal".to_owned(),
+            |code| format!("exited with status {code}"),
+        );
+        return Outcome::failed(format!("{program} {how}: {tail}"), true);
+    }
+    Outcome::Completed(json!({
+        "exit_code": exit_code,
+        "stdout": stdout,
+        "stderr": stderr,
+        "stdout_truncated": stdout_truncated,
+        "stderr_truncated": stderr_truncated,
+    }))
+}
+
+/// Reads a pipe to its end, keeping the first [`CAPTURE_LIMIT`] bytes (lossy UTF-8).
+async fn capture(pipe: Option<impl AsyncRead + Unpin>) -> (String, bool) {
+    let Some(mut pipe) = pipe else {
+        return (String::new(), false);
+    };
+    let mut kept = Vec::new();
+    let mut truncated = false;
+    let mut chunk = [0u8; 8192];
+    loop {
+        match pipe.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let room = CAPTURE_LIMIT - kept.len();
+                if n > room {
+                    truncated = true;
+                }
+                kept.extend_from_slice(&chunk[..n.min(room)]);
+            }
+        }
+    }
+    (String::from_utf8_lossy(&kept).into_owned(), truncated)
+}

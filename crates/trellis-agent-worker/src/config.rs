@@ -1,0 +1,155 @@
+//! The worker's configuration.
+
+use serde::Deserialize;
+
+/// Configuration of one worker process.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// NATS server URL.
+    pub nats_url: String,
+    /// The queues to consume (`trellis.tasks.<queue>`).
+    pub queues: Vec<String>,
+    /// Handlers run at the same time, over all queues.
+    pub slots: usize,
+    /// The worker's id in heartbeats and results; `None` means `<host>-<pid>`.
+    pub worker_id: Option<String>,
+    /// Number of coordinator shards results are spread over.
+    pub shards: u32,
+    /// On shutdown, how long running handlers may take to finish before their tasks are handed back.
+    pub shutdown_grace_ms: u64,
+}
+
+/// The queues of the built-in handlers.
+pub const DEFAULT_QUEUES: [&str; 7] = [
+    "noop", "sleep", "fail", "fanout", "shell", "http", "question",
+];
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            nats_url: "nats://127.0.0.1:4222".to_owned(),
+            queues: DEFAULT_QUEUES
+                .iter()
+                .map(|queue| (*queue).to_owned())
+                .collect(),
+            slots: 16,
+            worker_id: None,
+            shards: 1,
+            shutdown_grace_ms: 10_000,
+        }
+    }
+}
+
+impl Config {
+    /// Returns the default configuration for the NATS server at `nats_url`.
+    pub fn new(nats_url: impl Into<String>) -> Config {
+        Config {
+            nats_url: nats_url.into(),
+            ..Config::default()
+        }
+    }
+
+    /// Checks the values, naming the first bad one.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.slots == 0 {
+            return Err("slots must be at least 1".to_owned());
+        }
+        if self.shards == 0 {
+            return Err("shards must be at least 1".to_owned());
+        }
+        if self.queues.is_empty() {
+            return Err("queues must name at least one queue".to_owned());
+        }
+        for queue in &self.queues {
+            if !is_subject_token(queue) {
+                return Err(format!(
+                    "queue {queue:?} is not a valid subject token (no empty name, `.`, `*`, `>` or whitespace)"
+                ));
+            }
+        }
+        if let Some(worker_id) = &self.worker_id
+            && !is_subject_token(worker_id)
+        {
+            return Err(format!(
+                "worker_id {worker_id:?} is not a valid subject token (no empty name, `.`, `*`, `>` or whitespace)"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Returns the configured worker id, or `<host>-<pid>`.
+    pub fn resolved_worker_id(&self) -> String {
+        match &self.worker_id {
+            Some(worker_id) => worker_id.clone(),
+            None => {
+                let host: String = crate::sysinfo::host_name()
+                    .chars()
+                    .map(|c| {
+                        if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                            c
+                        } else {
+                            '_'
+                        }
+                    })
+                    .collect();
+                format!("{host}-{}", std::process::id())
+            }
+        }
+    }
+}
+
+fn is_subject_token(token: &str) -> bool {
+    !token.is_empty()
+        && !token
+            .chars()
+            .any(|c| c == '.' || c == '*' || c == '>' || c.is_whitespace())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_validation() {
+        let config: Config = match serde_json::from_str(r#"{"nats_url": "nats://x:1", "slots": 4}"#)
+        {
+            Ok(config) => config,
+            Err(error) => panic!("config should parse: {error}"),
+        };
+        assert_eq!(config.slots, 4);
+        assert_eq!(config.queues.len(), 7);
+        assert_eq!(config.shards, 1);
+        assert!(config.validate().is_ok());
+        assert!(serde_json::from_str::<Config>(r#"{"slot": 4}"#).is_err());
+        for bad in [
+            Config {
+                slots: 0,
+                ..Config::default()
+            },
+            Config {
+                shards: 0,
+                ..Config::default()
+            },
+            Config {
+                queues: vec![],
+                ..Config::default()
+            },
+            Config {
+                queues: vec!["a.b".to_owned()],
+                ..Config::default()
+            },
+            Config {
+                worker_id: Some("w 1".to_owned()),
+                ..Config::default()
+            },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
+        assert!(
+            Config::default()
+                .resolved_worker_id()
+                .ends_with(&std::process::id().to_string())
+        );
+    }
+}

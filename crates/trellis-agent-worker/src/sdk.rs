@@ -1,0 +1,516 @@
+//! The handler SDK: what a task handler implements ([`TaskHandler`]), what it is given
+//! ([`TaskContext`]) and what it returns ([`Outcome`]).
+//!
+//! A handler is any `Fn(TaskContext) -> impl Future<Output = Outcome>` (or a type implementing
+//! [`TaskHandler`]); it is registered under a task type in a [`HandlerRegistry`]. The worker owns
+//! everything around it: acknowledgement, heartbeats, cancellation, deadlines and result publishing.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+use trellis_proto::v1::{self, TaskAssignment};
+
+use trellis_proto::v1::resume_context::ResumedAfter;
+pub use trellis_proto::v1::{GroupSummary, HumanAnswer, QuestionTimeoutAction, RecordedStep};
+
+use crate::publish::ResultSink;
+use crate::steps;
+
+/// A task handler: runs one attempt of one task instance.
+///
+/// Implemented for every `Fn(TaskContext) -> Fut` where `Fut` is a `Send` future of [`Outcome`],
+/// so a closure or an `async fn` is a handler.
+pub trait TaskHandler: Send + Sync + 'static {
+    /// Runs the attempt described by `ctx`. The future is dropped when the task is cancelled, its
+    /// deadline passes or the worker stops, so the handler's resources should clean up on drop.
+    fn run(&self, ctx: TaskContext) -> BoxFuture<'static, Outcome>;
+}
+
+impl<F, Fut> TaskHandler for F
+where
+    F: Fn(TaskContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Outcome> + Send + 'static,
+{
+    fn run(&self, ctx: TaskContext) -> BoxFuture<'static, Outcome> {
+        Box::pin(self(ctx))
+    }
+}
+
+/// How an attempt ended its turn.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Finished with an output.
+    Completed(Value),
+    /// Finished with an output that is already UTF-8 JSON text (not re-checked), which saves a
+    /// parse and a serialisation for handlers that pass data through, like `noop`.
+    CompletedJson(Bytes),
+    /// Failed; `retryable: false` tells the coordinator another attempt cannot help.
+    Failed { error: String, retryable: bool },
+    /// Ended its turn by spawning a group of subtasks; the task is resumed as a new instance with
+    /// the group's summary ([`TaskContext::group_summary`]) once the group settles.
+    Spawn {
+        rule: GroupRule,
+        members: Vec<Subtask>,
+    },
+    /// Ended its turn by asking a human; the task is resumed as a new instance with the answer
+    /// ([`TaskContext::answer`]).
+    Ask(Question),
+}
+
+impl Outcome {
+    /// Returns a failure.
+    pub fn failed(error: impl fmt::Display, retryable: bool) -> Outcome {
+        Outcome::Failed {
+            error: error.to_string(),
+            retryable,
+        }
+    }
+
+    /// Returns the name used in the result's `Nats-Msg-Id`.
+    pub(crate) fn msg_id_suffix(&self) -> &'static str {
+        match self {
+            Outcome::Completed(_) | Outcome::CompletedJson(_) => "completed",
+            Outcome::Failed { .. } => "failed",
+            Outcome::Spawn { .. } => "spawned",
+            Outcome::Ask(_) => "question",
+        }
+    }
+}
+
+/// When a spawned group is done (DESIGN.md §4). In JSON: `"all_settled"`, `"all_succeeded"`,
+/// `"first_success"` or `{"quorum": k}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupRule {
+    /// Every member terminal.
+    #[default]
+    AllSettled,
+    /// The first failure ends the group.
+    AllSucceeded,
+    /// `k` successes end the group.
+    Quorum(u32),
+    /// The first success ends the group.
+    FirstSuccess,
+}
+
+impl GroupRule {
+    pub(crate) fn to_proto(self) -> v1::CompletionRule {
+        let (kind, quorum) = match self {
+            GroupRule::AllSettled => (v1::CompletionRuleKind::AllSettled, 0),
+            GroupRule::AllSucceeded => (v1::CompletionRuleKind::AllSucceeded, 0),
+            GroupRule::Quorum(k) => (v1::CompletionRuleKind::Quorum, k),
+            GroupRule::FirstSuccess => (v1::CompletionRuleKind::FirstSuccess, 0),
+        };
+        v1::CompletionRule {
+            kind: kind as i32,
+            quorum,
+        }
+    }
+}
+
+/// One member of a spawned group.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Subtask {
+    /// Handler type of the subtask.
+    pub task_type: String,
+    /// Its input.
+    pub input: Value,
+    /// The queue to publish it on; `None` means the queue named like `task_type`.
+    pub queue: Option<String>,
+}
+
+/// A question for a human (DESIGN.md §7).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Question {
+    /// The question, shown as is.
+    pub text: String,
+    /// The allowed answers; empty means free text.
+    pub options: Vec<String>,
+    /// What kind of decision is asked for (free text, e.g. `approval`, `choice`).
+    pub question_type: String,
+    /// When it expires; `None` means never.
+    pub expires_at_unix_ms: Option<i64>,
+    /// What happens when it expires.
+    pub timeout_action: QuestionTimeoutAction,
+    /// The answer used by [`QuestionTimeoutAction::AnswerDefault`].
+    pub default_answer: String,
+}
+
+impl Question {
+    /// Returns a plain question with the given options, no expiry.
+    pub fn new(text: impl Into<String>, options: Vec<String>) -> Question {
+        Question {
+            text: text.into(),
+            options,
+            question_type: String::new(),
+            expires_at_unix_ms: None,
+            timeout_action: QuestionTimeoutAction::Unspecified,
+            default_answer: String::new(),
+        }
+    }
+}
+
+/// The handlers a worker runs, by task type.
+#[derive(Clone, Default)]
+pub struct HandlerRegistry {
+    handlers: HashMap<String, Arc<dyn TaskHandler>>,
+}
+
+impl fmt::Debug for HandlerRegistry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut types: Vec<&String> = self.handlers.keys().collect();
+        types.sort();
+        f.debug_struct("HandlerRegistry")
+            .field("types", &types)
+            .finish()
+    }
+}
+
+impl HandlerRegistry {
+    /// Returns an empty registry.
+    pub fn new() -> HandlerRegistry {
+        HandlerRegistry::default()
+    }
+
+    /// Returns a registry holding the built-in handlers of DESIGN.md §11: `noop`, `sleep`,
+    /// `fail`, `fanout`, `shell`, `http` and `question`.
+    pub fn with_builtins() -> HandlerRegistry {
+        let mut registry = HandlerRegistry::new();
+        crate::builtins::register(&mut registry);
+        registry
+    }
+
+    /// Registers `handler` for `task_type`, replacing any earlier one.
+    pub fn register(
+        &mut self,
+        task_type: impl Into<String>,
+        handler: impl TaskHandler,
+    ) -> &mut Self {
+        self.handlers.insert(task_type.into(), Arc::new(handler));
+        self
+    }
+
+    /// Returns the registry with `handler` registered for `task_type`.
+    pub fn with(mut self, task_type: impl Into<String>, handler: impl TaskHandler) -> Self {
+        self.register(task_type, handler);
+        self
+    }
+
+    /// Returns the handler of `task_type`.
+    pub fn get(&self, task_type: &str) -> Option<&Arc<dyn TaskHandler>> {
+        self.handlers.get(task_type)
+    }
+
+    /// Returns the registered task types, sorted.
+    pub fn task_types(&self) -> Vec<String> {
+        let mut types: Vec<String> = self.handlers.keys().cloned().collect();
+        types.sort();
+        types
+    }
+}
+
+/// What the worker tracks for one running attempt; shared by the handler's context, the
+/// heartbeat loop and the cancel listener.
+#[derive(Debug)]
+pub(crate) struct Running {
+    pub(crate) execution_id: String,
+    pub(crate) task_instance_id: String,
+    pub(crate) attempt: u32,
+    pub(crate) started_at_unix_ms: i64,
+    pub(crate) progress_percent: AtomicU32,
+    pub(crate) current_step: Mutex<String>,
+    pub(crate) cancel: CancellationToken,
+    pub(crate) cancel_reason: Mutex<String>,
+    pub(crate) usage: Mutex<v1::Usage>,
+    /// The task message's reply subject, where `AckProgress` goes while the handler runs.
+    pub(crate) progress_subject: Option<async_nats::Subject>,
+}
+
+impl Running {
+    pub(crate) fn new(
+        assignment: &TaskAssignment,
+        started_at_unix_ms: i64,
+        progress_subject: Option<async_nats::Subject>,
+    ) -> Running {
+        Running {
+            execution_id: assignment.execution_id.clone(),
+            task_instance_id: assignment.task_instance_id.clone(),
+            attempt: assignment.attempt,
+            started_at_unix_ms,
+            progress_percent: AtomicU32::new(0),
+            current_step: Mutex::new(String::new()),
+            cancel: CancellationToken::new(),
+            cancel_reason: Mutex::new(String::new()),
+            usage: Mutex::new(v1::Usage::default()),
+            progress_subject,
+        }
+    }
+
+    pub(crate) fn usage(&self) -> v1::Usage {
+        *lock(&self.usage)
+    }
+}
+
+/// Locks a mutex, recovering the data if a panicking thread poisoned it: every value guarded here
+/// stays consistent whatever point a panic interrupted.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Why a durable step did not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    /// The step's own code failed.
+    #[error("step {step} failed: {message}")]
+    Failed { step: String, message: String },
+    /// The step ran but its checkpoint was not accepted by JetStream.
+    #[error("failed to checkpoint step {step}: {message}")]
+    Checkpoint { step: String, message: String },
+}
+
+impl From<StepError> for Outcome {
+    /// A failed step is retryable: running the task again resumes at that step.
+    fn from(error: StepError) -> Outcome {
+        Outcome::failed(error, true)
+    }
+}
+
+/// Everything a handler gets for one attempt.
+pub struct TaskContext {
+    assignment: TaskAssignment,
+    input: Bytes,
+    input_value: OnceLock<Value>,
+    running: Arc<Running>,
+    sink: Arc<ResultSink>,
+    steps: Mutex<StepLog>,
+}
+
+impl fmt::Debug for TaskContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TaskContext")
+            .field("task_instance_id", &self.assignment.task_instance_id)
+            .field("task_type", &self.assignment.task_type)
+            .field("attempt", &self.assignment.attempt)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The durable steps of this attempt: those recorded before it and those it has run.
+#[derive(Debug, Default)]
+struct StepLog {
+    done: HashSet<String>,
+    state: Value,
+}
+
+impl TaskContext {
+    pub(crate) fn new(
+        mut assignment: TaskAssignment,
+        running: Arc<Running>,
+        sink: Arc<ResultSink>,
+    ) -> TaskContext {
+        let input = Bytes::from(std::mem::take(&mut assignment.input));
+        let mut step_log = StepLog {
+            done: HashSet::new(),
+            state: Value::Object(Default::default()),
+        };
+        if let Some(recorded) = assignment.resume.as_ref().filter(|r| !r.steps.is_empty()) {
+            step_log
+                .done
+                .extend(recorded.steps.iter().map(|step| step.step.clone()));
+            // Each recorded step carries the merged state after it; the last one is current.
+            let merged_state = recorded
+                .steps
+                .last()
+                .map(|step| step.state.as_slice())
+                .unwrap_or_default();
+            if !merged_state.is_empty() {
+                match serde_json::from_slice(merged_state) {
+                    Ok(state) => step_log.state = state,
+                    Err(error) => tracing::warn!(
+                        task_instance_id = %assignment.task_instance_id,
+                        %error,
+                        "recorded step state is not json; starting from an empty state"
+                    ),
+                }
+            }
+        }
+        TaskContext {
+            assignment,
+            input,
+            input_value: OnceLock::new(),
+            running,
+            sink,
+            steps: Mutex::new(step_log),
+        }
+    }
+
+    /// Returns the input, parsed once on first use; `null` when it is empty or not JSON.
+    pub fn input(&self) -> &Value {
+        self.input_value.get_or_init(|| {
+            if self.input.is_empty() {
+                return Value::Null;
+            }
+            serde_json::from_slice(&self.input).unwrap_or_else(|error| {
+                tracing::warn!(task_instance_id = %self.assignment.task_instance_id, %error, "task input is not json");
+                Value::Null
+            })
+        })
+    }
+
+    /// Deserialises the input into `T`.
+    pub fn input_as<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        if self.input.is_empty() {
+            serde_json::from_value(Value::Null)
+        } else {
+            serde_json::from_slice(&self.input)
+        }
+    }
+
+    /// Returns the input as received: UTF-8 JSON text, possibly empty.
+    pub fn raw_input(&self) -> &Bytes {
+        &self.input
+    }
+
+    /// Returns the attempt, from 1.
+    pub fn attempt(&self) -> u32 {
+        self.assignment.attempt
+    }
+
+    /// Returns the task instance id.
+    pub fn task_instance_id(&self) -> &str {
+        &self.assignment.task_instance_id
+    }
+
+    /// Returns the execution id.
+    pub fn execution_id(&self) -> &str {
+        &self.assignment.execution_id
+    }
+
+    /// Returns the plan task id (or the handler type of a dynamic subtask).
+    pub fn task_id(&self) -> &str {
+        &self.assignment.task_id
+    }
+
+    /// Returns the handler type.
+    pub fn task_type(&self) -> &str {
+        &self.assignment.task_type
+    }
+
+    /// Returns the key for the handler's own side effects, the same for every delivery of this
+    /// attempt (`<task_instance_id>:<attempt>`).
+    pub fn idempotency_key(&self) -> &str {
+        &self.assignment.idempotency_key
+    }
+
+    /// Returns the attempt's deadline, 0 when it has none.
+    pub fn deadline_unix_ms(&self) -> i64 {
+        self.assignment.deadline_unix_ms.unwrap_or(0)
+    }
+
+    /// Returns the assignment as received (its `input` moved out into [`TaskContext::raw_input`]).
+    pub fn assignment(&self) -> &TaskAssignment {
+        &self.assignment
+    }
+
+    /// Returns the summary of the group this instance was resumed after, if it was.
+    pub fn group_summary(&self) -> Option<&GroupSummary> {
+        match self.assignment.resume.as_ref()?.resumed_after.as_ref()? {
+            ResumedAfter::GroupSummary(summary) => Some(summary),
+            ResumedAfter::HumanAnswer(_) => None,
+        }
+    }
+
+    /// Returns the human's answer this instance was resumed with, if it was.
+    pub fn answer(&self) -> Option<&HumanAnswer> {
+        match self.assignment.resume.as_ref()?.resumed_after.as_ref()? {
+            ResumedAfter::HumanAnswer(answer) => Some(answer),
+            ResumedAfter::GroupSummary(_) => None,
+        }
+    }
+
+    /// Returns the durable steps recorded before this attempt (each with the merged state after
+    /// it); empty when none.
+    pub fn recorded_steps(&self) -> &[RecordedStep] {
+        self.assignment
+            .resume
+            .as_ref()
+            .map_or(&[], |resume| resume.steps.as_slice())
+    }
+
+    /// Returns a token cancelled when the task is cancelled, times out or the worker stops for
+    /// good. The handler's future is dropped at that moment anyway; the token is for work the
+    /// handler started elsewhere (spawned tasks, child processes).
+    pub fn cancellation(&self) -> &CancellationToken {
+        &self.running.cancel
+    }
+
+    /// Reports progress (0 to 100, clamped) and a free-form step label, shown in heartbeats.
+    pub fn progress(&self, percent: u32, step: impl Into<String>) {
+        self.running
+            .progress_percent
+            .store(percent.min(100), Ordering::Relaxed);
+        *lock(&self.running.current_step) = step.into();
+    }
+
+    /// Reports what the attempt consumed so far (cumulative, not a delta), for budgets.
+    pub fn usage(&self, tokens_used: u64, cost: f64) {
+        *lock(&self.running.usage) = v1::Usage { tokens_used, cost };
+    }
+
+    /// Returns the merged state of the durable steps run or recorded so far (a JSON object).
+    pub fn step_state(&self) -> Value {
+        lock(&self.steps).state.clone()
+    }
+
+    /// Runs durable step `name` (seed 002).
+    ///
+    /// A step recorded before this attempt is skipped and the recorded merged state is returned.
+    /// Otherwise `f` gets the merged state so far and returns its update, which is merged in
+    /// (maps merge, `messages` and `trace` lists append, other fields replace); the worker then
+    /// checkpoints the step (a `step_checkpoint` result accepted by JetStream) before returning
+    /// the new merged state.
+    pub async fn step<F, Fut, E>(&self, name: &str, f: F) -> Result<Value, StepError>
+    where
+        F: FnOnce(Value) -> Fut,
+        Fut: Future<Output = Result<Value, E>>,
+        E: fmt::Display,
+    {
+        let state = {
+            let step_log = lock(&self.steps);
+            if step_log.done.contains(name) {
+                return Ok(step_log.state.clone());
+            }
+            step_log.state.clone()
+        };
+        *lock(&self.running.current_step) = name.to_owned();
+        let update = f(state).await.map_err(|error| StepError::Failed {
+            step: name.to_owned(),
+            message: error.to_string(),
+        })?;
+        let merged = {
+            let mut step_log = lock(&self.steps);
+            steps::merge(&mut step_log.state, update);
+            step_log.done.insert(name.to_owned());
+            step_log.state.clone()
+        };
+        self.sink
+            .checkpoint(&self.assignment, &self.running, name, &merged)
+            .await
+            .map_err(|message| StepError::Checkpoint {
+                step: name.to_owned(),
+                message,
+            })?;
+        Ok(merged)
+    }
+}

@@ -1,0 +1,529 @@
+//! The worker's event loops: one fetch loop per queue, the handler tasks, the result publisher,
+//! the heartbeat loop and the cancel listener, and the order they stop in.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::PullConsumer;
+use async_nats::jetstream::consumer::pull::Batch;
+use async_nats::jetstream::{self, AckKind};
+use futures::{FutureExt as _, StreamExt as _};
+use prost::Message as _;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use trellis_bus::HEARTBEAT_INTERVAL;
+use trellis_proto::subjects;
+use trellis_proto::v1::{self, TaskAssignment};
+
+use crate::publish::{self, Finished, PUBLISH_BATCH, ResultSink, now_unix_ms};
+use crate::sdk::{HandlerRegistry, Outcome, Running, TaskContext, TaskHandler, lock};
+use crate::sysinfo::{self, CpuMeter};
+use crate::{Config, Error};
+
+/// Most messages one fetch asks for (also bounded by the free slots).
+const FETCH_BATCH: usize = 256;
+/// How long an idle queue's long poll waits for a message before asking again.
+const IDLE_POLL: Duration = Duration::from_secs(1);
+/// Pause after a failed fetch (NATS unreachable, consumer gone) before trying again.
+const FETCH_RETRY_DELAY: Duration = Duration::from_millis(500);
+/// Unacknowledged messages a queue's consumer allows over all its workers.
+const MAX_ACK_PENDING: i64 = 20_000;
+/// Capacity of the channel from handlers to the result publisher.
+const FINISHED_CHANNEL: usize = 4 * PUBLISH_BATCH;
+/// How long an assignment that avoids this worker is held back before it is offered again.
+const AVOID_DELAY: Duration = Duration::from_secs(1);
+/// From this delivery on, an assignment that avoids this worker runs here anyway: no other worker
+/// took it during the previous deliveries (about `AVOID_DELAY` each), so this one may be the only
+/// worker of its queue, and a task that never runs is worse than one that runs on a worker it
+/// should have avoided.
+const AVOID_MAX_DELIVERIES: i64 = 5;
+
+/// The running attempts, by task instance id.
+type RunningMap = Mutex<HashMap<String, Arc<Running>>>;
+
+/// Runs a worker until `shutdown` is cancelled (see the crate docs for what it does).
+pub(crate) async fn run(
+    config: Config,
+    registry: HandlerRegistry,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
+    config.validate().map_err(Error::Config)?;
+    let worker_id = config.resolved_worker_id();
+    let client = trellis_bus::connect(
+        &config.nats_url,
+        &format!("trellis-agent-worker {worker_id}"),
+    )
+    .await?;
+    let js = jetstream::new(client.clone());
+    let streams = trellis_bus::ensure_streams(&js).await?;
+    let mut consumers = Vec::with_capacity(config.queues.len());
+    for queue in &config.queues {
+        let consumer = trellis_bus::task_consumer(&streams.tasks, queue, MAX_ACK_PENDING).await?;
+        consumers.push((queue.clone(), consumer));
+    }
+    let cancel_subject = format!("{}.>", subjects::CANCEL_PREFIX);
+    let cancel_sub = client
+        .subscribe(cancel_subject.clone())
+        .await
+        .map_err(|source| Error::Subscribe {
+            subject: cancel_subject,
+            source,
+        })?;
+
+    // Fires when this future is dropped: every task it spawned stops at once without
+    // acknowledging anything, as if the process had died.
+    let abandon = CancellationToken::new();
+    let _abandon_on_drop = abandon.clone().drop_guard();
+
+    let worker = Arc::new(Worker {
+        worker_id: worker_id.clone(),
+        client: client.clone(),
+        registry,
+        sink: Arc::new(ResultSink::new(
+            js.clone(),
+            worker_id.clone(),
+            config.shards,
+        )),
+        running: Mutex::new(HashMap::new()),
+        slots: Arc::new(Semaphore::new(config.slots)),
+        handlers: TaskTracker::new(),
+        hand_back: CancellationToken::new(),
+        abandon: abandon.clone(),
+    });
+    tracing::info!(%worker_id, queues = ?config.queues, slots = config.slots, "worker started");
+
+    let (finished_tx, finished_rx) = mpsc::channel(FINISHED_CHANNEL);
+    let publisher = tokio::spawn(publish::publisher(js, finished_rx, abandon.clone()));
+    let stop_beats = CancellationToken::new();
+    let heartbeats = tokio::spawn(heartbeat_loop(
+        worker.clone(),
+        config.clone(),
+        stop_beats.clone(),
+    ));
+    let canceller = tokio::spawn(cancel_loop(worker.clone(), cancel_sub, stop_beats.clone()));
+    // The fetch loops stop on shutdown, and also when this future is dropped (a child token of
+    // `abandon`), so a dropped worker takes no more messages.
+    let stop_fetching = abandon.child_token();
+    let fetchers: Vec<_> = consumers
+        .into_iter()
+        .map(|(queue, consumer)| {
+            tokio::spawn(worker.clone().fetch_loop(
+                queue,
+                consumer,
+                finished_tx.clone(),
+                stop_fetching.clone(),
+            ))
+        })
+        .collect();
+    drop(finished_tx);
+
+    // Stop taking work, let running handlers finish within the grace period, then hand the rest back.
+    shutdown.cancelled().await;
+    tracing::info!(%worker_id, "worker stopping");
+    stop_fetching.cancel();
+    for fetcher in fetchers {
+        let _ = fetcher.await;
+    }
+    worker.handlers.close();
+    let grace = Duration::from_millis(config.shutdown_grace_ms);
+    if tokio::time::timeout(grace, worker.handlers.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(%worker_id, n_running = lock(&worker.running).len(), "grace period over; handing running tasks back");
+        worker.hand_back.cancel();
+        worker.handlers.wait().await;
+    }
+    // Every sender is gone now, so the publisher drains what is left and returns.
+    let _ = publisher.await;
+    stop_beats.cancel();
+    let _ = heartbeats.await;
+    let _ = canceller.await;
+    if let Err(error) = client.flush().await {
+        tracing::warn!(%error, "failed to flush the nats connection");
+    }
+    tracing::info!(%worker_id, "worker stopped");
+    Ok(())
+}
+
+struct Worker {
+    worker_id: String,
+    client: async_nats::Client,
+    registry: HandlerRegistry,
+    sink: Arc<ResultSink>,
+    running: RunningMap,
+    slots: Arc<Semaphore>,
+    handlers: TaskTracker,
+    /// Fires when the grace period is over: running handlers stop and their tasks are handed back.
+    hand_back: CancellationToken,
+    abandon: CancellationToken,
+}
+
+/// How a handler task ended.
+enum Ending {
+    Done(Outcome),
+    HandBack,
+    Abandoned,
+}
+
+impl Worker {
+    /// Pulls the queue's messages, at most as many as there are free slots: a long poll for one
+    /// message while the queue is idle, then batch fetches that return at once while it is busy.
+    async fn fetch_loop(
+        self: Arc<Self>,
+        queue: String,
+        consumer: PullConsumer,
+        finished_tx: mpsc::Sender<Finished>,
+        shutdown: CancellationToken,
+    ) {
+        let mut busy = false;
+        while !shutdown.is_cancelled() && !self.abandon.is_cancelled() {
+            let (batch, permits) = if busy {
+                let Some(permits) = self.reserve_slots(&shutdown).await else {
+                    break;
+                };
+                let n_permits = permits.num_permits();
+                (
+                    consumer.fetch().max_messages(n_permits).messages().await,
+                    Some(permits),
+                )
+            } else {
+                let batch = tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    batch = consumer.batch().max_messages(1).expires(IDLE_POLL).messages() => batch,
+                };
+                (batch, None)
+            };
+            let batch = match batch {
+                Ok(batch) => batch,
+                Err(error) => {
+                    tracing::warn!(%queue, %error, "failed to fetch tasks; retrying");
+                    tokio::time::sleep(FETCH_RETRY_DELAY).await;
+                    continue;
+                }
+            };
+            let n_messages = self
+                .drain_batch(&queue, batch, permits, &finished_tx, &shutdown)
+                .await;
+            busy = n_messages > 0;
+        }
+    }
+
+    /// Waits for one free slot and takes as many more as are free, up to [`FETCH_BATCH`].
+    async fn reserve_slots(&self, shutdown: &CancellationToken) -> Option<OwnedSemaphorePermit> {
+        let mut permits = tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            _ = self.abandon.cancelled() => return None,
+            permit = self.slots.clone().acquire_owned() => permit.ok()?,
+        };
+        let n_more = self.slots.available_permits().min(FETCH_BATCH - 1);
+        if n_more > 0
+            && let Ok(more) = self
+                .slots
+                .clone()
+                .try_acquire_many_owned(u32::try_from(n_more).unwrap_or(1))
+        {
+            permits.merge(more);
+        }
+        Some(permits)
+    }
+
+    /// Dispatches the messages of one fetch; returns how many there were. Once `shutdown` fires,
+    /// messages still arriving are handed back.
+    async fn drain_batch(
+        self: &Arc<Self>,
+        queue: &str,
+        mut batch: Batch,
+        mut permits: Option<OwnedSemaphorePermit>,
+        finished_tx: &mpsc::Sender<Finished>,
+        shutdown: &CancellationToken,
+    ) -> usize {
+        let mut n_messages = 0;
+        loop {
+            let next = tokio::select! {
+                biased;
+                _ = self.abandon.cancelled() => return n_messages,
+                _ = shutdown.cancelled() => {
+                    // Whatever the server already sent arrives within a moment; hand it back.
+                    while let Ok(Some(Ok(message))) = tokio::time::timeout(Duration::from_millis(50), batch.next()).await {
+                        let _ = message.ack_with(AckKind::Nak(None)).await;
+                    }
+                    return n_messages;
+                }
+                next = batch.next() => next,
+            };
+            match next {
+                None => return n_messages,
+                Some(Err(error)) => {
+                    tracing::debug!(%queue, %error, "fetch ended");
+                    return n_messages;
+                }
+                Some(Ok(message)) => {
+                    n_messages += 1;
+                    let permit = match permits.as_mut().and_then(|permits| permits.split(1)) {
+                        Some(permit) => permit,
+                        None => match self.wait_for_slot(&message, shutdown).await {
+                            Some(permit) => permit,
+                            None => {
+                                let _ = message.ack_with(AckKind::Nak(None)).await;
+                                continue;
+                            }
+                        },
+                    };
+                    self.dispatch(message, permit, finished_tx).await;
+                }
+            }
+        }
+    }
+
+    /// Waits for a free slot for a message already received, keeping it ours with `AckProgress`.
+    async fn wait_for_slot(
+        &self,
+        message: &jetstream::Message,
+        shutdown: &CancellationToken,
+    ) -> Option<OwnedSemaphorePermit> {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return None,
+                _ = self.abandon.cancelled() => return None,
+                permit = self.slots.clone().acquire_owned() => return permit.ok(),
+                _ = tokio::time::sleep(HEARTBEAT_INTERVAL) => {
+                    let _ = message.ack_with(AckKind::Progress).await;
+                }
+            }
+        }
+    }
+
+    /// Decodes one task message and starts its handler.
+    async fn dispatch(
+        self: &Arc<Self>,
+        message: jetstream::Message,
+        permit: OwnedSemaphorePermit,
+        finished_tx: &mpsc::Sender<Finished>,
+    ) {
+        let delivered = message.info().map_or(1, |info| info.delivered);
+        let progress_subject = message.message.reply.clone();
+        let (message, acker) = message.split();
+        let assignment = match TaskAssignment::decode(message.payload.as_ref()) {
+            Ok(assignment)
+                if !assignment.task_instance_id.is_empty() && !assignment.task_type.is_empty() =>
+            {
+                assignment
+            }
+            Ok(_) => {
+                tracing::warn!(subject = %message.subject, "set aside a task assignment without instance id or task type");
+                let _ = acker.ack_with(AckKind::Term).await;
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(subject = %message.subject, %error, "set aside a task message that is not a TaskAssignment");
+                let _ = acker.ack_with(AckKind::Term).await;
+                return;
+            }
+        };
+        if assignment.avoid_worker_id.as_deref() == Some(self.worker_id.as_str())
+            && delivered < AVOID_MAX_DELIVERIES
+        {
+            tracing::debug!(task_instance_id = %assignment.task_instance_id, delivered, "assignment avoids this worker; offering it to others");
+            let _ = acker.ack_with(AckKind::Nak(Some(AVOID_DELAY))).await;
+            return;
+        }
+        let handler = self.registry.get(&assignment.task_type).cloned();
+        let running = Arc::new(Running::new(&assignment, now_unix_ms(), progress_subject));
+        lock(&self.running).insert(assignment.task_instance_id.clone(), running.clone());
+        let worker = self.clone();
+        let finished_tx = finished_tx.clone();
+        self.handlers.spawn(async move {
+            let ending = worker.execute(handler, assignment, &running).await;
+            drop(permit);
+            {
+                let mut map = lock(&worker.running);
+                if map
+                    .get(&running.task_instance_id)
+                    .is_some_and(|entry| Arc::ptr_eq(entry, &running))
+                {
+                    map.remove(&running.task_instance_id);
+                }
+            }
+            match ending {
+                Ending::Done(outcome) => {
+                    let (subject, msg_id, payload) = worker.sink.encode(&running, outcome);
+                    let finished = Finished {
+                        subject,
+                        msg_id,
+                        payload,
+                        acker,
+                    };
+                    if let Err(mpsc::error::SendError(finished)) = finished_tx.send(finished).await
+                    {
+                        publish::nak(&finished.acker).await;
+                    }
+                }
+                Ending::HandBack => publish::nak(&acker).await,
+                Ending::Abandoned => {}
+            }
+        });
+    }
+
+    /// Runs the handler until it ends, is cancelled, passes its deadline or the worker stops.
+    async fn execute(
+        &self,
+        handler: Option<Arc<dyn TaskHandler>>,
+        assignment: TaskAssignment,
+        running: &Arc<Running>,
+    ) -> Ending {
+        let Some(handler) = handler else {
+            let error = format!(
+                "no handler for task type {:?} on worker {}",
+                assignment.task_type, self.worker_id
+            );
+            return Ending::Done(Outcome::failed(error, false));
+        };
+        let deadline = assignment.deadline_unix_ms.unwrap_or(0);
+        let ctx = TaskContext::new(assignment, running.clone(), self.sink.clone());
+        let handler_future = std::panic::AssertUnwindSafe(handler.run(ctx)).catch_unwind();
+        let until_deadline = async move {
+            if deadline > 0 {
+                let left = u64::try_from(deadline - now_unix_ms()).unwrap_or(0);
+                tokio::time::sleep(Duration::from_millis(left)).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        let ending = tokio::select! {
+            biased;
+            _ = self.abandon.cancelled() => Ending::Abandoned,
+            _ = self.hand_back.cancelled() => Ending::HandBack,
+            _ = running.cancel.cancelled() => {
+                let reason = lock(&running.cancel_reason).clone();
+                Ending::Done(Outcome::failed(format!("cancelled: {reason}"), false))
+            }
+            _ = until_deadline => Ending::Done(Outcome::failed("deadline exceeded", true)),
+            outcome = handler_future => match outcome {
+                Ok(outcome) => return Ending::Done(outcome),
+                Err(_) => Ending::Done(Outcome::failed("handler panicked", true)),
+            },
+        };
+        // The handler's future is gone; tell whatever it started elsewhere to stop too.
+        running.cancel.cancel();
+        ending
+    }
+
+    /// Builds this worker's heartbeat and extends the running task messages.
+    async fn beat(&self, config: &Config, cpu: &mut CpuMeter, state: v1::WorkerState) {
+        let running: Vec<Arc<Running>> = lock(&self.running).values().cloned().collect();
+        for entry in &running {
+            if let Some(subject) = &entry.progress_subject {
+                let _ = self
+                    .client
+                    .publish(subject.clone(), bytes::Bytes::from_static(b"+WPI"))
+                    .await;
+            }
+        }
+        let state = if state == v1::WorkerState::Idle && !running.is_empty() {
+            v1::WorkerState::Running
+        } else {
+            state
+        };
+        let heartbeat = v1::WorkerHeartbeat {
+            worker_id: self.worker_id.clone(),
+            host: sysinfo::host_name(),
+            queues: config.queues.clone(),
+            slots: u32::try_from(config.slots).unwrap_or(u32::MAX),
+            running: running
+                .iter()
+                .map(|entry| v1::RunningTask {
+                    execution_id: entry.execution_id.clone(),
+                    task_instance_id: entry.task_instance_id.clone(),
+                    attempt: entry.attempt,
+                    progress_percent: entry
+                        .progress_percent
+                        .load(std::sync::atomic::Ordering::Relaxed),
+                    current_step: lock(&entry.current_step).clone(),
+                    started_at_unix_ms: entry.started_at_unix_ms,
+                })
+                .collect(),
+            memory_bytes: sysinfo::resident_memory_bytes(),
+            cpu_percent: cpu.percent(),
+            sent_at_unix_ms: now_unix_ms(),
+            interval_ms: u64::try_from(HEARTBEAT_INTERVAL.as_millis()).unwrap_or(u64::MAX),
+            state: state as i32,
+        };
+        if let Err(error) = self
+            .client
+            .publish(
+                subjects::heartbeat(&self.worker_id),
+                heartbeat.encode_to_vec().into(),
+            )
+            .await
+        {
+            tracing::warn!(%error, "failed to publish a heartbeat");
+        }
+    }
+}
+
+/// Heartbeats every [`HEARTBEAT_INTERVAL`] (and `AckProgress` for running tasks) until `stop`,
+/// then sends a last heartbeat saying the worker terminated.
+async fn heartbeat_loop(worker: Arc<Worker>, config: Config, stop: CancellationToken) {
+    let mut cpu = CpuMeter::new();
+    let mut interval = tokio::time::interval(HEARTBEAT_INTERVAL);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = worker.abandon.cancelled() => return,
+            _ = stop.cancelled() => break,
+            _ = interval.tick() => worker.beat(&config, &mut cpu, v1::WorkerState::Idle).await,
+        }
+    }
+    worker
+        .beat(&config, &mut cpu, v1::WorkerState::Terminated)
+        .await;
+}
+
+/// Cancels running attempts named by `CancelTask` messages.
+async fn cancel_loop(
+    worker: Arc<Worker>,
+    mut cancel_sub: async_nats::Subscriber,
+    stop: CancellationToken,
+) {
+    loop {
+        let message = tokio::select! {
+            _ = worker.abandon.cancelled() => return,
+            _ = stop.cancelled() => return,
+            message = cancel_sub.next() => message,
+        };
+        let Some(message) = message else { return };
+        let request = match v1::CancelTask::decode(message.payload.as_ref()) {
+            Ok(request) => request,
+            Err(error) => {
+                tracing::warn!(subject = %message.subject, %error, "ignored a cancel message that is not a CancelTask");
+                continue;
+            }
+        };
+        let instance_id = if request.task_instance_id.is_empty() {
+            message
+                .subject
+                .rsplit('.')
+                .next()
+                .unwrap_or_default()
+                .to_owned()
+        } else {
+            request.task_instance_id
+        };
+        let Some(running) = lock(&worker.running).get(&instance_id).cloned() else {
+            continue;
+        };
+        if request.attempt != 0 && request.attempt != running.attempt {
+            continue;
+        }
+        tracing::info!(task_instance_id = %instance_id, attempt = running.attempt, reason = %request.reason, "cancelling task");
+        *lock(&running.cancel_reason) = if request.reason.is_empty() {
+            "cancel requested".to_owned()
+        } else {
+            request.reason
+        };
+        running.cancel.cancel();
+    }
+}

@@ -1,0 +1,195 @@
+//! Delivery around the handlers: corrupt messages, reassignment after a worker dies, cancel,
+//! heartbeats, graceful shutdown and unknown task types.
+
+use std::time::Duration;
+
+use serde_json::json;
+use trellis_agent_worker::{HandlerRegistry, Outcome, TaskContext};
+
+use super::*;
+
+#[tokio::test]
+async fn a_corrupt_message_is_set_aside_and_the_next_one_runs() -> anyhow::Result<()> {
+    let mut harness = Harness::start().await?;
+    let worker = harness.worker("w1", &["noop"], HandlerRegistry::with_builtins());
+    harness
+        .publish_raw(
+            "noop",
+            b"\xff\xff\xff this is not a TaskAssignment".to_vec(),
+        )
+        .await?;
+    // Valid protobuf that is not a usable assignment (no instance id) is set aside too.
+    harness.publish_raw("noop", Vec::new()).await?;
+    let task = assignment("noop", json!("after"));
+    harness.publish(&task).await?;
+    let result = harness.result_of(&task.task_instance_id).await?;
+    assert_eq!(completed_output(&result)?, json!("after"));
+    harness.wait_until_queue_drained("noop").await?;
+    worker.stop().await
+}
+
+/// A `sleep` handler that reports which worker started it.
+fn reporting_sleep(
+    worker_id: &'static str,
+    started: tokio::sync::mpsc::UnboundedSender<&'static str>,
+) -> HandlerRegistry {
+    HandlerRegistry::new().with("sleep", move |ctx: TaskContext| {
+        let started = started.clone();
+        async move {
+            let _ = started.send(worker_id);
+            let ms = ctx.input()["ms"].as_u64().unwrap_or(0);
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Outcome::Completed(json!({"by": worker_id}))
+        }
+    })
+}
+
+#[tokio::test]
+async fn a_task_of_a_dead_worker_reaches_another_after_the_ack_wait() -> anyhow::Result<()> {
+    let mut harness = Harness::start().await?;
+    let (started_tx, mut started_rx) = tokio::sync::mpsc::unbounded_channel();
+    let first = harness.worker("w1", &["sleep"], reporting_sleep("w1", started_tx.clone()));
+    let task = assignment("sleep", json!({"ms": 1500}));
+    harness.publish(&task).await?;
+    let who = tokio::time::timeout(SOON, started_rx.recv()).await?;
+    assert_eq!(who, Some("w1"));
+    let second = harness.worker("w2", &["sleep"], reporting_sleep("w2", started_tx));
+    first.kill().await;
+    let who = tokio::time::timeout(trellis_bus::TASK_ACK_WAIT + SOON, started_rx.recv()).await?;
+    assert_eq!(who, Some("w2"));
+    let result = harness.final_result_of(&task.task_instance_id).await?;
+    assert_eq!(result.worker_id, "w2");
+    assert_eq!(completed_output(&result)?, json!({"by": "w2"}));
+    harness.wait_until_queue_drained("sleep").await?;
+    second.stop().await
+}
+
+async fn cancel(harness: &Harness, task: &TaskAssignment) -> anyhow::Result<()> {
+    let request = v1::CancelTask {
+        execution_id: task.execution_id.clone(),
+        task_instance_id: task.task_instance_id.clone(),
+        attempt: task.attempt,
+        reason: "execution cancelled".to_owned(),
+    };
+    harness
+        .client
+        .publish(
+            subjects::cancel(&task.task_instance_id),
+            request.encode_to_vec().into(),
+        )
+        .await?;
+    harness.client.flush().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn cancel_stops_a_running_sleep_and_shell() -> anyhow::Result<()> {
+    let mut harness = Harness::start().await?;
+    let worker = harness.worker("w1", &["sleep", "shell"], HandlerRegistry::with_builtins());
+    let pid_file = tempfile_path("shell-pid");
+    let sleep = assignment("sleep", json!({"ms": 60_000}));
+    let shell = assignment(
+        "shell",
+        json!({"command": ["sh", "-c", format!("echo $$ > {pid_file}; exec sleep 60")]}),
+    );
+    for task in [&sleep, &shell] {
+        harness.publish(task).await?;
+        heartbeat_listing(&harness.client, "w1", &task.task_instance_id).await?;
+        cancel(&harness, task).await?;
+        let result = harness.result_of(&task.task_instance_id).await?;
+        let (error, retryable) = failure(&result)?;
+        assert!(!retryable);
+        assert!(error.contains("cancelled"), "{error}");
+    }
+    let pid = std::fs::read_to_string(&pid_file)?.trim().to_owned();
+    trellis_testkit::wait_for(
+        || {
+            let pid = pid.clone();
+            async move {
+                // Gone, or a zombie waiting to be reaped: either way no longer running.
+                std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .map_or(true, |stat| stat.contains(") Z"))
+            }
+        },
+        SOON,
+    )
+    .await
+    .context("the shell's process survived the cancel")?;
+    let _ = std::fs::remove_file(&pid_file);
+    harness.wait_until_queue_drained("sleep").await?;
+    worker.stop().await
+}
+
+fn tempfile_path(name: &str) -> String {
+    std::env::temp_dir()
+        .join(format!("trellis-{name}-{}", uuid::Uuid::now_v7()))
+        .display()
+        .to_string()
+}
+
+#[tokio::test]
+async fn heartbeats_list_running_tasks_with_progress() -> anyhow::Result<()> {
+    let mut harness = Harness::start().await?;
+    let worker = harness.worker("w1", &["sleep"], HandlerRegistry::with_builtins());
+    let task = assignment("sleep", json!({"ms": 3000}));
+    harness.publish(&task).await?;
+    let beat = heartbeat_listing(&harness.client, "w1", &task.task_instance_id).await?;
+    assert_eq!(beat.worker_id, "w1");
+    assert_eq!(beat.queues, ["sleep"]);
+    assert_eq!(beat.slots, 16);
+    assert!(beat.memory_bytes > 0);
+    assert!(!beat.host.is_empty());
+    assert_eq!(beat.state, v1::WorkerState::Running as i32);
+    let running = &beat.running[0];
+    assert_eq!(running.execution_id, task.execution_id);
+    assert_eq!(running.attempt, 1);
+    assert_eq!(running.current_step, "sleeping");
+    assert!(running.started_at_unix_ms > 0);
+    completed_output(&harness.final_result_of(&task.task_instance_id).await?)?;
+    worker.stop().await
+}
+
+#[tokio::test]
+async fn shutdown_hands_unfinished_tasks_back_at_once() -> anyhow::Result<()> {
+    let harness = Harness::start().await?;
+    let (started_tx, mut started_rx) = tokio::sync::mpsc::unbounded_channel();
+    let first = harness.worker("w1", &["sleep"], reporting_sleep("w1", started_tx.clone()));
+    let task = assignment("sleep", json!({"ms": 60_000}));
+    harness.publish(&task).await?;
+    assert_eq!(
+        tokio::time::timeout(SOON, started_rx.recv()).await?,
+        Some("w1")
+    );
+    let stopped_at = tokio::time::Instant::now();
+    first.stop().await?;
+    // The grace period is 500 ms in these tests.
+    assert!(stopped_at.elapsed() < Duration::from_secs(3));
+    let second = harness.worker("w2", &["sleep"], reporting_sleep("w2", started_tx));
+    // Handed back, not left to time out: the second worker gets it well before the ack wait.
+    let who = tokio::time::timeout(trellis_bus::TASK_ACK_WAIT / 2, started_rx.recv()).await?;
+    assert_eq!(who, Some("w2"));
+    second.stop().await
+}
+
+#[tokio::test]
+async fn an_unknown_task_type_fails_for_good_and_avoided_workers_still_run_alone()
+-> anyhow::Result<()> {
+    let mut harness = Harness::start().await?;
+    let worker = harness.worker("w1", &["noop"], HandlerRegistry::with_builtins());
+    let mut unknown = assignment("teleport", json!(null));
+    unknown.queue = "noop".to_owned();
+    harness.publish(&unknown).await?;
+    let (error, retryable) = failure(&harness.result_of(&unknown.task_instance_id).await?)?;
+    assert!(!retryable);
+    assert!(error.contains("teleport"), "{error}");
+
+    // The only worker of the queue is avoided: it holds the task back a few times, then runs it.
+    let mut avoided = assignment("noop", json!(1));
+    avoided.avoid_worker_id = Some("w1".to_owned());
+    harness.publish(&avoided).await?;
+    let published_at = tokio::time::Instant::now();
+    let result = harness.result_of(&avoided.task_instance_id).await?;
+    assert!(published_at.elapsed() >= Duration::from_secs(3));
+    assert_eq!(result.worker_id, "w1");
+    worker.stop().await
+}

@@ -1,0 +1,236 @@
+//! Integration tests of the agent-worker against a real `nats-server -js` (from
+//! `trellis-testkit`): the test plays the coordinator, publishing assignments and reading results.
+
+mod builtins;
+mod delivery;
+mod steps;
+
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use async_nats::jetstream;
+use futures::StreamExt as _;
+use prost::Message as _;
+use serde_json::Value;
+use tokio::task::JoinHandle;
+use trellis_agent_worker::v1::{self, TaskAssignment, TaskResult, task_result};
+use trellis_agent_worker::{CancellationToken, Config, HandlerRegistry};
+use trellis_proto::subjects;
+use trellis_testkit::NatsServer;
+
+/// How long a test waits for a result that should come at once.
+const SOON: Duration = Duration::from_secs(10);
+
+/// A NATS server, a client, and a subscription to every result and heartbeat.
+struct Harness {
+    server: NatsServer,
+    client: async_nats::Client,
+    js: jetstream::Context,
+    results: async_nats::Subscriber,
+}
+
+impl Harness {
+    async fn start() -> anyhow::Result<Harness> {
+        let server = NatsServer::start()?;
+        let client = async_nats::connect(server.url()).await?;
+        let js = jetstream::new(client.clone());
+        trellis_bus::ensure_streams(&js).await?;
+        let results = client.subscribe(subjects::RESULTS_WILDCARD).await?;
+        client.flush().await?;
+        Ok(Harness {
+            server,
+            client,
+            js,
+            results,
+        })
+    }
+
+    /// Starts a worker of `queues` with `registry`; cancel the token to stop it gracefully, or
+    /// abort the handle to make it vanish like a killed process.
+    fn worker(&self, worker_id: &str, queues: &[&str], registry: HandlerRegistry) -> Worker {
+        let config = Config {
+            queues: queues.iter().map(|queue| (*queue).to_owned()).collect(),
+            worker_id: Some(worker_id.to_owned()),
+            shutdown_grace_ms: 500,
+            ..Config::new(self.server.url())
+        };
+        let shutdown = CancellationToken::new();
+        let handle = tokio::spawn(trellis_agent_worker::run(
+            config,
+            registry,
+            shutdown.clone(),
+        ));
+        Worker { shutdown, handle }
+    }
+
+    async fn publish(&self, assignment: &TaskAssignment) -> anyhow::Result<()> {
+        self.publish_raw(&assignment.queue, assignment.encode_to_vec())
+            .await
+    }
+
+    async fn publish_raw(&self, queue: &str, payload: Vec<u8>) -> anyhow::Result<()> {
+        self.js
+            .publish(subjects::tasks(queue), payload.into())
+            .await?
+            .await?;
+        Ok(())
+    }
+
+    /// Returns the next result of `instance` (skipping other instances' results).
+    async fn result_of(&mut self, instance: &str) -> anyhow::Result<TaskResult> {
+        self.result_matching(instance, |_| true).await
+    }
+
+    /// Returns the next final (not step checkpoint) result of `instance`.
+    async fn final_result_of(&mut self, instance: &str) -> anyhow::Result<TaskResult> {
+        self.result_matching(instance, |result| {
+            !matches!(
+                result.outcome,
+                Some(task_result::Outcome::StepCheckpoint(_))
+            )
+        })
+        .await
+    }
+
+    async fn result_matching(
+        &mut self,
+        instance: &str,
+        wanted: impl Fn(&TaskResult) -> bool,
+    ) -> anyhow::Result<TaskResult> {
+        let deadline = tokio::time::Instant::now() + SOON;
+        loop {
+            let message = tokio::time::timeout_at(deadline, self.results.next())
+                .await
+                .with_context(|| format!("no result for {instance} within {SOON:?}"))?
+                .context("results subscription ended")?;
+            let result = TaskResult::decode(message.payload.as_ref())?;
+            if result.task_instance_id == instance && wanted(&result) {
+                let msg_id = message
+                    .headers
+                    .as_ref()
+                    .and_then(|headers| headers.get(subjects::MSG_ID_HEADER))
+                    .map(|value| value.as_str().to_owned())
+                    .unwrap_or_default();
+                let expected_prefix = format!("{instance}:{}:", result.attempt);
+                if !msg_id.starts_with(&expected_prefix) {
+                    bail!("result message id {msg_id:?} does not start with {expected_prefix:?}");
+                }
+                return Ok(result);
+            }
+        }
+    }
+
+    /// Returns (pending, ack pending) of a queue's consumer.
+    async fn consumer_backlog(&self, queue: &str) -> anyhow::Result<(u64, usize)> {
+        let stream = self.js.get_stream(subjects::TASKS_STREAM).await?;
+        let mut consumer: jetstream::consumer::PullConsumer = stream
+            .get_consumer(&format!("workers-{queue}"))
+            .await
+            .map_err(|error| anyhow::anyhow!("cannot open consumer of {queue}: {error}"))?;
+        let info = consumer.info().await?;
+        Ok((info.num_pending, info.num_ack_pending))
+    }
+
+    async fn wait_until_queue_drained(&self, queue: &str) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + SOON;
+        loop {
+            let backlog = self.consumer_backlog(queue).await?;
+            if backlog == (0, 0) {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!("queue {queue} still has (pending, ack pending) = {backlog:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+struct Worker {
+    shutdown: CancellationToken,
+    handle: JoinHandle<Result<(), trellis_agent_worker::Error>>,
+}
+
+impl Worker {
+    /// Stops the worker gracefully and checks it returned `Ok`.
+    async fn stop(self) -> anyhow::Result<()> {
+        self.shutdown.cancel();
+        tokio::time::timeout(SOON, self.handle)
+            .await
+            .context("worker did not stop")???;
+        Ok(())
+    }
+
+    /// Drops the worker's future, like a process killed without warning.
+    async fn kill(self) {
+        self.handle.abort();
+        let _ = self.handle.await;
+    }
+}
+
+/// Returns a fresh assignment of `task_type` on the queue of the same name, attempt 1.
+fn assignment(task_type: &str, input: Value) -> TaskAssignment {
+    let instance = uuid::Uuid::now_v7().to_string();
+    TaskAssignment {
+        execution_id: uuid::Uuid::now_v7().to_string(),
+        task_id: task_type.to_owned(),
+        task_type: task_type.to_owned(),
+        queue: task_type.to_owned(),
+        input: serde_json::to_vec(&input).unwrap_or_default(),
+        attempt: 1,
+        run_number: 1,
+        idempotency_key: subjects::task_msg_id(&instance, 1),
+        task_instance_id: instance,
+        ..TaskAssignment::default()
+    }
+}
+
+/// Returns the same instance's next attempt.
+fn next_attempt(assignment: &TaskAssignment) -> TaskAssignment {
+    let attempt = assignment.attempt + 1;
+    TaskAssignment {
+        attempt,
+        idempotency_key: subjects::task_msg_id(&assignment.task_instance_id, attempt),
+        ..assignment.clone()
+    }
+}
+
+fn completed_output(result: &TaskResult) -> anyhow::Result<Value> {
+    match &result.outcome {
+        Some(task_result::Outcome::Completed(completed)) => {
+            Ok(serde_json::from_slice(&completed.output)?)
+        }
+        other => bail!("expected a completed result, got {other:?}"),
+    }
+}
+
+fn failure(result: &TaskResult) -> anyhow::Result<(String, bool)> {
+    match &result.outcome {
+        Some(task_result::Outcome::Failed(failed)) => Ok((failed.error.clone(), failed.retryable)),
+        other => bail!("expected a failed result, got {other:?}"),
+    }
+}
+
+/// Waits for a heartbeat of `worker_id` that lists `instance` as running.
+async fn heartbeat_listing(
+    client: &async_nats::Client,
+    worker_id: &str,
+    instance: &str,
+) -> anyhow::Result<v1::WorkerHeartbeat> {
+    let mut beats = client.subscribe(subjects::heartbeat(worker_id)).await?;
+    let deadline = tokio::time::Instant::now() + SOON;
+    loop {
+        let message = tokio::time::timeout_at(deadline, beats.next())
+            .await
+            .with_context(|| format!("no heartbeat of {worker_id} listing {instance}"))?
+            .context("heartbeat subscription ended")?;
+        let beat = v1::WorkerHeartbeat::decode(message.payload.as_ref())?;
+        if beat
+            .running
+            .iter()
+            .any(|running| running.task_instance_id == instance)
+        {
+            return Ok(beat);
+        }
+    }
+}
