@@ -24,6 +24,6 @@ verify: lint test
 bench:
     cargo bench -p trellis-core
 
-# The main job for now: analyze the seed-001 example plan.
+# The main job: a plan run end to end on a local cluster, then its execution tree.
 demo:
-    cargo run -p trellis-cli -- plan analyze examples/seed-001.yaml
+    cargo run -p trellis-cli -- demo

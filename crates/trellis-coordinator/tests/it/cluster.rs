@@ -16,6 +16,8 @@ pub struct Cluster {
     pub nats: NatsServer,
     pub client: CoordinatorClient<Channel>,
     pub shutdown: CancellationToken,
+    /// One per worker; aborting one drops the worker mid-flight, like a crash.
+    pub workers: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Drop for Cluster {
@@ -51,17 +53,14 @@ pub async fn start_with(workers: usize, registry: impl Fn() -> HandlerRegistry) 
             panic!("coordinator failed: {err}");
         }
     });
+    let mut handles = Vec::new();
     for i in 0..workers {
-        let mut config = trellis_agent_worker::Config::new(nats.url());
-        config.worker_id = Some(format!("worker-{i}"));
-        config.slots = 64;
-        let token = shutdown.child_token();
-        let registry = registry();
-        tokio::spawn(async move {
-            if let Err(err) = trellis_agent_worker::run(config, registry, token).await {
-                panic!("worker failed: {err}");
-            }
-        });
+        handles.push(spawn_worker(
+            &nats.url(),
+            &format!("worker-{i}"),
+            registry(),
+            shutdown.child_token(),
+        ));
     }
     let url = format!("http://{addr}");
     let mut last_error = String::new();
@@ -72,6 +71,7 @@ pub async fn start_with(workers: usize, registry: impl Fn() -> HandlerRegistry) 
                     nats,
                     client,
                     shutdown,
+                    workers: handles,
                 };
             }
             Err(err) => last_error = err.to_string(),
@@ -79,6 +79,25 @@ pub async fn start_with(workers: usize, registry: impl Fn() -> HandlerRegistry) 
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!("the coordinator did not come up at {url}: {last_error}");
+}
+
+/// Starts one in-process worker.
+pub fn spawn_worker(
+    nats_url: &str,
+    worker_id: &str,
+    registry: HandlerRegistry,
+    token: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let mut config = trellis_agent_worker::Config::new(nats_url.to_owned());
+    config.worker_id = Some(worker_id.to_owned());
+    config.slots = 64;
+    // A worker consumes the queues of every handler it has.
+    config.queues = registry.task_types();
+    tokio::spawn(async move {
+        if let Err(err) = trellis_agent_worker::run(config, registry, token).await {
+            panic!("worker failed: {err}");
+        }
+    })
 }
 
 /// The outcome of a plan run to its end.
@@ -217,6 +236,35 @@ impl Cluster {
             events,
             graph,
         }
+    }
+
+    pub async fn execution(&mut self, id: &str) -> v1::Execution {
+        self.client
+            .get_execution(v1::GetExecutionRequest {
+                execution_id: id.to_owned(),
+            })
+            .await
+            .expect("get execution")
+            .into_inner()
+            .execution
+            .expect("execution")
+    }
+
+    /// Waits until the execution's summary satisfies `condition`.
+    pub async fn wait_until(
+        &mut self,
+        id: &str,
+        what: &str,
+        condition: impl Fn(&v1::Execution) -> bool,
+    ) -> v1::Execution {
+        for _ in 0..600 {
+            let execution = self.execution(id).await;
+            if condition(&execution) {
+                return execution;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("execution {id}: {what} did not happen within 30 s");
     }
 
     pub async fn run(&mut self, yaml: &str) -> Run {
