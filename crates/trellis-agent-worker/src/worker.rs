@@ -57,7 +57,7 @@ pub(crate) async fn run(
     )
     .await?;
     let js = jetstream::new(client.clone());
-    let streams = trellis_bus::ensure_streams(&js).await?;
+    let streams = trellis_bus::wait_for_streams(&js, Duration::from_secs(60)).await?;
     let mut consumers = Vec::with_capacity(config.queues.len());
     for queue in &config.queues {
         let consumer = trellis_bus::task_consumer(&streams.tasks, queue, MAX_ACK_PENDING).await?;

@@ -61,7 +61,58 @@ pub struct Streams {
     pub events: stream::Stream,
 }
 
-/// Creates the streams if they do not exist (idempotent; safe from every service at start).
+/// Waits until the coordinator has created the streams (at most `timeout`) and returns them.
+/// Workers call this rather than [`ensure_streams`], so that one service alone creates them.
+pub async fn wait_for_streams(
+    js: &jetstream::Context,
+    timeout: Duration,
+) -> Result<Streams, Error> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut logged = false;
+    loop {
+        let found = (
+            js.get_stream(subjects::TASKS_STREAM).await,
+            js.get_stream(subjects::RESULTS_STREAM).await,
+            js.get_stream(subjects::EVENTS_STREAM).await,
+        );
+        match found {
+            (Ok(tasks), Ok(results), Ok(events)) => {
+                return Ok(Streams {
+                    tasks,
+                    results,
+                    events,
+                });
+            }
+            (tasks, results, _) => {
+                let missing = if tasks.is_err() {
+                    subjects::TASKS_STREAM
+                } else if results.is_err() {
+                    subjects::RESULTS_STREAM
+                } else {
+                    subjects::EVENTS_STREAM
+                };
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(Error::Stream {
+                        stream: missing,
+                        message: format!(
+                            "not created within {timeout:?}: is a coordinator running against this NATS server?"
+                        ),
+                    });
+                }
+                if !logged {
+                    tracing::info!(
+                        stream = missing,
+                        "waiting for the coordinator to create the streams"
+                    );
+                    logged = true;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// Creates the streams if they do not exist (idempotent). The coordinator calls it at start.
 pub async fn ensure_streams(js: &jetstream::Context) -> Result<Streams, Error> {
     let tasks = ensure(
         js,

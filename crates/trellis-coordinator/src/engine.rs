@@ -136,7 +136,9 @@ struct Live {
     created_at_ms: u64,
     /// The last sequence appended (or about to be).
     seq: u64,
-    log: Vec<v1::Event>,
+    /// The log so far as the encoded `EventBatch` messages appended, with each one's first
+    /// sequence: compact, and what observers replay from.
+    log: Vec<(u64, bytes::Bytes)>,
     pending: Vec<v1::Event>,
     dispatch: Vec<TaskInstanceId>,
     stop: Vec<TaskInstanceId>,
@@ -438,7 +440,7 @@ impl Engine {
                     Some(live) => {
                         let skip = from.saturating_sub(1) as usize;
                         Ok(Observation {
-                            history: live.log.iter().skip(skip).cloned().collect(),
+                            history: history(&live.log, skip as u64 + 1),
                             terminal: live.machine.state().is_terminal() && live.pending.is_empty(),
                             live: live.observers.subscribe(),
                         })
@@ -540,27 +542,27 @@ impl Engine {
             let batch = v1::EventBatch {
                 events: live.pending.clone(),
             };
+            let bytes = bytes::Bytes::from(batch.encode_to_vec());
             let mut headers = HeaderMap::new();
             headers.insert(subjects::MSG_ID_HEADER, format!("{id}:{first}").as_str());
-            appends.push((
-                *id,
-                self.js.publish_with_headers(
-                    subjects::events(id),
-                    headers,
-                    batch.encode_to_vec().into(),
-                ),
-            ));
+            let publish =
+                self.js
+                    .publish_with_headers(subjects::events(id), headers, bytes.clone());
+            appends.push((*id, first, bytes, publish));
         }
         let mut acks = Vec::with_capacity(appends.len());
-        for (id, publish) in appends {
+        for (id, first, bytes, publish) in appends {
             match publish.await {
-                Ok(ack) => acks.push((id, ack)),
+                Ok(ack) => acks.push((id, first, bytes, ack)),
                 Err(err) => tracing::error!(%id, %err, "cannot append to the event log"),
             }
         }
-        for (id, ack) in acks {
+        for (id, first, bytes, ack) in acks {
             if let Err(err) = ack.await {
                 tracing::error!(%id, %err, "event log append not acknowledged");
+            }
+            if let Some(live) = self.executions.get_mut(&id) {
+                live.log.push((first, bytes));
             }
         }
         // (2) Side effects, now that the log holds what caused them. Assignments go out in
@@ -621,25 +623,39 @@ impl Engine {
             if events.is_empty() && progress.is_none() {
                 continue;
             }
-            let n = events.len();
-            let mut items: Vec<v1::ObserveExecutionResponse> = events
-                .iter()
-                .cloned()
-                .map(|event| v1::ObserveExecutionResponse {
-                    event: Some(event),
-                    progress: None,
-                })
-                .collect();
-            if let Some(last) = items.last_mut() {
-                last.progress = progress;
-            }
-            live.log.extend(events);
-            if live.observers.receiver_count() > 0 && n > 0 {
+            if live.observers.receiver_count() > 0 && !events.is_empty() {
+                let mut items: Vec<v1::ObserveExecutionResponse> = events
+                    .into_iter()
+                    .map(|event| v1::ObserveExecutionResponse {
+                        event: Some(event),
+                        progress: None,
+                    })
+                    .collect();
+                if let Some(last) = items.last_mut() {
+                    last.progress = progress;
+                }
                 let _ = live.observers.send(Arc::new(Flushed { items, terminal }));
             }
         }
         await_acks(publishes).await;
     }
+}
+
+/// Decodes the log from sequence `from` on.
+fn history(log: &[(u64, bytes::Bytes)], from: u64) -> Vec<v1::Event> {
+    // The batch holding `from` is the last one starting at or before it.
+    let start = log
+        .partition_point(|(first, _)| *first <= from)
+        .saturating_sub(1);
+    let mut events = Vec::new();
+    for (_, bytes) in &log[start..] {
+        match v1::EventBatch::decode(bytes.clone()) {
+            Ok(batch) => events.extend(batch.events.into_iter().filter(|e| e.sequence >= from)),
+            // The bytes were encoded by this process; failing to decode them is a bug.
+            Err(err) => tracing::error!(%err, "cannot decode an event batch of the log"),
+        }
+    }
+    events
 }
 
 /// Awaits the acks of published task assignments.

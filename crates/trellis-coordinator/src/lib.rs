@@ -71,7 +71,16 @@ pub async fn run(
     let addr = listener.local_addr().map_err(Error::Listener)?;
     tracing::info!(%addr, nats = %config.nats_url, "coordinator serving");
     let service = grpc::CoordinatorService::new(handle, registry);
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    // Small request/response frames must not wait for Nagle's algorithm (a 40 ms stall against
+    // delayed ACKs); tonic sets TCP_NODELAY only on listeners it binds itself.
+    let incoming = tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::TcpListenerStream::new(listener),
+        |stream| {
+            stream.inspect(|s| {
+                let _ = s.set_nodelay(true);
+            })
+        },
+    );
     tonic::transport::Server::builder()
         .add_service(trellis_proto::v1::coordinator_server::CoordinatorServer::new(service))
         .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())

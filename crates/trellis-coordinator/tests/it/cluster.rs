@@ -12,7 +12,12 @@ use trellis_proto::v1::coordinator_client::CoordinatorClient;
 use trellis_proto::v1::{self, event::Kind};
 use trellis_testkit::NatsServer;
 
+/// At most two clusters run at once: each is a nats-server plus services, and the machine has two
+/// cores; more only makes every test slower and timing-sensitive.
+static SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+
 pub struct Cluster {
+    _slot: tokio::sync::SemaphorePermit<'static>,
     pub nats: NatsServer,
     pub client: CoordinatorClient<Channel>,
     pub shutdown: CancellationToken,
@@ -32,6 +37,10 @@ pub async fn start(workers: usize) -> Cluster {
 }
 
 pub async fn start_with(workers: usize, registry: impl Fn() -> HandlerRegistry) -> Cluster {
+    let slot = SLOTS
+        .acquire()
+        .await
+        .expect("the semaphore is never closed");
     let _ = tracing_subscriber::fmt()
         .with_test_writer()
         .with_env_filter(
@@ -68,6 +77,7 @@ pub async fn start_with(workers: usize, registry: impl Fn() -> HandlerRegistry) 
         match CoordinatorClient::connect(url.clone()).await {
             Ok(client) => {
                 return Cluster {
+                    _slot: slot,
                     nats,
                     client,
                     shutdown,
