@@ -15,6 +15,11 @@ pub const TASK_ACK_WAIT: Duration = Duration::from_secs(6);
 /// How often workers heartbeat and extend their in-flight task messages.
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(2);
 
+/// Largest message Trellis sends: a spawned group of 100,000 subtasks is one result message and
+/// one log entry of about 1.5 MiB. NATS servers must allow it (`max_payload: 8MB` in their
+/// configuration; the default is 1 MiB); `trellis dev` and the tests start theirs that way.
+pub const MAX_PAYLOAD: usize = 8 * 1024 * 1024;
+
 /// Errors of the NATS plumbing.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -147,7 +152,7 @@ pub async fn ensure_streams(js: &jetstream::Context) -> Result<Streams, Error> {
             subjects: vec![subjects::EVENTS_WILDCARD.to_owned()],
             retention: stream::RetentionPolicy::Limits,
             storage: stream::StorageType::File,
-            max_message_size: 8 * 1024 * 1024,
+            max_message_size: MAX_PAYLOAD as i32,
             duplicate_window: Duration::from_secs(120),
             ..Default::default()
         },

@@ -34,6 +34,8 @@ const PROGRESS_EVERY_MS: u64 = 100;
 const MAX_INPUTS_PER_TURN: usize = 4096;
 /// Capacity of each execution's observer channel, in flushed batches.
 const OBSERVER_CAPACITY: usize = 4096;
+/// Most events in one log message.
+const EVENTS_PER_MESSAGE: usize = 2048;
 /// Task assignments published before their acks are awaited.
 const PUBLISH_CHUNK: usize = 1000;
 
@@ -538,17 +540,20 @@ impl Engine {
             if live.pending.is_empty() {
                 continue;
             }
-            let first = live.pending[0].sequence;
-            let batch = v1::EventBatch {
-                events: live.pending.clone(),
-            };
-            let bytes = bytes::Bytes::from(batch.encode_to_vec());
-            let mut headers = HeaderMap::new();
-            headers.insert(subjects::MSG_ID_HEADER, format!("{id}:{first}").as_str());
-            let publish =
-                self.js
-                    .publish_with_headers(subjects::events(id), headers, bytes.clone());
-            appends.push((*id, first, bytes, publish));
+            // One message per chunk keeps every append well under the server's payload limit.
+            for chunk in live.pending.chunks(EVENTS_PER_MESSAGE) {
+                let first = chunk[0].sequence;
+                let batch = v1::EventBatch {
+                    events: chunk.to_vec(),
+                };
+                let bytes = bytes::Bytes::from(batch.encode_to_vec());
+                let mut headers = HeaderMap::new();
+                headers.insert(subjects::MSG_ID_HEADER, format!("{id}:{first}").as_str());
+                let publish =
+                    self.js
+                        .publish_with_headers(subjects::events(id), headers, bytes.clone());
+                appends.push((*id, first, bytes, publish));
+            }
         }
         let mut acks = Vec::with_capacity(appends.len());
         for (id, first, bytes, publish) in appends {

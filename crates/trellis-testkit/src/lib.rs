@@ -87,7 +87,16 @@ impl NatsServer {
             .open(&log_path)
             .with_context(|| format!("failed to open {}", log_path.display()))?;
         let log_err = log.try_clone().context("failed to share the log file")?;
+        // Large subtask groups travel as one message; allow what Trellis documents (8 MiB).
+        let config_path = self.dir.path().join("nats.conf");
+        std::fs::write(
+            &config_path,
+            format!("max_payload: {}\n", trellis_bus::MAX_PAYLOAD),
+        )
+        .with_context(|| format!("failed to write {}", config_path.display()))?;
         let child = Command::new(&self.binary)
+            .arg("-c")
+            .arg(&config_path)
             .args(["-js", "-a", "127.0.0.1", "-p"])
             .arg(self.port.to_string())
             .arg("-sd")

@@ -19,7 +19,9 @@ use trellis_proto::subjects;
 use trellis_testkit::NatsServer;
 
 /// How long a test waits for a result that should come at once.
-const SOON: Duration = Duration::from_secs(10);
+// Generous: a redelivery after a killed worker can wait out a whole ack wait (6 s), and the
+// suite shares two cores with other test binaries.
+const SOON: Duration = Duration::from_secs(30);
 
 /// A NATS server, a client, and a subscription to every result and heartbeat.
 struct Harness {

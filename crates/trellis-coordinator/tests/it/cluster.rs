@@ -267,14 +267,14 @@ impl Cluster {
         what: &str,
         condition: impl Fn(&v1::Execution) -> bool,
     ) -> v1::Execution {
-        for _ in 0..600 {
+        for _ in 0..1200 {
             let execution = self.execution(id).await;
             if condition(&execution) {
                 return execution;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        panic!("execution {id}: {what} did not happen within 30 s");
+        panic!("execution {id}: {what} did not happen within 60 s");
     }
 
     pub async fn run(&mut self, yaml: &str) -> Run {

@@ -283,3 +283,65 @@ async fn pause_holds_dispatch_resume_continues_cancel_stops() {
     let run = cluster.wait(&id, Duration::from_secs(10)).await;
     assert_eq!(run.state(), ExecutionState::Cancelled);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_of_100000_subtasks_completes_and_resumes_its_parent_once() {
+    let mut cluster = cluster::start(1).await;
+    let id = cluster
+        .start_plan("name: huge\ntasks:\n- {id: fan, type: fanout, input: {count: 100000, child: {type: noop, input: {}}}}\n")
+        .await;
+    let done = cluster
+        .wait_until(&id, "the end of 100,000 subtasks", |e| {
+            e.state == ExecutionState::Completed as i32 || e.state == ExecutionState::Failed as i32
+        })
+        .await;
+    assert_eq!(
+        done.state,
+        ExecutionState::Completed as i32,
+        "{}",
+        done.reason
+    );
+    let counts = done.progress.and_then(|p| p.counts).expect("counts");
+    assert_eq!(
+        counts.completed,
+        100_000 + 2,
+        "every member, the parent and its one resumed instance"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_heartbeats_are_ignored_and_live_workers_are_listed() {
+    let mut cluster = cluster::start(1).await;
+    let nats = async_nats::connect(cluster.nats.url()).await.expect("nats");
+    nats.publish(
+        "trellis.workers.heartbeat.bogus",
+        "\u{1}not a heartbeat".into(),
+    )
+    .await
+    .expect("publish");
+    nats.flush().await.expect("flush");
+    let mut listed = Vec::new();
+    for _ in 0..100 {
+        let request = v1::ListWorkersRequest {
+            queue: String::new(),
+            include_terminated: false,
+        };
+        listed = cluster
+            .client
+            .list_workers(request)
+            .await
+            .expect("list workers")
+            .into_inner()
+            .workers;
+        if !listed.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ids: Vec<_> = listed.iter().map(|w| w.worker_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        ["worker-0"],
+        "the real worker, not the corrupt message"
+    );
+}
