@@ -14,6 +14,9 @@ use trellis_proto::v1::{self, ExecutionState};
 use super::Failure;
 use crate::local;
 
+/// A scenario's measurements, in output order.
+type Fields = Vec<(&'static str, Value)>;
+
 /// The scenarios, in the order they run by default.
 const SCENARIOS: [&str; 5] = ["fanout", "chain", "throughput", "executions", "latency"];
 
@@ -87,21 +90,11 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
                 "executions" => executions(client.clone(), n).await,
                 _ => latency(client.clone(), n).await,
             };
-            let line = match result {
-                Ok(fields) => {
-                    let mut object = json!({"system": "trellis", "scenario": scenario, "n": n});
-                    if let (Some(object), Value::Object(fields)) = (object.as_object_mut(), fields)
-                    {
-                        object.extend(fields);
-                    }
-                    object
-                }
-                Err(error) => {
-                    failed = true;
-                    json!({"system": "trellis", "scenario": scenario, "n": n, "error": error})
-                }
-            };
-            println!("{line}");
+            let fields = result.unwrap_or_else(|error| {
+                failed = true;
+                vec![("error", json!(error))]
+            });
+            println!("{}", line(scenario, n, &fields));
         }
     }
     local.stop().await;
@@ -112,20 +105,37 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
     }
 }
 
+/// One JSON object with the fields in BENCH.md's order (`system`, `scenario`, `n`, then the
+/// scenario's own), so lines from different engines read alike.
+fn line(scenario: &str, n: usize, fields: &[(&str, Value)]) -> String {
+    let mut line = format!(
+        "{{\"system\":\"trellis\",\"scenario\":{},\"n\":{n}",
+        json!(scenario)
+    );
+    for (key, value) in fields {
+        line.push_str(&format!(",{}:{value}", json!(key)));
+    }
+    line.push('}');
+    line
+}
+
 fn round(x: f64, digits: i32) -> f64 {
     let scale = 10f64.powi(digits);
     (x * scale).round() / scale
 }
 
-async fn fanout(client: CoordinatorClient<Channel>, n: usize) -> Result<Value, String> {
+async fn fanout(client: CoordinatorClient<Channel>, n: usize) -> Result<Fields, String> {
     let plan = format!(
         "name: bench-fanout\ntasks:\n- {{id: fan, type: fanout, input: {{count: {n}, child: {{type: noop, input: {{}}}}}}}}\n"
     );
     let seconds = run_one(client, plan).await?.as_secs_f64();
-    Ok(json!({"seconds": round(seconds, 3), "tasks_per_s": round(n as f64 / seconds, 0)}))
+    Ok(vec![
+        ("seconds", json!(round(seconds, 3))),
+        ("tasks_per_s", json!(round(n as f64 / seconds, 0))),
+    ])
 }
 
-async fn chain(client: CoordinatorClient<Channel>, n: usize) -> Result<Value, String> {
+async fn chain(client: CoordinatorClient<Channel>, n: usize) -> Result<Fields, String> {
     let mut plan = String::from("name: bench-chain\ntasks:\n- {id: t0, type: noop}\n");
     for i in 1..n {
         plan.push_str(&format!(
@@ -134,22 +144,28 @@ async fn chain(client: CoordinatorClient<Channel>, n: usize) -> Result<Value, St
         ));
     }
     let seconds = run_one(client, plan).await?.as_secs_f64();
-    Ok(json!({"seconds": round(seconds, 3), "per_hop_ms": round(seconds * 1000.0 / n as f64, 3)}))
+    Ok(vec![
+        ("seconds", json!(round(seconds, 3))),
+        ("per_hop_ms", json!(round(seconds * 1000.0 / n as f64, 3))),
+    ])
 }
 
-async fn throughput(client: CoordinatorClient<Channel>, n: usize) -> Result<Value, String> {
+async fn throughput(client: CoordinatorClient<Channel>, n: usize) -> Result<Fields, String> {
     let mut plan = String::with_capacity(n * 32);
     plan.push_str("name: bench-throughput\ntasks:\n");
     for i in 0..n {
         plan.push_str(&format!("- {{id: t{i}, type: noop}}\n"));
     }
     let seconds = run_one(client, plan).await?.as_secs_f64();
-    Ok(json!({"seconds": round(seconds, 3), "tasks_per_s": round(n as f64 / seconds, 0)}))
+    Ok(vec![
+        ("seconds", json!(round(seconds, 3))),
+        ("tasks_per_s", json!(round(n as f64 / seconds, 0))),
+    ])
 }
 
 const ONE_TASK: &str = "name: bench-one\ntasks:\n- {id: t, type: noop}\n";
 
-async fn executions(client: CoordinatorClient<Channel>, n: usize) -> Result<Value, String> {
+async fn executions(client: CoordinatorClient<Channel>, n: usize) -> Result<Fields, String> {
     let start = Instant::now();
     let ids: Vec<Result<String, String>> = futures::stream::iter(0..n)
         .map(|_| {
@@ -169,10 +185,13 @@ async fn executions(client: CoordinatorClient<Channel>, n: usize) -> Result<Valu
         .await;
     waits.into_iter().collect::<Result<Vec<()>, String>>()?;
     let seconds = start.elapsed().as_secs_f64();
-    Ok(json!({"seconds": round(seconds, 3), "executions_per_s": round(n as f64 / seconds, 0)}))
+    Ok(vec![
+        ("seconds", json!(round(seconds, 3))),
+        ("executions_per_s", json!(round(n as f64 / seconds, 0))),
+    ])
 }
 
-async fn latency(client: CoordinatorClient<Channel>, n: usize) -> Result<Value, String> {
+async fn latency(client: CoordinatorClient<Channel>, n: usize) -> Result<Fields, String> {
     let mut samples = Vec::with_capacity(n);
     for _ in 0..n {
         samples.push(
@@ -184,9 +203,11 @@ async fn latency(client: CoordinatorClient<Channel>, n: usize) -> Result<Value, 
     }
     samples.sort_by(f64::total_cmp);
     let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q).round() as usize];
-    Ok(
-        json!({"p50_ms": round(at(0.50), 3), "p95_ms": round(at(0.95), 3), "p99_ms": round(at(0.99), 3)}),
-    )
+    Ok(vec![
+        ("p50_ms", json!(round(at(0.50), 3))),
+        ("p95_ms", json!(round(at(0.95), 3))),
+        ("p99_ms", json!(round(at(0.99), 3))),
+    ])
 }
 
 /// Starts one execution and returns the time until it completed.
@@ -256,5 +277,19 @@ async fn wait_completed(mut client: CoordinatorClient<Channel>, id: String) -> R
                 ))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_keep_bench_md_field_order() {
+        let fields = vec![("seconds", json!(0.84)), ("tasks_per_s", json!(11905.0))];
+        assert_eq!(
+            line("fanout", 10_000, &fields),
+            r#"{"system":"trellis","scenario":"fanout","n":10000,"seconds":0.84,"tasks_per_s":11905.0}"#
+        );
     }
 }
