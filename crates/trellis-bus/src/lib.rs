@@ -35,7 +35,7 @@ pub enum Error {
         "cannot create or open JetStream stream {stream}: {message} (is JetStream enabled, `nats-server -js`?)"
     )]
     Stream {
-        stream: &'static str,
+        stream: String,
         message: String,
     },
     #[error("cannot create consumer {consumer}: {message}")]
@@ -98,7 +98,7 @@ pub async fn wait_for_streams(
                 };
                 if tokio::time::Instant::now() >= deadline {
                     return Err(Error::Stream {
-                        stream: missing,
+                        stream: missing.to_owned(),
                         message: format!(
                             "not created within {timeout:?}: is a coordinator running against this NATS server?"
                         ),
@@ -119,44 +119,24 @@ pub async fn wait_for_streams(
 
 /// Creates the streams if they do not exist (idempotent). The coordinator calls it at start.
 pub async fn ensure_streams(js: &jetstream::Context) -> Result<Streams, Error> {
+    use stream::RetentionPolicy::{Limits, WorkQueue};
     let tasks = ensure(
         js,
-        stream::Config {
-            name: subjects::TASKS_STREAM.to_owned(),
-            subjects: vec![subjects::TASKS_WILDCARD.to_owned()],
-            retention: stream::RetentionPolicy::WorkQueue,
-            storage: stream::StorageType::File,
-            duplicate_window: Duration::from_secs(120),
-            ..Default::default()
-        },
-        subjects::TASKS_STREAM,
+        config(subjects::TASKS_STREAM, subjects::TASKS_WILDCARD, WorkQueue),
     )
     .await?;
     let results = ensure(
         js,
-        stream::Config {
-            name: subjects::RESULTS_STREAM.to_owned(),
-            subjects: vec![subjects::RESULTS_WILDCARD.to_owned()],
-            retention: stream::RetentionPolicy::WorkQueue,
-            storage: stream::StorageType::File,
-            duplicate_window: Duration::from_secs(120),
-            ..Default::default()
-        },
-        subjects::RESULTS_STREAM,
+        config(
+            subjects::RESULTS_STREAM,
+            subjects::RESULTS_WILDCARD,
+            WorkQueue,
+        ),
     )
     .await?;
     let events = ensure(
         js,
-        stream::Config {
-            name: subjects::EVENTS_STREAM.to_owned(),
-            subjects: vec![subjects::EVENTS_WILDCARD.to_owned()],
-            retention: stream::RetentionPolicy::Limits,
-            storage: stream::StorageType::File,
-            max_message_size: MAX_PAYLOAD as i32,
-            duplicate_window: Duration::from_secs(120),
-            ..Default::default()
-        },
-        subjects::EVENTS_STREAM,
+        config(subjects::EVENTS_STREAM, subjects::EVENTS_WILDCARD, Limits),
     )
     .await?;
     Ok(Streams {
@@ -166,17 +146,46 @@ pub async fn ensure_streams(js: &jetstream::Context) -> Result<Streams, Error> {
     })
 }
 
-async fn ensure(
-    js: &jetstream::Context,
-    config: stream::Config,
+/// The configuration shared by the three streams: file storage, a two-minute de-duplication
+/// window for `Nats-Msg-Id`, messages up to [`MAX_PAYLOAD`].
+fn config(
     name: &'static str,
-) -> Result<stream::Stream, Error> {
-    js.get_or_create_stream(config)
-        .await
-        .map_err(|e| Error::Stream {
-            stream: name,
-            message: e.to_string(),
-        })
+    wildcard: &str,
+    retention: stream::RetentionPolicy,
+) -> stream::Config {
+    stream::Config {
+        name: name.to_owned(),
+        subjects: vec![wildcard.to_owned()],
+        retention,
+        storage: stream::StorageType::File,
+        max_message_size: MAX_PAYLOAD as i32,
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    }
+}
+
+/// Opens the stream, creating it if missing. A create that loses a race with another creator
+/// fails (on some servers with "subjects overlap"); looking again finds the winner's stream.
+async fn ensure(js: &jetstream::Context, config: stream::Config) -> Result<stream::Stream, Error> {
+    let mut attempts = 0u64;
+    loop {
+        let error = match js.get_or_create_stream(config.clone()).await {
+            Ok(stream) => return Ok(stream),
+            Err(e) => e.to_string(),
+        };
+        if let Ok(stream) = js.get_stream(&config.name).await {
+            return Ok(stream);
+        }
+        attempts += 1;
+        if attempts >= 10 {
+            return Err(Error::Stream {
+                stream: config.name.clone(),
+                message: error,
+            });
+        }
+        tracing::debug!(stream = %config.name, %error, attempts, "stream not ready yet");
+        tokio::time::sleep(Duration::from_millis((50 * attempts).min(500))).await;
+    }
 }
 
 /// Returns the durable pull consumer shared by every worker of `queue`.

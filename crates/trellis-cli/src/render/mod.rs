@@ -105,21 +105,10 @@ pub fn counts_json(counts: &TaskStateCounts) -> Value {
 
 /// Returns the sum of every count.
 pub fn total(counts: &TaskStateCounts) -> u64 {
-    [
-        counts.pending,
-        counts.queued,
-        counts.blocked,
-        counts.running,
-        counts.waiting_for_subtasks,
-        counts.waiting_for_human,
-        counts.retry_scheduled,
-        counts.completed,
-        counts.failed,
-        counts.skipped,
-        counts.cancelled,
-    ]
-    .iter()
-    .sum()
+    trellis_proto::convert::counts_from_proto(counts)
+        .0
+        .iter()
+        .sum()
 }
 
 /// Returns what was consumed as JSON.
