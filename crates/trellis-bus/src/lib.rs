@@ -34,10 +34,7 @@ pub enum Error {
     #[error(
         "cannot create or open JetStream stream {stream}: {message} (is JetStream enabled, `nats-server -js`?)"
     )]
-    Stream {
-        stream: String,
-        message: String,
-    },
+    Stream { stream: String, message: String },
     #[error("cannot create consumer {consumer}: {message}")]
     Consumer { consumer: String, message: String },
 }

@@ -345,3 +345,41 @@ async fn corrupt_heartbeats_are_ignored_and_live_workers_are_listed() {
         "the real worker, not the corrupt message"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_and_global_timeouts_are_enforced() {
+    let mut cluster = cluster::start(1).await;
+    let run = cluster
+        .run("name: slow\noptions: {failure: {default_action: retry, max_retries: 1, backoff: {kind: constant, base: 10ms}}}\ntasks:\n- {id: slow, type: sleep, input: {ms: 5000}, timeout: 200ms}\n")
+        .await;
+    assert_eq!(
+        run.state(),
+        ExecutionState::Failed,
+        "{}",
+        run.execution.reason
+    );
+    let timeouts = run
+        .events
+        .iter()
+        .filter(|e| matches!(e.kind, Some(Kind::TaskTimedOut(_))))
+        .count();
+    assert_eq!(
+        timeouts, 2,
+        "the attempt and its one retry both ran out of time"
+    );
+    assert!(
+        run.execution.reason.contains("timed out"),
+        "{}",
+        run.execution.reason
+    );
+
+    let run = cluster
+        .run("name: global\noptions: {global_timeout: 300ms}\ntasks:\n- {id: slow, type: sleep, input: {ms: 5000}}\n")
+        .await;
+    assert_eq!(run.state(), ExecutionState::Failed);
+    assert!(
+        run.execution.reason.contains("global timeout"),
+        "{}",
+        run.execution.reason
+    );
+}
