@@ -13,7 +13,7 @@ use crate::engine::{self, Control, Handle};
 use crate::workers::Registry;
 
 /// The gRPC face of the coordinator.
-pub(crate) struct CoordinatorService {
+pub struct CoordinatorService {
     engine: Handle,
     workers: Registry,
 }

@@ -16,6 +16,7 @@ use std::net::SocketAddr;
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use trellis_proto::v1::coordinator_server::CoordinatorServer;
 
 /// Coordinator settings.
 #[derive(Clone, Debug, Deserialize)]
@@ -47,6 +48,8 @@ pub enum Error {
     Grpc(#[from] tonic::transport::Error),
     #[error("cannot read the address of the gRPC listener: {0}")]
     Listener(std::io::Error),
+    #[error("cannot build the gRPC reflection service: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
 }
 
 /// The default gRPC address.
@@ -71,6 +74,21 @@ pub async fn run(
     let addr = listener.local_addr().map_err(Error::Listener)?;
     tracing::info!(%addr, nats = %config.nats_url, "coordinator serving");
     let service = grpc::CoordinatorService::new(handle, registry);
+    // grpc.health.v1 and reflection, so load balancers and `grpcurl` work out of the box.
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<CoordinatorServer<grpc::CoordinatorService>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(trellis_proto::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let not_serving = shutdown.clone();
+    tokio::spawn(async move {
+        not_serving.cancelled().await;
+        health
+            .set_not_serving::<CoordinatorServer<grpc::CoordinatorService>>()
+            .await;
+    });
     // Small request/response frames must not wait for Nagle's algorithm (a 40 ms stall against
     // delayed ACKs); tonic sets TCP_NODELAY only on listeners it binds itself.
     let incoming = tokio_stream::StreamExt::map(
@@ -82,7 +100,9 @@ pub async fn run(
         },
     );
     tonic::transport::Server::builder()
-        .add_service(trellis_proto::v1::coordinator_server::CoordinatorServer::new(service))
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(CoordinatorServer::new(service))
         .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
         .await?;
     Ok(())

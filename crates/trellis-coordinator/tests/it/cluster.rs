@@ -21,6 +21,8 @@ pub struct Cluster {
     pub nats: NatsServer,
     pub client: CoordinatorClient<Channel>,
     pub shutdown: CancellationToken,
+    /// The coordinator's gRPC address.
+    pub url: String,
     /// One per worker; aborting one drops the worker mid-flight, like a crash.
     pub workers: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -81,6 +83,7 @@ pub async fn start_with(workers: usize, registry: impl Fn() -> HandlerRegistry) 
                     nats,
                     client,
                     shutdown,
+                    url: url.clone(),
                     workers: handles,
                 };
             }

@@ -383,3 +383,27 @@ async fn task_and_global_timeouts_are_enforced() {
         run.execution.reason
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_reports_the_coordinator_serving() {
+    let cluster = cluster::start(1).await;
+    let channel = tonic::transport::Endpoint::from_shared(cluster.url.clone())
+        .expect("coordinator url")
+        .connect()
+        .await
+        .expect("health endpoint");
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let request = tonic_health::pb::HealthCheckRequest {
+        service: "trellis.v1.Coordinator".into(),
+    };
+    let status = health
+        .check(request)
+        .await
+        .expect("health check")
+        .into_inner()
+        .status;
+    assert_eq!(
+        status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+}
