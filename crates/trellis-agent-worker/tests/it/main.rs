@@ -3,6 +3,7 @@
 
 mod builtins;
 mod delivery;
+mod sigkill;
 mod steps;
 
 use std::time::Duration;
