@@ -24,6 +24,25 @@ impl CoordinatorService {
     }
 }
 
+impl CoordinatorService {
+    /// Pauses, resumes or cancels an execution; returns its state afterwards.
+    async fn control(&self, execution_id_field: &str, control: Control) -> Result<i32, Status> {
+        let id = execution_id("execution_id", execution_id_field)?;
+        self.engine
+            .request(|reply| engine::Request::Control { id, control, reply })
+            .await
+    }
+}
+
+/// Returns `text`, or `default` when it is empty.
+fn or_default(text: String, default: &str) -> String {
+    if text.is_empty() {
+        default.to_owned()
+    } else {
+        text
+    }
+}
+
 fn execution_id(field: &str, value: &str) -> Result<ExecutionId, Status> {
     value
         .parse()
@@ -73,19 +92,9 @@ impl Coordinator for CoordinatorService {
         request: Request<v1::PauseExecutionRequest>,
     ) -> Result<Response<v1::PauseExecutionResponse>, Status> {
         let request = request.into_inner();
-        let id = execution_id("execution_id", &request.execution_id)?;
-        let reason = if request.reason.is_empty() {
-            "paused by request".to_owned()
-        } else {
-            request.reason
-        };
+        let reason = or_default(request.reason, "paused by request");
         let state = self
-            .engine
-            .request(|reply| engine::Request::Control {
-                id,
-                control: Control::Pause(reason),
-                reply,
-            })
+            .control(&request.execution_id, Control::Pause(reason))
             .await?;
         Ok(Response::new(v1::PauseExecutionResponse { state }))
     }
@@ -94,14 +103,8 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<v1::ResumeExecutionRequest>,
     ) -> Result<Response<v1::ResumeExecutionResponse>, Status> {
-        let id = execution_id("execution_id", &request.into_inner().execution_id)?;
         let state = self
-            .engine
-            .request(|reply| engine::Request::Control {
-                id,
-                control: Control::Resume,
-                reply,
-            })
+            .control(&request.into_inner().execution_id, Control::Resume)
             .await?;
         Ok(Response::new(v1::ResumeExecutionResponse { state }))
     }
@@ -111,19 +114,9 @@ impl Coordinator for CoordinatorService {
         request: Request<v1::CancelExecutionRequest>,
     ) -> Result<Response<v1::CancelExecutionResponse>, Status> {
         let request = request.into_inner();
-        let id = execution_id("execution_id", &request.execution_id)?;
-        let reason = if request.reason.is_empty() {
-            "cancelled by request".to_owned()
-        } else {
-            request.reason
-        };
+        let reason = or_default(request.reason, "cancelled by request");
         let state = self
-            .engine
-            .request(|reply| engine::Request::Control {
-                id,
-                control: Control::Cancel(reason),
-                reply,
-            })
+            .control(&request.execution_id, Control::Cancel(reason))
             .await?;
         Ok(Response::new(v1::CancelExecutionResponse { state }))
     }
