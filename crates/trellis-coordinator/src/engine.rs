@@ -133,7 +133,6 @@ impl Handle {
 
 struct Live {
     machine: Execution,
-    name: String,
     labels: HashMap<String, String>,
     created_at_ms: u64,
     /// The last sequence appended (or about to be).
@@ -146,6 +145,8 @@ struct Live {
     stop: Vec<TaskInstanceId>,
     observers: broadcast::Sender<Arc<Flushed>>,
     last_progress_ms: u64,
+    /// The state changed since the last progress snapshot was published.
+    progress_due: bool,
     dirty: bool,
 }
 
@@ -189,22 +190,14 @@ impl Live {
     }
 
     fn summary(&self, id: ExecutionId, now: u64) -> v1::Execution {
-        let progress = self.machine.progress(now);
-        let usage = self.machine.usage();
+        let progress = convert::progress_to_proto(&self.machine.progress(now));
         v1::Execution {
             execution_id: id.to_string(),
-            name: self.name.clone(),
+            name: self.machine.plan().name.clone(),
             state: convert::execution_state_to_proto(self.machine.state()),
             run_number: 1,
-            counts: Some(
-                convert::progress_to_proto(&progress)
-                    .counts
-                    .unwrap_or_default(),
-            ),
-            usage: Some(v1::Usage {
-                tokens_used: usage.tokens_used,
-                cost: usage.cost,
-            }),
+            counts: progress.counts,
+            usage: Some(convert::usage_to_proto(self.machine.usage())),
             created_at_unix_ms: self.created_at_ms as i64,
             started_at_unix_ms: Some(self.created_at_ms as i64),
             ended_at_unix_ms: None,
@@ -212,7 +205,7 @@ impl Live {
             last_sequence: self.seq,
             labels: self.labels.clone(),
             open_questions: Vec::new(),
-            progress: Some(convert::progress_to_proto(&progress)),
+            progress: Some(progress),
         }
     }
 }
@@ -474,14 +467,14 @@ impl Engine {
             Status::invalid_argument(lines.join("\n"))
         })?;
         let id = ExecutionId(uuid::Uuid::now_v7());
-        let name = plan.name.clone();
+        let plan_name = plan.name.clone();
         let machine = Execution::start(id, Arc::new(plan), 1, now);
         let (observers, _) = broadcast::channel(OBSERVER_CAPACITY);
         let format = v1::PlanFormat::try_from(spec.format).unwrap_or(v1::PlanFormat::Yaml);
         let started = convert::started_to_proto(
             id,
             &convert::Started {
-                plan_name: name.clone(),
+                plan_name,
                 run_number: 1,
                 spec: spec.text,
                 format,
@@ -494,9 +487,8 @@ impl Engine {
                     .collect(),
             },
         );
-        let mut live = Live {
+        let live = Live {
             machine,
-            name,
             labels: options.labels.clone(),
             created_at_ms: now,
             seq: 1,
@@ -506,9 +498,9 @@ impl Engine {
             stop: Vec::new(),
             observers,
             last_progress_ms: 0,
+            progress_due: true,
             dirty: false,
         };
-        live.dirty = false;
         self.executions.insert(id, live);
         if !options.idempotency_key.is_empty() {
             self.by_key.insert(options.idempotency_key, id);
@@ -615,10 +607,15 @@ impl Engine {
                     .await;
             }
             let terminal = live.machine.state().is_terminal();
-            let progress = (terminal || now >= live.last_progress_ms + PROGRESS_EVERY_MS)
+            live.progress_due |= !live.pending.is_empty();
+            // Idle executions (woken only by the clock tick) publish nothing: a snapshot costs a
+            // pass over every instance.
+            let progress = (live.progress_due
+                && (terminal || now >= live.last_progress_ms + PROGRESS_EVERY_MS))
                 .then(|| convert::progress_to_proto(&live.machine.progress(now)));
             if let Some(progress) = &progress {
                 live.last_progress_ms = now;
+                live.progress_due = false;
                 let _ = self
                     .nats
                     .publish(subjects::progress(id), progress.encode_to_vec().into())
