@@ -952,6 +952,7 @@ pub fn assignment_to_proto(
         continues_task_instance_id: None,
         resume: resume_to_proto(assignment.resume, assignment.steps),
         avoid_worker_id: assignment.avoid_worker.map(|worker| worker.0.clone()),
+        results_shard: None,
     }
 }
 
