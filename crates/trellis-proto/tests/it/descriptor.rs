@@ -55,6 +55,8 @@ fn services_have_their_rpcs() {
                 "ListCheckpoints",
                 "PruneCheckpoints",
                 "QueryTaskInstances",
+                "GetExecutionRecord",
+                "ListExecutionRecords",
             ],
         ),
     ];
