@@ -245,44 +245,58 @@ impl Store for StoreImpl {
         let meta = &checkpoint.metadata;
         let failed = || format!("failed to store checkpoint {}", meta.checkpoint_id);
         let _writes = self.lock_writes().await;
-        let mut tx = self.pool().begin().await.map_err(db_err(failed()))?;
-        if let Some(existing) = fetch_metadata(&mut tx, meta.checkpoint_id).await? {
+        // One statement, one round trip: a delta is inserted only when its base is stored for the
+        // same execution at or below its sequence (the base row is read by the same statement).
+        // Only when nothing was inserted is it worth finding out why.
+        let sql = match meta.base_checkpoint_id {
+            None => {
+                "INSERT INTO checkpoints (checkpoint_id, execution_id, event_sequence, \
+                 stream_sequence, kind, base_checkpoint_id, checksum_sha256, created_at_unix_ms, \
+                 size_bytes, state_format_version, state) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+                 ON CONFLICT (checkpoint_id) DO NOTHING"
+            }
+            Some(_) => {
+                "INSERT INTO checkpoints (checkpoint_id, execution_id, event_sequence, \
+                 stream_sequence, kind, base_checkpoint_id, checksum_sha256, created_at_unix_ms, \
+                 size_bytes, state_format_version, state) \
+                 SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11 FROM checkpoints base \
+                 WHERE base.checkpoint_id = $6 AND base.execution_id = $2 \
+                 AND base.event_sequence <= $3 \
+                 ON CONFLICT (checkpoint_id) DO NOTHING"
+            }
+        };
+        let inserted = sqlx::query(sql)
+            .bind(meta.checkpoint_id)
+            .bind(meta.execution_id.0)
+            .bind(to_i64(meta.event_sequence))
+            .bind(to_i64(meta.stream_sequence))
+            .bind(meta.kind.as_str())
+            .bind(meta.base_checkpoint_id)
+            .bind(meta.checksum_sha256.as_slice())
+            .bind(to_i64(meta.created_at_ms))
+            .bind(to_i64(meta.size_bytes))
+            .bind(to_i32(meta.state_format_version))
+            .bind(checkpoint.state.as_slice())
+            .execute(self.pool())
+            .await
+            .map_err(db_err(failed()))?;
+        if inserted.rows_affected() == 1 {
+            return Ok(Inserted::Created);
+        }
+        if let Some(existing) = fetch_metadata(self.pool(), meta.checkpoint_id).await? {
             return Ok(Inserted::Existing(existing));
         }
-        if let Some(base_id) = meta.base_checkpoint_id {
-            let base = fetch_metadata(&mut tx, base_id).await?;
-            crate::checkpoint::check_base(meta, base.as_ref())?;
-        }
-        let inserted = sqlx::query(
-            "INSERT INTO checkpoints (checkpoint_id, execution_id, event_sequence, \
-             stream_sequence, kind, base_checkpoint_id, checksum_sha256, created_at_unix_ms, \
-             size_bytes, state_format_version, state) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
-             ON CONFLICT (checkpoint_id) DO NOTHING",
-        )
-        .bind(meta.checkpoint_id)
-        .bind(meta.execution_id.0)
-        .bind(to_i64(meta.event_sequence))
-        .bind(to_i64(meta.stream_sequence))
-        .bind(meta.kind.as_str())
-        .bind(meta.base_checkpoint_id)
-        .bind(meta.checksum_sha256.as_slice())
-        .bind(to_i64(meta.created_at_ms))
-        .bind(to_i64(meta.size_bytes))
-        .bind(to_i32(meta.state_format_version))
-        .bind(checkpoint.state.as_slice())
-        .execute(&mut *tx)
-        .await
-        .map_err(db_err(failed()))?;
-        if inserted.rows_affected() == 0 {
-            // Another writer stored the same id between the look-up and the insert.
-            let existing = fetch_metadata(&mut tx, meta.checkpoint_id)
-                .await?
-                .ok_or_else(|| Error::new(ErrorKind::Unavailable, failed()))?;
-            return Ok(Inserted::Existing(existing));
-        }
-        tx.commit().await.map_err(db_err(failed()))?;
-        Ok(Inserted::Created)
+        let base = match meta.base_checkpoint_id {
+            Some(base_id) => fetch_metadata(self.pool(), base_id).await?,
+            None => None,
+        };
+        crate::checkpoint::check_base(meta, base.as_ref())?;
+        // The base changed between the insert and the look-up (a concurrent prune).
+        Err(Error::new(
+            ErrorKind::FailedPrecondition,
+            format!("{}: its base checkpoint changed meanwhile", failed()),
+        ))
     }
 
     async fn get_checkpoint(
@@ -913,16 +927,16 @@ impl Store for StoreImpl {
     }
 }
 
-/// Reads one checkpoint's metadata inside a transaction.
+/// Reads one checkpoint's metadata.
 async fn fetch_metadata(
-    tx: &mut sqlx::Transaction<'_, Db>,
+    pool: &sqlx::Pool<Db>,
     checkpoint_id: Uuid,
 ) -> Result<Option<CheckpointMetadata>, Error> {
     let row = sqlx::query(&format!(
         "SELECT {CHECKPOINT_METADATA_COLUMNS} FROM checkpoints WHERE checkpoint_id = $1"
     ))
     .bind(checkpoint_id)
-    .fetch_optional(&mut **tx)
+    .fetch_optional(pool)
     .await
     .map_err(db_err(format!("failed to read checkpoint {checkpoint_id}")))?;
     row.as_ref().map(checkpoint_metadata_from_row).transpose()
