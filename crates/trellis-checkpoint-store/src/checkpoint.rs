@@ -11,7 +11,6 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 
-use sha2::{Digest, Sha256};
 use trellis_core::ids::ExecutionId;
 use trellis_proto::v1;
 use uuid::Uuid;
@@ -33,10 +32,8 @@ pub fn page_limit(requested: u32) -> u32 {
     }
 }
 
-/// Returns the SHA-256 of `bytes`.
-pub fn sha256(bytes: &[u8]) -> [u8; 32] {
-    Sha256::digest(bytes).into()
-}
+/// Returns the SHA-256 of `bytes` (the core's, so checkpoint makers and the store agree).
+pub use trellis_core::checksum::sha256;
 
 fn hex(bytes: &[u8]) -> String {
     let mut res = String::with_capacity(bytes.len() * 2);

@@ -6,7 +6,8 @@
 //! again from its spec), fed every later event, and asked after each run of messages which records
 //! changed. A replica is dropped when its execution finishes. After a restart, an execution whose
 //! next event is not the first gets its replica rebuilt from its own log on JetStream (an ordered
-//! consumer filtered on its subject), up to what the read model already holds.
+//! consumer filtered on its subject), up to what the read model already holds; so is the replica
+//! of a finished execution when a new run (`RunStarted`) arrives.
 //!
 //! Writes are idempotent by event sequence: the read model keeps `last_sequence` per execution,
 //! events at or below it are skipped, and each run of messages (many of them, for speed) is written
@@ -67,6 +68,15 @@ struct Replica {
     started: Started,
     /// The labels are written with the first row of the execution this process writes.
     labels_written: bool,
+    /// The current run, from its root record.
+    run: RunTimes,
+}
+
+/// The current run of an execution, as its root record says.
+#[derive(Debug, Clone, Copy)]
+struct RunTimes {
+    run_number: u32,
+    started_at_ms: Option<u64>,
     ended_at_ms: Option<u64>,
 }
 
@@ -134,17 +144,13 @@ fn describe(event: &v1::Event) -> (&'static str, Option<&str>) {
             Kind::BudgetExhausted(_) => ("budget_exhausted", None),
             Kind::ExecutionTimedOut(_) => ("execution_timed_out", None),
             Kind::ExecutionFinished(_) => ("execution_finished", None),
+            Kind::RunStarted(_) => ("run_started", None),
         },
     }
 }
 
 fn instant(unix_ms: i64) -> u64 {
     u64::try_from(unix_ms).unwrap_or(0)
-}
-
-/// Returns the changed records of a replica since the previous call.
-fn changed_records(machine: &mut Execution) -> Vec<TaskStatusRecord> {
-    machine.records()
 }
 
 /// Builds [`ReadModelBatch`]es from log messages, holding the replicas. No I/O: rebuilding a
@@ -344,15 +350,17 @@ impl Applier {
                 });
                 continue;
             };
-            let records = changed_records(&mut replica.machine);
+            let records = replica.machine.take_changed_records();
             let root_id = replica.machine.root_instance_id();
-            let mut run_number = replica.started.run_number;
             if let Some(root) = records
                 .iter()
                 .find(|record| record.task_instance_id == root_id)
             {
-                replica.ended_at_ms = root.ended_at_ms;
-                run_number = root.run_number;
+                replica.run = RunTimes {
+                    run_number: root.run_number,
+                    started_at_ms: root.started_at_ms,
+                    ended_at_ms: root.ended_at_ms,
+                };
             }
             for record in records {
                 instances.insert(record.task_instance_id, record);
@@ -370,10 +378,10 @@ impl Applier {
                     execution_id,
                     name: replica.started.plan_name.clone(),
                     state: replica.machine.state(),
-                    run_number,
+                    run_number: replica.run.run_number,
                     created_at_ms: replica.started.started_at_ms,
-                    started_at_ms: Some(replica.started.started_at_ms),
-                    ended_at_ms: replica.ended_at_ms,
+                    started_at_ms: replica.run.started_at_ms,
+                    ended_at_ms: replica.run.ended_at_ms,
                     reason: replica.machine.reason().unwrap_or_default().to_owned(),
                     idempotency_key: replica.started.idempotency_key.clone(),
                     labels,
@@ -424,9 +432,13 @@ fn start_replica(execution_id: ExecutionId, started: Started) -> Option<Replica>
                 started.run_number,
                 started.started_at_ms,
             ),
+            run: RunTimes {
+                run_number: started.run_number,
+                started_at_ms: Some(started.started_at_ms),
+                ended_at_ms: None,
+            },
             started,
             labels_written: false,
-            ended_at_ms: None,
         }),
         Err(errors) => {
             tracing::warn!(%execution_id, %errors, "the plan of an execution does not compile; its task instances are not recorded");
