@@ -252,3 +252,67 @@ async fn a_restarted_store_rebuilds_its_replica_from_the_log() -> anyhow::Result
     service.stop().await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_new_run_of_a_cancelled_execution_is_followed() -> anyhow::Result<()> {
+    use trellis_core::machine::EventBody;
+
+    let (server, js) = nats().await?;
+    let store = TestStore::sqlite().await?;
+    let service = Service::start(Config {
+        database_url: store.url.clone(),
+        nats_url: server.url(),
+    })
+    .await?;
+    let mut client = service.client().await?;
+    let mut driver = Driver::start(SPEC, &[])?;
+    let execution_id = driver.id.to_string();
+    driver.step()?;
+    driver.record(EventBody::CancelRequested {
+        reason: "operator".to_owned(),
+    })?;
+    anyhow::ensure!(driver.finished(), "the cancel ended the run");
+    if let Some(batch) = driver.take_batch() {
+        publish(&js, &batch, None).await?;
+    }
+    let cancelled = wait_for_sequence(&mut client, &execution_id, driver.sequence).await?;
+    assert_eq!(cancelled.state, i32::from(v1::ExecutionState::Cancelled));
+    assert_eq!(cancelled.reason, "operator");
+
+    // The store dropped the finished execution's replica; the new run makes it rebuild one.
+    driver.record(EventBody::RunStarted { run: 2 })?;
+    let mut steps = 0;
+    while !driver.finished() {
+        driver.step()?;
+        steps += 1;
+        anyhow::ensure!(steps < 50, "run 2 did not finish");
+    }
+    if let Some(batch) = driver.take_batch() {
+        publish(&js, &batch, None).await?;
+    }
+    let completed = wait_for_sequence(&mut client, &execution_id, driver.sequence).await?;
+    assert_eq!(completed.state, i32::from(v1::ExecutionState::Completed));
+    assert_eq!(completed.run_number, 2);
+    assert_eq!(completed.reason, "");
+    let all = all_instances(
+        &mut client,
+        v1::QueryTaskInstancesRequest {
+            execution_id: execution_id.clone(),
+            ..Default::default()
+        },
+    )
+    .await?;
+    assert_eq!(all, driver.expected_records());
+    let run_two = all_instances(
+        &mut client,
+        v1::QueryTaskInstancesRequest {
+            execution_id,
+            run_number: 2,
+            ..Default::default()
+        },
+    )
+    .await?;
+    assert!(!run_two.is_empty() && run_two.len() < all.len());
+    service.stop().await?;
+    Ok(())
+}
