@@ -39,6 +39,8 @@ pub struct Driver {
     /// Log entries not yet taken.
     pending: Vec<v1::Event>,
     spawned: HashSet<TaskInstanceId>,
+    /// Members of the group `fan` spawns.
+    members: usize,
 }
 
 impl Driver {
@@ -68,7 +70,14 @@ impl Driver {
             sequence: 1,
             pending: vec![convert::started_to_proto(id, &started)],
             spawned: HashSet::new(),
+            members: 3,
         })
+    }
+
+    /// Makes `fan` spawn `members` subtasks instead of three.
+    pub fn with_members(mut self, members: usize) -> Self {
+        self.members = members;
+        self
     }
 
     /// Applies an event and logs it when it changed the state.
@@ -129,7 +138,7 @@ impl Driver {
                     attempt,
                     group: GroupId::v7(self.now_ms, [7; 10]),
                     rule: GroupRule::default(),
-                    members: (0..3)
+                    members: (0..self.members)
                         .map(|n| SubtaskSpec {
                             task_type: "noop".to_owned(),
                             queue: None,

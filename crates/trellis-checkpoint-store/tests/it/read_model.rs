@@ -316,3 +316,73 @@ async fn a_new_run_of_a_cancelled_execution_is_followed() -> anyhow::Result<()> 
     service.stop().await?;
     Ok(())
 }
+
+/// A group of 5,000 subtasks: every instance reaches PostgreSQL through runs of many messages.
+#[tokio::test]
+async fn a_large_group_reaches_postgres() -> anyhow::Result<()> {
+    let (server, js) = nats().await?;
+    let store = TestStore::postgres().await?;
+    let service = Service::start(Config {
+        database_url: store.url.clone(),
+        nats_url: server.url(),
+    })
+    .await?;
+    let mut client = service.client().await?;
+    let mut driver = Driver::start(SPEC, &[])?.with_members(5_000);
+    let execution_id = driver.id.to_string();
+    let started = std::time::Instant::now();
+    let mut steps = 0;
+    while !driver.finished() {
+        driver.step()?;
+        if let Some(batch) = driver.take_batch() {
+            // The coordinator splits its appends; so does the test, in messages of 500 events.
+            for events in batch.events.chunks(500) {
+                let events = events.to_vec();
+                publish(&js, &v1::EventBatch { events }, None).await?;
+            }
+        }
+        steps += 1;
+        anyhow::ensure!(steps < 50, "the execution did not finish");
+    }
+    let execution = wait_for_sequence(&mut client, &execution_id, driver.sequence).await?;
+    eprintln!(
+        "{} events of 5,000 subtasks in the read model after {:?}",
+        driver.sequence,
+        started.elapsed()
+    );
+    assert_eq!(execution.state, i32::from(v1::ExecutionState::Completed));
+    assert_eq!(
+        store.count("task_instances").await?,
+        driver.expected_records().len() as i64
+    );
+    let mut request = v1::QueryTaskInstancesRequest {
+        execution_id,
+        page: Some(v1::PageRequest {
+            page_size: 1000,
+            page_token: String::new(),
+        }),
+        ..Default::default()
+    };
+    let mut all = Vec::new();
+    loop {
+        let page = client
+            .query_task_instances(request.clone())
+            .await?
+            .into_inner();
+        all.extend(page.task_instances);
+        let token = page
+            .page
+            .map(|page| page.next_page_token)
+            .unwrap_or_default();
+        if token.is_empty() {
+            break;
+        }
+        request.page = Some(v1::PageRequest {
+            page_size: 1000,
+            page_token: token,
+        });
+    }
+    assert_eq!(all, driver.expected_records());
+    service.stop().await?;
+    Ok(())
+}
