@@ -386,3 +386,56 @@ async fn a_large_group_reaches_postgres() -> anyhow::Result<()> {
     service.stop().await?;
     Ok(())
 }
+
+/// Heartbeats on core NATS become worker rows, written every few seconds, not once per beat.
+#[tokio::test]
+async fn heartbeats_become_workers() -> anyhow::Result<()> {
+    let (server, _js) = nats().await?;
+    let store = TestStore::postgres().await?;
+    let service = Service::start(Config {
+        database_url: store.url.clone(),
+        nats_url: server.url(),
+    })
+    .await?;
+    let nats = trellis_bus::connect(&server.url(), "heartbeat-test").await?;
+    // Heartbeats are core NATS messages: the ones sent before the store subscribed are lost, as
+    // they would be in production, so workers keep sending until they show up.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut sent = 0;
+    while store.count("workers").await? < 2 {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "no worker rows after {sent} heartbeats"
+        );
+        for n in 0..2 {
+            let worker_id = format!("worker-{n}");
+            let heartbeat = v1::WorkerHeartbeat {
+                worker_id: worker_id.clone(),
+                host: "host-1".to_owned(),
+                queues: vec!["noop".to_owned()],
+                slots: 2,
+                state: v1::WorkerState::Idle.into(),
+                interval_ms: 2_000,
+                ..Default::default()
+            };
+            nats.publish(
+                subjects::heartbeat(&worker_id),
+                heartbeat.encode_to_vec().into(),
+            )
+            .await?;
+            sent += 1;
+        }
+        // A corrupt heartbeat is ignored.
+        nats.publish(subjects::heartbeat("worker-x"), vec![0xff, 0xff].into())
+            .await?;
+        nats.flush().await?;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let beats = store
+        .scalar("SELECT COALESCE(SUM(heartbeat_count), 0)::BIGINT FROM workers")
+        .await?;
+    assert!(beats >= 2 && beats <= sent, "{beats} of {sent} heartbeats");
+    assert_eq!(store.count("workers").await?, 2);
+    service.stop().await?;
+    Ok(())
+}

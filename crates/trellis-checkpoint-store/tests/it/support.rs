@@ -172,10 +172,14 @@ impl TestStore {
 
     /// Returns the number of rows of `table` (a name from the schema).
     pub async fn count(&self, table: &str) -> anyhow::Result<i64> {
-        let sql = format!("SELECT COUNT(*) FROM {table}");
+        self.scalar(&format!("SELECT COUNT(*) FROM {table}")).await
+    }
+
+    /// Returns the BIGINT a query answers with.
+    pub async fn scalar(&self, sql: &str) -> anyhow::Result<i64> {
         Ok(match &self.raw {
-            Raw::Sqlite(pool) => sqlx::query_scalar(&sql).fetch_one(pool).await?,
-            Raw::Postgres(pool) => sqlx::query_scalar(&sql).fetch_one(pool).await?,
+            Raw::Sqlite(pool) => sqlx::query_scalar(sql).fetch_one(pool).await?,
+            Raw::Postgres(pool) => sqlx::query_scalar(sql).fetch_one(pool).await?,
         })
     }
 }
