@@ -68,6 +68,7 @@ enum Command {
     Answer(commands::control::AnswerArgs),
     Workers(commands::workers::WorkersArgs),
     Dev(commands::dev::DevArgs),
+    Coordinator(commands::serve::CoordinatorArgs),
     Demo(commands::demo::DemoArgs),
     Bench(commands::bench::BenchArgs),
 }
@@ -102,6 +103,7 @@ fn main() -> ExitCode {
         Command::Answer(args) => run_remote(control::answer(url, args)),
         Command::Workers(args) => run_remote(workers::run(url, args)),
         Command::Dev(args) => local::run_local(commands::dev::run(args)),
+        Command::Coordinator(args) => local::run_local(commands::serve::coordinator(args)),
         Command::Demo(args) => local::run_local(commands::demo::run(args)),
         Command::Bench(args) => local::run_local(commands::bench::run(args)),
     }

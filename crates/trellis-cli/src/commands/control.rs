@@ -192,7 +192,9 @@ pub async fn checkpoint(coordinator_url: &str, args: CheckpointArgs) -> Result<(
         .map_err(|status| coordinator.status_failure(&status, &what))?
         .into_inner();
     let Some(checkpoint) = response.checkpoint else {
-        return say(&format!("{what}: the coordinator answered without a checkpoint"));
+        return say(&format!(
+            "{what}: the coordinator answered without a checkpoint"
+        ));
     };
     let kind = match trellis_proto::v1::CheckpointKind::try_from(checkpoint.kind) {
         Ok(trellis_proto::v1::CheckpointKind::Full) => "full",
