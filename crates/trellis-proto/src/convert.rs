@@ -629,6 +629,7 @@ fn event_body_to_proto(body: &EventBody) -> v1::event::Kind {
                 outcome: outcome.into(),
             })
         }
+        EventBody::RunStarted { run } => Kind::RunStarted(v1::RunStarted { run_number: *run }),
     }
 }
 
@@ -778,6 +779,16 @@ fn decode_event(at: &At<'_>, event: &v1::Event) -> Result<LogEntry, ConvertError
                 v1::ExecutionOutcome::Failed => Outcome::Failed,
             };
             EventBody::ExecutionFinished { outcome }
+        }
+        v1::event::Kind::RunStarted(started) => {
+            if started.run_number < 2 {
+                return Err(at.field("run_started").field("run_number").error(
+                    ConvertErrorKind::Inconsistent("runs after the first are numbered from 2"),
+                ));
+            }
+            EventBody::RunStarted {
+                run: started.run_number,
+            }
         }
     };
     Ok(LogEntry::Event(Event { at_ms, body }))

@@ -60,6 +60,7 @@ pub fn kind_name(kind: Option<&Kind>) -> &'static str {
         Kind::BudgetExhausted(_) => "budget_exhausted",
         Kind::ExecutionTimedOut(_) => "execution_timed_out",
         Kind::ExecutionFinished(_) => "execution_finished",
+        Kind::RunStarted(_) => "run_started",
     }
 }
 
@@ -172,6 +173,10 @@ pub fn describe(kind: Option<&Kind>) -> String {
         Kind::BudgetExhausted(e) => with_reason("budget exhausted", &e.reason),
         Kind::ExecutionTimedOut(_) => "execution ran past its global timeout, failed".to_owned(),
         Kind::ExecutionFinished(e) => format!("execution {}", outcome_name(e.outcome)),
+        Kind::RunStarted(e) => format!(
+            "run {} started: what did not complete runs again",
+            e.run_number
+        ),
     }
 }
 
@@ -260,6 +265,7 @@ pub fn fields(kind: Option<&Kind>) -> Vec<(&'static str, Value)> {
         Kind::QuestionExpired(e) => vec![("question", json!(e.question_id))],
         Kind::ResumeRequested(_) | Kind::ExecutionTimedOut(_) => Vec::new(),
         Kind::ExecutionFinished(e) => vec![("outcome", json!(outcome_name(e.outcome)))],
+        Kind::RunStarted(e) => vec![("run_number", json!(e.run_number))],
     }
 }
 
@@ -310,6 +316,7 @@ pub fn execution_change(kind: Option<&Kind>) -> Option<ExecutionChange> {
             Some(change(ExecutionState::Running, ""))
         }
         Kind::PauseRequested(e) => Some(change(ExecutionState::Paused, &e.reason)),
+        Kind::RunStarted(_) => Some(change(ExecutionState::Running, "")),
         Kind::CancelRequested(e) => Some(change(ExecutionState::Cancelled, &e.reason)),
         Kind::ExecutionTimedOut(_) => {
             Some(change(ExecutionState::Failed, "global timeout exceeded"))

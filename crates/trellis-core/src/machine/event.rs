@@ -99,6 +99,12 @@ pub enum EventBody {
     ExecutionFinished {
         outcome: Outcome,
     },
+
+    // ----- asked for after the end -----
+    /// Run `run` of a failed or cancelled execution starts: what did not complete runs again.
+    RunStarted {
+        run: u32,
+    },
 }
 
 impl EventBody {
@@ -122,6 +128,7 @@ impl EventBody {
             Self::BudgetExhausted { .. } => "budget_exhausted",
             Self::ExecutionTimedOut => "execution_timed_out",
             Self::ExecutionFinished { .. } => "execution_finished",
+            Self::RunStarted { .. } => "run_started",
         }
     }
 }

@@ -18,14 +18,18 @@
 //! and late results are [`Applied::Ignored`].
 
 mod event;
+mod snapshot;
 mod types;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
+
 pub use event::{
     Command, Event, EventBody, GroupRule, Outcome, Question, SubtaskSpec, TimeoutAction, Usage,
 };
+pub use snapshot::{SNAPSHOT_FORMAT_VERSION, SnapshotError};
 pub use types::{
     Applied, ApplyError, Assignment, ExecutionState, GroupSummary, Ignored, Progress,
     ResumeContext, SUMMARY_LIMIT, StateCounts, StepRecord,
@@ -40,7 +44,7 @@ type InstIdx = u32;
 type GroupIdx = u32;
 
 /// What an instance runs.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 enum Work {
     /// A plan task (also a static subtask, a resumed plan task, or a fallback task).
     Plan(TaskIdx),
@@ -49,7 +53,7 @@ enum Work {
 }
 
 /// Why an instance exists.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 enum Origin {
     /// The first instance of a plan task.
     Plan,
@@ -61,15 +65,17 @@ enum Origin {
     Continues { of: InstIdx },
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 enum Next {
     Group(GroupIdx),
     Instance(InstIdx),
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 struct Instance {
     id: TaskInstanceId,
+    /// The execution run that created it.
+    run: u32,
     work: Work,
     origin: Origin,
     /// The first instance of this chain (itself for a chain head). A chain's outcome is the
@@ -95,7 +101,7 @@ struct Instance {
     steps: Vec<StepRecord>,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 struct Group {
     id: GroupId,
     parent: InstIdx,
@@ -112,7 +118,7 @@ struct Group {
     abandoned: bool,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 enum SlotStatus {
     /// Dependencies not met.
     Waiting,
@@ -123,7 +129,7 @@ enum SlotStatus {
 }
 
 /// Per plan task bookkeeping.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 struct Slot {
     unmet: u32,
     status: SlotStatus,
@@ -135,7 +141,7 @@ struct Slot {
     static_group_spawned: bool,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 struct OpenQuestion {
     instance: InstIdx,
     question: Question,
@@ -151,6 +157,8 @@ pub struct Execution {
     state: ExecutionState,
     reason: Option<String>,
     started_at_ms: u64,
+    /// When the current run started (the global timeout counts from here).
+    run_started_at_ms: u64,
     ended_at_ms: Option<u64>,
     slots: Vec<Slot>,
     /// Plan tasks that must settle before the execution can finish.
@@ -175,6 +183,19 @@ pub struct Execution {
     usage: Usage,
     budget_tripped: bool,
     settled_units: u64,
+    /// Instances whose record changed since [`Execution::take_changed_records`] last ran.
+    changed: Changed,
+}
+
+/// Bookkeeping for readers of [`Execution::take_changed_records`]: not part of the state, so it
+/// never makes two executions unequal and is not in snapshots.
+#[derive(Clone, Debug, Default)]
+struct Changed(Vec<InstIdx>);
+
+impl PartialEq for Changed {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 impl Execution {
@@ -207,6 +228,7 @@ impl Execution {
             state: ExecutionState::Running,
             reason: None,
             started_at_ms: at_ms,
+            run_started_at_ms: at_ms,
             ended_at_ms: None,
             slots,
             open_slots: 0,
@@ -229,6 +251,7 @@ impl Execution {
             usage: Usage::default(),
             budget_tripped: false,
             settled_units: 0,
+            changed: Changed::default(),
         };
         let mut fallback_only = Vec::new();
         let mut roots = Vec::new();
@@ -268,6 +291,16 @@ impl Execution {
     /// Returns the plan.
     pub fn plan(&self) -> &Arc<Plan> {
         &self.plan
+    }
+
+    /// Returns the current run, from 1.
+    pub fn run_number(&self) -> u32 {
+        self.run_number
+    }
+
+    /// Returns when the execution started and, once it is terminal, when it ended.
+    pub fn times_ms(&self) -> (u64, Option<u64>) {
+        (self.started_at_ms, self.ended_at_ms)
     }
 
     /// Returns the execution state.
@@ -417,7 +450,7 @@ impl Execution {
         if let Some(timeout) = self.plan.options.global_timeout
             && now_ms
                 >= self
-                    .started_at_ms
+                    .run_started_at_ms
                     .saturating_add(timeout.as_millis() as u64)
         {
             commands.push(Command::TimeOutExecution);
@@ -545,6 +578,7 @@ impl Execution {
                     return Ok(Applied::Ignored(Ignored::Duplicate));
                 }
                 inst.worker = Some(worker.clone());
+                self.changed.0.push(idx);
             }
             EventBody::StepCheckpointed {
                 instance,
@@ -811,8 +845,89 @@ impl Execution {
                     self.reason = Some(format!("{} tasks failed", self.failed_slots));
                 }
             }
+            EventBody::RunStarted { run } => {
+                if !matches!(
+                    self.state,
+                    ExecutionState::Failed | ExecutionState::Cancelled
+                ) {
+                    return Err(invalid_execution(self.state, "run_started"));
+                }
+                if *run != self.run_number + 1 {
+                    return Err(ApplyError::RunOutOfOrder {
+                        expected: self.run_number + 1,
+                        got: *run,
+                    });
+                }
+                self.start_run(*run, at);
+            }
         }
         Ok(Applied::Changed { stop })
+    }
+
+    /// Starts run `run` of a failed or cancelled execution (DESIGN.md §4, "Execution runs"): plan
+    /// tasks that settled acceptably keep their results; every other task is instantiated again
+    /// (with ids of the new run) once its dependencies allow. The earlier runs' instances stay, as
+    /// history.
+    fn start_run(&mut self, run: u32, at: u64) {
+        self.run_number = run;
+        self.run_started_at_ms = at;
+        self.state = ExecutionState::Running;
+        self.reason = None;
+        self.ended_at_ms = None;
+        self.budget_tripped = false;
+        self.failed_slots = 0;
+        // Questions of the ended run died with their instances.
+        for open in self.questions.values_mut() {
+            open.answered = true;
+        }
+        self.open_questions = 0;
+        self.expiries.clear();
+        let plan = Arc::clone(&self.plan);
+        let n = self.slots.len();
+        let mut reset: Vec<bool> = plan
+            .tasks
+            .iter()
+            .zip(&self.slots)
+            .map(|(task, slot)| {
+                !task.is_fallback_only
+                    && !matches!(slot.status, SlotStatus::Done { ok: true, .. })
+            })
+            .collect();
+        // A static subtask runs again with its parent, and only with it.
+        for task_idx in 0..n {
+            if let Some(parent) = plan.tasks[task_idx].subtask_of {
+                reset[task_idx] = reset[parent];
+            }
+        }
+        for task_idx in (0..n).filter(|&t| reset[t]) {
+            self.slots[task_idx] = Slot {
+                unmet: 0,
+                status: SlotStatus::Waiting,
+                head: None,
+                result: None,
+                locked: false,
+                static_group_spawned: false,
+            };
+            self.open_slots += 1;
+        }
+        for task_idx in (0..n).filter(|&t| reset[t]) {
+            self.slots[task_idx].unmet = plan.deps[task_idx]
+                .iter()
+                .filter(|&&dep| {
+                    !matches!(self.slots[dep].status, SlotStatus::Done { ok: true, .. })
+                })
+                .count() as u32;
+        }
+        let mut settle = Vec::new();
+        for task_idx in (0..n).filter(|&t| reset[t]) {
+            if self.slots[task_idx].unmet == 0
+                && plan.tasks[task_idx].subtask_of.is_none()
+                && self.slots[task_idx].status == SlotStatus::Waiting
+            {
+                self.make_ready(task_idx, at, &mut settle);
+            }
+        }
+        self.release(settle, at);
     }
 
     // ------------------------------------------------------------------------------------------
@@ -948,6 +1063,7 @@ impl Execution {
             self.settled_units += 1;
         }
         inst.state = state;
+        self.changed.0.push(idx);
         if state == TaskState::Queued {
             inst.ready_key = self.next_ready_key;
             self.next_ready_key += 1;
@@ -1004,6 +1120,7 @@ impl Execution {
         let idx = self.instances.len() as InstIdx;
         self.instances.push(Instance {
             id,
+            run: self.run_number,
             work,
             origin,
             head: head.unwrap_or(idx),
@@ -1073,8 +1190,10 @@ impl Execution {
         let plan = Arc::clone(&self.plan);
         for &dependent in &plan.dependents[task_idx] {
             if ok {
+                // Saturating: after a retry, a dependent kept from the previous run has no unmet
+                // dependencies left to count down.
                 let unmet = &mut self.slots[dependent].unmet;
-                *unmet -= 1;
+                *unmet = unmet.saturating_sub(1);
                 if *unmet == 0 && plan.tasks[dependent].subtask_of.is_none() {
                     settle.push(dependent);
                 }
@@ -1630,11 +1749,28 @@ impl Execution {
     /// the execution itself: plan task instances are members of the root's group, so one execution
     /// is one tree.
     pub fn records(&self) -> Vec<TaskStatusRecord> {
-        let root_id = self.root_instance_id();
-        let plan_group = GroupId(root_id.0);
         let mut records = Vec::with_capacity(self.instances.len() + 1);
-        records.push(TaskStatusRecord {
-            task_instance_id: root_id,
+        records.push(self.root_record());
+        records.extend((0..self.instances.len() as InstIdx).map(|idx| self.record_of(idx)));
+        records
+    }
+
+    /// Returns the root record and the records of the instances that changed since the last call
+    /// (each once, in instance order): what a read model needs to stay current without a pass over
+    /// every instance.
+    pub fn take_changed_records(&mut self) -> Vec<TaskStatusRecord> {
+        let mut changed = std::mem::take(&mut self.changed.0);
+        changed.sort_unstable();
+        changed.dedup();
+        let mut records = Vec::with_capacity(changed.len() + 1);
+        records.push(self.root_record());
+        records.extend(changed.into_iter().map(|idx| self.record_of(idx)));
+        records
+    }
+
+    fn root_record(&self) -> TaskStatusRecord {
+        TaskStatusRecord {
+            task_instance_id: self.root_instance_id(),
             task_id: self.plan.name.clone(),
             parent_task_instance_id: None,
             subtask_group_id: None,
@@ -1655,60 +1791,56 @@ impl Execution {
             ended_at_ms: self.ended_at_ms,
             output: None,
             error: self.reason.clone(),
-        });
-        for (idx, inst) in self.instances.iter().enumerate() {
-            let (parent, group, resumed_after, continues) = match inst.origin {
-                Origin::Plan => (Some(root_id), Some(plan_group), None, None),
-                Origin::Member { group } => {
-                    let g = &self.groups[group as usize];
-                    (
-                        Some(self.instances[g.parent as usize].id),
-                        Some(g.id),
-                        None,
-                        None,
-                    )
-                }
-                Origin::Resumed { group } => {
-                    (None, None, Some(self.groups[group as usize].id), None)
-                }
-                Origin::Continues { of } => {
-                    (None, None, None, Some(self.instances[of as usize].id))
-                }
-            };
-            let task_id = match &inst.work {
-                Work::Plan(task_idx) => self.plan.tasks[*task_idx].id.clone(),
-                Work::Dynamic(spec) => spec.task_type.clone(),
-            };
-            records.push(TaskStatusRecord {
-                task_instance_id: inst.id,
-                task_id,
-                parent_task_instance_id: parent,
-                subtask_group_id: group,
-                resumed_after_subtasks_group_id: resumed_after,
-                continues_task_instance_id: continues,
-                correlation_id: self.id,
-                run_number: self.run_number,
-                attempt: inst.attempt,
-                state: self.display_state(idx as InstIdx),
-                worker_id: inst.worker.clone(),
-                created_at_ms: inst.created_at_ms,
-                started_at_ms: inst.started_at_ms,
-                ended_at_ms: inst.ended_at_ms,
-                output: inst.output.clone(),
-                error: inst.error.clone(),
-            });
         }
-        records
+    }
+
+    fn record_of(&self, idx: InstIdx) -> TaskStatusRecord {
+        let root_id = self.root_instance_id();
+        let inst = &self.instances[idx as usize];
+        let (parent, group, resumed_after, continues) = match inst.origin {
+            Origin::Plan => (Some(root_id), Some(GroupId(root_id.0)), None, None),
+            Origin::Member { group } => {
+                let g = &self.groups[group as usize];
+                (
+                    Some(self.instances[g.parent as usize].id),
+                    Some(g.id),
+                    None,
+                    None,
+                )
+            }
+            Origin::Resumed { group } => (None, None, Some(self.groups[group as usize].id), None),
+            Origin::Continues { of } => (None, None, None, Some(self.instances[of as usize].id)),
+        };
+        let task_id = match &inst.work {
+            Work::Plan(task_idx) => self.plan.tasks[*task_idx].id.clone(),
+            Work::Dynamic(spec) => spec.task_type.clone(),
+        };
+        TaskStatusRecord {
+            task_instance_id: inst.id,
+            task_id,
+            parent_task_instance_id: parent,
+            subtask_group_id: group,
+            resumed_after_subtasks_group_id: resumed_after,
+            continues_task_instance_id: continues,
+            correlation_id: self.id,
+            run_number: inst.run,
+            attempt: inst.attempt,
+            state: self.display_state(idx),
+            worker_id: inst.worker.clone(),
+            created_at_ms: inst.created_at_ms,
+            started_at_ms: inst.started_at_ms,
+            ended_at_ms: inst.ended_at_ms,
+            output: inst.output.clone(),
+            error: inst.error.clone(),
+        }
     }
 
     /// Returns the id of the root record that stands for the execution in [`Execution::records`].
     pub fn root_instance_id(&self) -> TaskInstanceId {
         TaskInstanceId::derived(
             self.started_at_ms,
-            mix(
-                self.id.0.as_u128(),
-                &[0x524f_4f54, u64::from(self.run_number)],
-            ),
+            // The root stands for the execution across all its runs.
+            mix(self.id.0.as_u128(), &[0x524f_4f54, 1]),
         )
     }
 }

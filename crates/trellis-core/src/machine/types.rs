@@ -127,6 +127,8 @@ pub enum ApplyError {
     CannotFinish { claimed: Outcome, reason: String },
     #[error("no budget is exhausted")]
     BudgetNotExhausted,
+    #[error("run {got} cannot start: the next run is {expected}")]
+    RunOutOfOrder { expected: u32, got: u32 },
     #[error("the global timeout has not passed")]
     GlobalTimeoutNotReached,
 }

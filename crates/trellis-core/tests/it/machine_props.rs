@@ -8,7 +8,8 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use trellis_core::ids::{GroupId, QuestionId, TaskInstanceId, WorkerId};
 use trellis_core::machine::{
-    Applied, EventBody, ExecutionState, GroupRule, Question, SubtaskSpec, TimeoutAction, Usage,
+    Applied, EventBody, Execution, ExecutionState, GroupRule, Question, SubtaskSpec, TimeoutAction,
+    Usage,
 };
 use trellis_core::plan::{Plan, PlanOptions, TaskIdx};
 use trellis_core::policy::{Backoff, BackoffKind, FailureAction, FailurePolicy};
@@ -411,7 +412,8 @@ impl Harness {
             self.check_invariants();
         }
         panic!(
-            "execution did not end: {:?}",
+            "execution did not end in run {}: {:?}",
+            self.sim.exec.run_number(),
             self.sim.exec.progress(self.sim.now)
         );
     }
@@ -432,7 +434,20 @@ proptest! {
         for op in ops {
             harness.run(op);
         }
+        // 6. A snapshot taken mid-way restores the identical state, and the events after it bring
+        // the restored copy to the final state.
+        let snapshot = harness.sim.exec.snapshot();
+        let snapshot_at = harness.sim.log.len();
+        let restored = Execution::restore(Arc::clone(harness.sim.exec.plan()), &snapshot);
+        prop_assert!(restored.as_ref().is_ok_and(|r| *r == harness.sim.exec), "restore diverged");
+        prop_assert_eq!(restored.as_ref().map(Execution::snapshot).ok(), Some(snapshot.clone()), "snapshot bytes are not deterministic");
         harness.drain();
+        if let Ok(mut restored) = restored {
+            for event in &harness.sim.log[snapshot_at..] {
+                prop_assert!(restored.apply(event).is_ok(), "event after the snapshot refused");
+            }
+            prop_assert!(restored == harness.sim.exec, "restore + replay diverged");
+        }
         let exec = &harness.sim.exec;
         prop_assert!(exec.state().is_terminal());
         if exec.state() == ExecutionState::Completed {
@@ -452,5 +467,70 @@ proptest! {
         // Replaying the log (duplicates included) rebuilds the identical state.
         let replayed = harness.sim.replay();
         prop_assert!(replayed == *exec, "replay diverged");
+        // A reader that keeps only the changed records ends with every record as it is.
+        let mut reader = Execution::start(exec.id(), Arc::clone(exec.plan()), 1, crate::common::T0);
+        let mut kept = HashMap::new();
+        for record in reader.take_changed_records() {
+            kept.insert(record.task_instance_id, record);
+        }
+        for (n, event) in harness.sim.log.iter().enumerate() {
+            prop_assert!(reader.apply(event).is_ok());
+            if n % 3 == 0 || n + 1 == harness.sim.log.len() {
+                for record in reader.take_changed_records() {
+                    kept.insert(record.task_instance_id, record);
+                }
+            }
+        }
+        let all = exec.records();
+        prop_assert_eq!(kept.len(), all.len());
+        for record in &all {
+            prop_assert_eq!(kept.get(&record.task_instance_id), Some(record));
+        }
+
+        // A failed or cancelled execution runs again: tasks that completed keep their outcome, the
+        // others run in run 2, and the execution ends again.
+        if matches!(exec.state(), ExecutionState::Failed | ExecutionState::Cancelled) {
+            let n_tasks = exec.plan().tasks.len();
+            let before: Vec<_> = (0..n_tasks).map(|t| exec.task_outcome(t)).collect();
+            let applied = harness.sim.apply(EventBody::RunStarted { run: 2 });
+            prop_assert!(applied.is_ok(), "run 2 refused: {:?}", applied.err());
+            prop_assert_eq!(harness.sim.exec.run_number(), 2);
+            harness.drain();
+            let exec = &harness.sim.exec;
+            prop_assert!(exec.state().is_terminal());
+            for (t, outcome) in before.iter().enumerate() {
+                if *outcome == Some(TaskState::Completed) {
+                    prop_assert_eq!(exec.task_outcome(t), Some(TaskState::Completed), "task {} completed in run 1 changed", t);
+                }
+            }
+            let graph = trellis_core::graph::build(exec.records());
+            prop_assert!(graph.is_ok(), "{:?}", graph.err());
+            let replayed = harness.sim.replay();
+            prop_assert!(replayed == *exec, "replay across runs diverged");
+        }
+    }
+
+    /// Snapshot bytes that were damaged are refused or restored, never a panic.
+    #[test]
+    fn damaged_snapshots_never_panic(shape in plan_shape(), ops in prop::collection::vec(op(), 0..60), flips in prop::collection::vec((any::<u32>(), any::<u8>()), 1..8), cut in any::<u32>()) {
+        let plan = make_plan(&shape);
+        let mut harness = Harness {
+            sim: Sim::new(Arc::clone(&plan)),
+            applied_results: HashMap::new(),
+            questions: Vec::new(),
+            counter: 0,
+        };
+        for op in ops {
+            harness.run(op);
+        }
+        let mut bytes = harness.sim.exec.snapshot();
+        for (at, xor) in flips {
+            let len = bytes.len();
+            bytes[at as usize % len] ^= xor.max(1);
+        }
+        let _ = Execution::restore(Arc::clone(&plan), &bytes);
+        let len = bytes.len();
+        bytes.truncate(cut as usize % len);
+        prop_assert!(Execution::restore(plan, &bytes).is_err() || bytes.is_empty());
     }
 }

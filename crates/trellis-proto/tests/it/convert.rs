@@ -73,10 +73,11 @@ fn variant(body: &EventBody) -> &'static str {
         EventBody::BudgetExhausted { .. } => "budget_exhausted",
         EventBody::ExecutionTimedOut => "execution_timed_out",
         EventBody::ExecutionFinished { .. } => "execution_finished",
+        EventBody::RunStarted { .. } => "run_started",
     }
 }
 
-const N_VARIANTS: usize = 17;
+const N_VARIANTS: usize = 18;
 
 fn example_question(timeout_action: TimeoutAction) -> Question {
     Question {
@@ -93,6 +94,7 @@ fn example_question(timeout_action: TimeoutAction) -> Question {
 fn examples() -> Vec<EventBody> {
     let instance = instance_id(2);
     vec![
+        EventBody::RunStarted { run: 2 },
         EventBody::TaskStarted {
             instance,
             attempt: 1,
