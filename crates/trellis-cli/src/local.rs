@@ -67,6 +67,7 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
     let config = trellis_coordinator::Config {
         nats_url: nats_url.clone(),
         shards: 1,
+        ..trellis_coordinator::Config::default()
     };
     let token = shutdown.child_token();
     tokio::spawn(async move {
