@@ -376,7 +376,7 @@ pub(crate) struct Engine {
     dirty: Vec<ExecutionId>,
     /// Executions being loaded from the log, with the requests waiting for them.
     loading: HashMap<ExecutionId, Vec<Request>>,
-    /// Starts that arrived while the first shard was still being recovered.
+    /// Requests that arrived while the shard they need was being recovered.
     parked: Vec<Request>,
 }
 
@@ -529,10 +529,10 @@ impl Engine {
                 then,
             } => {
                 self.adopt(shard, acquire, recovered);
-                let parked = if self.owned.is_empty() {
-                    Vec::new()
-                } else {
+                let parked = if acquire {
                     std::mem::take(&mut self.parked)
+                } else {
+                    Vec::new()
                 };
                 for request in parked {
                     self.request(request, replies);
@@ -730,6 +730,11 @@ impl Engine {
     /// log, then answers `request`.
     fn load(&mut self, id: ExecutionId, request: Request) {
         let shard = self.shard_of(id);
+        if self.acquiring.contains(&shard) {
+            // Its shard is being recovered: answer once it is.
+            self.parked.push(request);
+            return;
+        }
         if !self.owned.contains(&shard) {
             request.fail(Status::unavailable(format!(
                 "execution {id} belongs to shard {shard}, which this coordinator does not own; \
