@@ -1,8 +1,6 @@
-//! Entry point of the `trellis-checkpoint-store` binary.
+//! Entry point of the `trellis-checkpoint-store` binary; everything is in the library
+//! ([`trellis_checkpoint_store::main_entry`]) so other packages can host the same binary.
 
 fn main() -> std::process::ExitCode {
-    eprintln!(
-        "trellis-checkpoint-store: this service is not available yet; use `trellis plan validate|analyze`"
-    );
-    std::process::ExitCode::from(2)
+    trellis_checkpoint_store::main_entry()
 }

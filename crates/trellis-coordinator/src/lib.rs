@@ -7,6 +7,7 @@
 //! cancelled ones) happen, and all of it is done in batches so throughput does not pay one round
 //! trip per task.
 
+mod cli;
 mod engine;
 mod grpc;
 mod workers;
@@ -17,6 +18,8 @@ use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use trellis_proto::v1::coordinator_server::CoordinatorServer;
+
+pub use cli::main_entry;
 
 /// Coordinator settings.
 #[derive(Clone, Debug, Deserialize)]
