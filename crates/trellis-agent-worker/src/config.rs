@@ -21,8 +21,8 @@ pub struct Config {
 }
 
 /// The queues of the built-in handlers.
-pub const DEFAULT_QUEUES: [&str; 7] = [
-    "noop", "sleep", "fail", "fanout", "shell", "http", "question",
+pub const DEFAULT_QUEUES: [&str; 8] = [
+    "noop", "sleep", "fail", "fanout", "steps", "shell", "http", "question",
 ];
 
 impl Default for Config {
@@ -118,7 +118,7 @@ mod tests {
             Err(error) => panic!("config should parse: {error}"),
         };
         assert_eq!(config.slots, 4);
-        assert_eq!(config.queues.len(), 7);
+        assert_eq!(config.queues.len(), DEFAULT_QUEUES.len());
         assert_eq!(config.shards, 1);
         assert!(config.validate().is_ok());
         assert!(serde_json::from_str::<Config>(r#"{"slot": 4}"#).is_err());

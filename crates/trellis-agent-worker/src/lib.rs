@@ -5,7 +5,8 @@
 //! queue's durable consumer (`trellis.tasks.<queue>`, shared by every worker of the queue), at
 //! most as many messages as there are free handler slots. For each [`v1::TaskAssignment`] it runs
 //! the handler registered for the task type ([`HandlerRegistry`]), publishes the
-//! [`v1::TaskResult`] on `trellis.results.<shard>` with `Nats-Msg-Id`
+//! [`v1::TaskResult`] on `trellis.results.<shard>` (the assignment's `results_shard`, or else the
+//! configured shard the execution id hashes to) with `Nats-Msg-Id`
 //! `<instance>:<attempt>:<outcome>`, waits for JetStream to accept it, and only then
 //! acknowledges the task message. Results are published in batches whose acks are awaited together.
 //!
@@ -19,6 +20,11 @@
 //!   another worker takes it; from its fifth delivery on it runs here anyway, since this worker
 //!   may be the only one of its queue.
 //! - A message that is not a valid assignment is set aside (`AckKind::Term`) with a warning.
+//! - Durable steps are kept in the KV bucket `trellis_steps` as well as published as step
+//!   checkpoints; a task message delivered again (its worker died) reads them back and resumes
+//!   after the last recorded step. A first delivery never reads the bucket.
+//! - A NATS server restart is ridden out: fetches that fail or go silent are retried with a fresh
+//!   consumer, and results are published again (same `Nats-Msg-Id`) until JetStream stores them.
 //! - On shutdown the worker stops fetching, gives running handlers `shutdown_grace_ms` to finish,
 //!   hands the rest back for immediate redelivery, flushes and returns. Dropping the `run` future
 //!   instead behaves like a crash: nothing more is acknowledged.

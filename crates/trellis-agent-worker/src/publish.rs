@@ -3,11 +3,21 @@
 //! Final results go through one publisher task that sends whatever has piled up (up to
 //! [`PUBLISH_BATCH`]) without waiting between messages, then awaits the batch's publish acks
 //! together and only then acknowledges the batch's task messages. Step checkpoints are published
-//! by the handler itself and awaited before the handler continues.
+//! by the handler itself, and stored in the steps bucket, before the handler continues.
+//!
+//! A publish that fails (the NATS server restarting, a publish ack that timed out) is sent again
+//! with the same `Nats-Msg-Id`, so JetStream stores it once, with a growing delay for at most
+//! [`STORE_RETRY_BOUND`]; a task message waiting for its result is extended meanwhile and handed
+//! back if the result still is not stored.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::Subject;
+use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+use async_nats::jetstream::kv;
 use async_nats::jetstream::message::{Acker, PublishMessage};
 use async_nats::jetstream::{self, AckKind};
 use bytes::Bytes;
@@ -16,12 +26,23 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use trellis_proto::subjects;
-use trellis_proto::v1::{self, TaskAssignment, task_result};
+use trellis_proto::v1::{self, RecordedStep, RecordedSteps, TaskAssignment, task_result};
 
 use crate::sdk::{Outcome, Running};
+use crate::steps;
 
 /// Most results sent before their publish acks are awaited together.
 pub(crate) const PUBLISH_BATCH: usize = 256;
+
+/// How long a result, a step checkpoint or a step entry is retried before the worker gives up:
+/// long enough to ride out a NATS server restart, short enough for the deduplication window
+/// (two minutes) to still recognise a late copy.
+pub(crate) const STORE_RETRY_BOUND: Duration = Duration::from_secs(60);
+/// How long reading a redelivered instance's steps is retried before it runs without them.
+pub(crate) const LOAD_RETRY_BOUND: Duration = Duration::from_secs(10);
+/// The first pause between two tries; it doubles up to [`RETRY_MAX_DELAY`].
+const RETRY_FIRST_DELAY: Duration = Duration::from_millis(100);
+const RETRY_MAX_DELAY: Duration = Duration::from_secs(2);
 
 /// A finished attempt waiting for its result to be published and its task message acknowledged.
 pub(crate) struct Finished {
@@ -29,19 +50,29 @@ pub(crate) struct Finished {
     pub(crate) msg_id: String,
     pub(crate) payload: Bytes,
     pub(crate) acker: Acker,
+    /// The instance whose steps entry is deleted once the result is stored: set when the attempt
+    /// used one and its outcome ends the instance (a failure keeps it for the retry).
+    pub(crate) forget_steps: Option<String>,
 }
 
-/// Builds and addresses results for one worker.
+/// Builds and addresses results for one worker, and keeps its durable steps.
 #[derive(Debug)]
 pub(crate) struct ResultSink {
     js: jetstream::Context,
     worker_id: String,
-    /// `trellis.results.<shard>` for every shard, built once.
+    /// `trellis.results.<shard>` for every configured shard, built once.
     shard_subjects: Vec<Subject>,
+    /// The bucket of recorded steps, by instance id.
+    steps: kv::Store,
 }
 
 impl ResultSink {
-    pub(crate) fn new(js: jetstream::Context, worker_id: String, n_shards: u32) -> ResultSink {
+    pub(crate) fn new(
+        js: jetstream::Context,
+        worker_id: String,
+        n_shards: u32,
+        steps: kv::Store,
+    ) -> ResultSink {
         let shard_subjects = (0..n_shards.max(1))
             .map(|shard| Subject::from(subjects::results(shard)))
             .collect();
@@ -49,14 +80,25 @@ impl ResultSink {
             js,
             worker_id,
             shard_subjects,
+            steps,
         }
     }
 
-    fn subject(&self, execution_id: &str) -> Subject {
-        // `shard_of` returns a value below the number of shards, which is the vector's length.
-        let n_shards = self.shard_subjects.len() as u32;
-        let shard = subjects::shard_of(execution_id, n_shards) as usize;
-        self.shard_subjects[shard].clone()
+    /// Returns the subject of an assignment's results: `trellis.results.<results_shard>` when the
+    /// coordinator names the shard, otherwise the configured shard the execution id hashes to.
+    pub(crate) fn subject(&self, assignment: &TaskAssignment) -> Subject {
+        let shard = match assignment.results_shard {
+            Some(shard) => shard,
+            None => {
+                // The vector has one subject per configured shard, which fits in a `u32`.
+                let n_shards = self.shard_subjects.len() as u32;
+                subjects::shard_of(&assignment.execution_id, n_shards)
+            }
+        };
+        match self.shard_subjects.get(shard as usize) {
+            Some(subject) => subject.clone(),
+            None => Subject::from(subjects::results(shard)),
+        }
     }
 
     /// Returns the subject, `Nats-Msg-Id` and encoded `TaskResult` of a final outcome.
@@ -108,7 +150,7 @@ impl ResultSink {
         };
         let result = self.result(running, outcome);
         (
-            self.subject(&running.execution_id),
+            running.results_subject.clone(),
             msg_id,
             Bytes::from(result.encode_to_vec()),
         )
@@ -126,17 +168,21 @@ impl ResultSink {
         }
     }
 
-    /// Publishes a step checkpoint and waits until JetStream has stored it.
+    /// Checkpoints a step: writes the instance's `recorded` steps (this one last) to the steps
+    /// bucket, then publishes the step's `step_checkpoint` result, each once JetStream stored the
+    /// one before. In that order, a step the coordinator has recorded is already in the bucket.
     pub(crate) async fn checkpoint(
         &self,
         assignment: &TaskAssignment,
         running: &Running,
-        step: &str,
-        merged_state: &serde_json::Value,
+        recorded: Vec<RecordedStep>,
     ) -> Result<(), String> {
+        let Some(last) = recorded.last() else {
+            return Ok(());
+        };
         let outcome = task_result::Outcome::StepCheckpoint(task_result::StepCheckpoint {
-            step: step.to_owned(),
-            merged_state: json_bytes(merged_state),
+            step: last.step.clone(),
+            merged_state: last.state.clone(),
             // A handler's steps are plain code, so the worker cannot know which one comes next;
             // the recorded step names are what a redelivery resumes from.
             next_step: String::new(),
@@ -145,20 +191,81 @@ impl ResultSink {
         let msg_id = subjects::result_msg_id(
             &assignment.task_instance_id,
             assignment.attempt,
-            &format!("step:{step}"),
+            &format!("step:{}", last.step),
         );
-        let publish = PublishMessage::build().message_id(msg_id).payload(payload);
-        let ack = self
-            .js
-            .send_publish(self.subject(&assignment.execution_id), publish)
-            .await
-            .map_err(|error| error.to_string())?;
-        ack.await.map(drop).map_err(|error| error.to_string())
+        let entry = Bytes::from(
+            RecordedSteps {
+                attempt: assignment.attempt,
+                steps: recorded,
+            }
+            .encode_to_vec(),
+        );
+        let key = assignment.task_instance_id.as_str();
+        running.steps_stored.store(true, Ordering::Relaxed);
+        retry(
+            "step entry",
+            key,
+            STORE_RETRY_BOUND,
+            |_| true,
+            || self.steps.put(key, entry.clone()),
+        )
+        .await
+        .map_err(|error| format!("cannot store the steps of {key}: {error}"))?;
+        retry(
+            "step checkpoint",
+            &msg_id,
+            STORE_RETRY_BOUND,
+            is_transient,
+            || publish_once(&self.js, &running.results_subject, &msg_id, &payload),
+        )
+        .await
+        .map(drop)
+        .map_err(|error| error.to_string())
+    }
+
+    /// Adds the steps kept in the bucket for `assignment`'s instance to the ones the assignment
+    /// carries, when the bucket holds more (see [`steps::resume_with`]). Reading fails only when
+    /// NATS stays unreachable; the attempt then runs with the assignment's steps.
+    pub(crate) async fn load_steps(&self, assignment: &mut TaskAssignment, running: &Running) {
+        let key = assignment.task_instance_id.as_str();
+        let entry = match retry(
+            "steps entry read",
+            key,
+            LOAD_RETRY_BOUND,
+            |_| true,
+            || self.steps.get(key),
+        )
+        .await
+        {
+            Ok(Some(entry)) => entry,
+            Ok(None) => return,
+            Err(error) => {
+                tracing::warn!(task_instance_id = %key, %error, "cannot read recorded steps; running with the assignment's steps");
+                return;
+            }
+        };
+        let stored = match RecordedSteps::decode(entry) {
+            Ok(stored) => stored,
+            Err(error) => {
+                tracing::warn!(task_instance_id = %key, %error, "recorded steps entry is not RecordedSteps; ignoring it");
+                return;
+            }
+        };
+        running.steps_stored.store(true, Ordering::Relaxed);
+        tracing::debug!(task_instance_id = %key, n_steps = stored.steps.len(), attempt = stored.attempt, "found recorded steps");
+        steps::resume_with(assignment, stored);
+    }
+
+    /// Deletes an instance's steps entry. A failure only leaves the entry to expire.
+    async fn forget_steps(&self, task_instance_id: &str) {
+        if let Err(error) = self.steps.delete(task_instance_id).await {
+            tracing::debug!(%task_instance_id, %error, "cannot delete recorded steps; they expire");
+        }
     }
 }
 
 /// Encodes a JSON value. Serialising a `Value` cannot fail: its map keys are always strings.
-fn json_bytes(value: &serde_json::Value) -> Vec<u8> {
+pub(crate) fn json_bytes(value: &serde_json::Value) -> Vec<u8> {
     serde_json::to_vec(value).unwrap_or_default()
 }
 
@@ -173,7 +280,7 @@ pub(crate) fn now_unix_ms() -> i64 {
 /// Publishes finished results in batches until every sender is gone, then waits for the
 /// outstanding publish acks. Stops at once, acknowledging nothing more, when `abandon` fires.
 pub(crate) async fn publisher(
-    js: jetstream::Context,
+    sink: std::sync::Arc<ResultSink>,
     mut finished_rx: mpsc::Receiver<Finished>,
     abandon: CancellationToken,
 ) {
@@ -197,30 +304,21 @@ pub(crate) async fn publisher(
         for finished in batch.drain(..) {
             let publish = PublishMessage::build()
                 .message_id(&finished.msg_id)
-                .payload(finished.payload);
-            match js.send_publish(finished.subject, publish).await {
-                Ok(ack) => pending.push((ack, finished.acker)),
-                Err(error) => {
-                    tracing::warn!(msg_id = %finished.msg_id, %error, "failed to publish a task result; handing the task back");
-                    nak(&finished.acker).await;
-                }
-            }
+                .payload(finished.payload.clone());
+            let sent = sink
+                .js
+                .send_publish(finished.subject.clone(), publish)
+                .await;
+            pending.push((sent, finished));
         }
+        let sink = sink.clone();
         let abandon = abandon.clone();
         ack_tasks.spawn(async move {
-            let acks = futures::future::join_all(pending.into_iter().map(|(ack, acker)| async move {
-                match ack.await {
-                    Ok(_) => {
-                        if let Err(error) = acker.ack().await {
-                            tracing::warn!(%error, "failed to acknowledge a task message");
-                        }
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, "task result not accepted by jetstream; handing the task back");
-                        nak(&acker).await;
-                    }
-                }
-            }));
+            let acks = futures::future::join_all(
+                pending
+                    .into_iter()
+                    .map(|(sent, finished)| settle(&sink, sent, finished)),
+            );
             tokio::select! {
                 _ = abandon.cancelled() => {}
                 _ = acks => {}
@@ -229,6 +327,142 @@ pub(crate) async fn publisher(
     }
     ack_tasks.close();
     ack_tasks.wait().await;
+}
+
+/// Waits until JetStream stored a finished attempt's result, publishing it again while it did
+/// not, then acknowledges the task message (or hands it back when the result cannot be stored).
+async fn settle(
+    sink: &ResultSink,
+    sent: Result<jetstream::context::PublishAckFuture, PublishError>,
+    finished: Finished,
+) {
+    let first = match sent {
+        Ok(ack) => ack.await.map(drop),
+        Err(error) => Err(error),
+    };
+    let stored = match first {
+        Ok(()) => Ok(()),
+        Err(error) if !is_transient(&error) => Err(error),
+        Err(error) => {
+            tracing::warn!(msg_id = %finished.msg_id, %error, "task result not stored yet; publishing it again");
+            let mut backoff = Backoff::new(STORE_RETRY_BOUND);
+            loop {
+                // Keep the task message ours while its result waits.
+                let _ = finished.acker.ack_with(AckKind::Progress).await;
+                if !backoff.wait().await {
+                    break Err(error);
+                }
+                match publish_once(
+                    &sink.js,
+                    &finished.subject,
+                    &finished.msg_id,
+                    &finished.payload,
+                )
+                .await
+                {
+                    Ok(_) => break Ok(()),
+                    Err(error) if !is_transient(&error) => break Err(error),
+                    Err(error) => {
+                        tracing::debug!(msg_id = %finished.msg_id, %error, "task result still not stored");
+                    }
+                }
+            }
+        }
+    };
+    match stored {
+        Ok(()) => {
+            if let Err(error) = finished.acker.ack().await {
+                tracing::warn!(%error, "failed to acknowledge a task message");
+            }
+            if let Some(task_instance_id) = &finished.forget_steps {
+                sink.forget_steps(task_instance_id).await;
+            }
+        }
+        Err(error) => {
+            tracing::warn!(msg_id = %finished.msg_id, %error, "task result not accepted by jetstream; handing the task back");
+            nak(&finished.acker).await;
+        }
+    }
+}
+
+/// Publishes one message with its `Nats-Msg-Id` and waits for JetStream's ack.
+async fn publish_once(
+    js: &jetstream::Context,
+    subject: &Subject,
+    msg_id: &str,
+    payload: &Bytes,
+) -> Result<jetstream::publish::PublishAck, PublishError> {
+    let publish = PublishMessage::build()
+        .message_id(msg_id)
+        .payload(payload.clone());
+    js.send_publish(subject.clone(), publish).await?.await
+}
+
+/// Returns false for a publish error that another try cannot fix.
+fn is_transient(error: &PublishError) -> bool {
+    !matches!(error.kind(), PublishErrorKind::MaxPayloadExceeded)
+}
+
+/// Growing pauses between tries, for at most a bound from the first failure.
+#[derive(Debug)]
+pub(crate) struct Backoff {
+    deadline: tokio::time::Instant,
+    delay: Duration,
+}
+
+impl Backoff {
+    pub(crate) fn new(bound: Duration) -> Backoff {
+        Backoff {
+            deadline: tokio::time::Instant::now() + bound,
+            delay: RETRY_FIRST_DELAY,
+        }
+    }
+
+    /// Sleeps before the next try; returns false, at once, when the bound has passed.
+    pub(crate) async fn wait(&mut self) -> bool {
+        let now = tokio::time::Instant::now();
+        if now >= self.deadline {
+            return false;
+        }
+        tokio::time::sleep(self.delay.min(self.deadline - now)).await;
+        self.delay = (self.delay * 2).min(RETRY_MAX_DELAY);
+        true
+    }
+}
+
+/// Runs `op` until it succeeds or `bound` has passed, with [`Backoff`] pauses; returns the last
+/// error then, or at once an error that is not `transient`. Logs the first failure at warn,
+/// naming `what` and `key`.
+async fn retry<T, E, Fut>(
+    what: &str,
+    key: &str,
+    bound: Duration,
+    transient: impl Fn(&E) -> bool,
+    mut op: impl FnMut() -> Fut,
+) -> Result<T, E>
+where
+    E: fmt::Display,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let mut backoff = Backoff::new(bound);
+    let mut n_failures = 0u32;
+    loop {
+        match op().await {
+            Ok(value) => return Ok(value),
+            Err(error) if !transient(&error) => return Err(error),
+            Err(error) => {
+                n_failures += 1;
+                if n_failures == 1 {
+                    tracing::warn!(what, key, %error, "nats did not take it; trying again");
+                } else {
+                    tracing::debug!(what, key, %error, n_failures, "still failing");
+                }
+                if !backoff.wait().await {
+                    return Err(error);
+                }
+            }
+        }
+    }
 }
 
 /// Hands a task message back for immediate redelivery.

@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
@@ -22,7 +22,7 @@ use trellis_proto::v1::{self, TaskAssignment};
 use trellis_proto::v1::resume_context::ResumedAfter;
 pub use trellis_proto::v1::{GroupSummary, HumanAnswer, QuestionTimeoutAction, RecordedStep};
 
-use crate::publish::ResultSink;
+use crate::publish::{ResultSink, json_bytes};
 use crate::steps;
 
 /// A task handler: runs one attempt of one task instance.
@@ -182,7 +182,7 @@ impl HandlerRegistry {
     }
 
     /// Returns a registry holding the built-in handlers of DESIGN.md §11: `noop`, `sleep`,
-    /// `fail`, `fanout`, `shell`, `http` and `question`.
+    /// `fail`, `fanout`, `shell`, `http` and `question`, and `steps` (durable steps, seed 002).
     pub fn with_builtins() -> HandlerRegistry {
         let mut registry = HandlerRegistry::new();
         crate::builtins::register(&mut registry);
@@ -233,6 +233,11 @@ pub(crate) struct Running {
     pub(crate) usage: Mutex<v1::Usage>,
     /// The task message's reply subject, where `AckProgress` goes while the handler runs.
     pub(crate) progress_subject: Option<async_nats::Subject>,
+    /// Where this attempt's results go, `trellis.results.<shard>`.
+    pub(crate) results_subject: async_nats::Subject,
+    /// Set once the steps bucket may hold an entry for the instance (this attempt read or wrote
+    /// one), so that only such attempts delete it when they end.
+    pub(crate) steps_stored: AtomicBool,
 }
 
 impl Running {
@@ -240,6 +245,7 @@ impl Running {
         assignment: &TaskAssignment,
         started_at_unix_ms: i64,
         progress_subject: Option<async_nats::Subject>,
+        results_subject: async_nats::Subject,
     ) -> Running {
         Running {
             execution_id: assignment.execution_id.clone(),
@@ -252,6 +258,8 @@ impl Running {
             cancel_reason: Mutex::new(String::new()),
             usage: Mutex::new(v1::Usage::default()),
             progress_subject,
+            results_subject,
+            steps_stored: AtomicBool::new(false),
         }
     }
 
@@ -310,6 +318,8 @@ impl fmt::Debug for TaskContext {
 #[derive(Debug, Default)]
 struct StepLog {
     done: HashSet<String>,
+    /// Every step recorded so far, in order, as the steps bucket keeps them.
+    recorded: Vec<RecordedStep>,
     state: Value,
 }
 
@@ -322,12 +332,14 @@ impl TaskContext {
         let input = Bytes::from(std::mem::take(&mut assignment.input));
         let mut step_log = StepLog {
             done: HashSet::new(),
+            recorded: Vec::new(),
             state: Value::Object(Default::default()),
         };
         if let Some(recorded) = assignment.resume.as_ref().filter(|r| !r.steps.is_empty()) {
             step_log
                 .done
                 .extend(recorded.steps.iter().map(|step| step.step.clone()));
+            step_log.recorded.clone_from(&recorded.steps);
             // Each recorded step carries the merged state after it; the last one is current.
             let merged_state = recorded
                 .steps
@@ -479,7 +491,8 @@ impl TaskContext {
     /// Otherwise `f` gets the merged state so far and returns its update, which is merged in
     /// (maps merge, `messages` and `trace` lists append, other fields replace); the worker then
     /// checkpoints the step (a `step_checkpoint` result accepted by JetStream) before returning
-    /// the new merged state.
+    /// the new merged state. The step is also kept in the steps bucket under the instance id, so
+    /// that a redelivery of this very attempt (its worker died) resumes after it.
     pub async fn step<F, Fut, E>(&self, name: &str, f: F) -> Result<Value, StepError>
     where
         F: FnOnce(Value) -> Fut,
@@ -498,14 +511,19 @@ impl TaskContext {
             step: name.to_owned(),
             message: error.to_string(),
         })?;
-        let merged = {
+        let (merged, recorded) = {
             let mut step_log = lock(&self.steps);
             steps::merge(&mut step_log.state, update);
             step_log.done.insert(name.to_owned());
-            step_log.state.clone()
+            let merged = step_log.state.clone();
+            step_log.recorded.push(RecordedStep {
+                step: name.to_owned(),
+                state: json_bytes(&merged),
+            });
+            (merged, step_log.recorded.clone())
         };
         self.sink
-            .checkpoint(&self.assignment, &self.running, name, &merged)
+            .checkpoint(&self.assignment, &self.running, recorded)
             .await
             .map_err(|message| StepError::Checkpoint {
                 step: name.to_owned(),

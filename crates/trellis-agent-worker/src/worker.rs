@@ -2,12 +2,13 @@
 //! the heartbeat loop and the cancel listener, and the order they stop in.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::consumer::pull::Batch;
-use async_nats::jetstream::{self, AckKind};
+use async_nats::jetstream::{self, AckKind, stream};
 use futures::{FutureExt as _, StreamExt as _};
 use prost::Message as _;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
@@ -19,6 +20,7 @@ use trellis_proto::v1::{self, TaskAssignment};
 
 use crate::publish::{self, Finished, PUBLISH_BATCH, ResultSink, now_unix_ms};
 use crate::sdk::{HandlerRegistry, Outcome, Running, TaskContext, TaskHandler, lock};
+use crate::steps::wants_stored_steps;
 use crate::sysinfo::{self, CpuMeter};
 use crate::{Config, Error};
 
@@ -26,8 +28,14 @@ use crate::{Config, Error};
 const FETCH_BATCH: usize = 256;
 /// How long an idle queue's long poll waits for a message before asking again.
 const IDLE_POLL: Duration = Duration::from_secs(1);
-/// Pause after a failed fetch (NATS unreachable, consumer gone) before trying again.
-const FETCH_RETRY_DELAY: Duration = Duration::from_millis(500);
+/// Pause after a failed fetch (NATS unreachable, consumer gone) before trying again; it doubles
+/// with every further failure in a row, up to [`FETCH_RETRY_MAX_DELAY`].
+const FETCH_RETRY_DELAY: Duration = Duration::from_millis(250);
+const FETCH_RETRY_MAX_DELAY: Duration = Duration::from_secs(4);
+/// Longest wait for the next message of a fetch. The server answers a fetch at once and an idle
+/// poll within [`IDLE_POLL`]; a silence this long means the request was lost (the server
+/// restarted), and waiting on would hold the fetch's slots forever.
+const FETCH_STALL: Duration = Duration::from_secs(5);
 /// Unacknowledged messages a queue's consumer allows over all its workers.
 const MAX_ACK_PENDING: i64 = 20_000;
 /// Capacity of the channel from handlers to the result publisher.
@@ -58,6 +66,9 @@ pub(crate) async fn run(
     .await?;
     let js = jetstream::new(client.clone());
     let streams = trellis_bus::wait_for_streams(&js, Duration::from_secs(60)).await?;
+    // The coordinator creates the bucket too; creating it here lets a worker run on a server
+    // prepared by an older coordinator or by a test.
+    let steps = trellis_bus::ensure_steps_bucket(&js).await?;
     let mut consumers = Vec::with_capacity(config.queues.len());
     for queue in &config.queues {
         let consumer = trellis_bus::task_consumer(&streams.tasks, queue, MAX_ACK_PENDING).await?;
@@ -85,6 +96,7 @@ pub(crate) async fn run(
             js.clone(),
             worker_id.clone(),
             config.shards,
+            steps,
         )),
         running: Mutex::new(HashMap::new()),
         slots: Arc::new(Semaphore::new(config.slots)),
@@ -95,7 +107,11 @@ pub(crate) async fn run(
     tracing::info!(%worker_id, queues = ?config.queues, slots = config.slots, "worker started");
 
     let (finished_tx, finished_rx) = mpsc::channel(FINISHED_CHANNEL);
-    let publisher = tokio::spawn(publish::publisher(js, finished_rx, abandon.clone()));
+    let publisher = tokio::spawn(publish::publisher(
+        worker.sink.clone(),
+        finished_rx,
+        abandon.clone(),
+    ));
     let stop_beats = CancellationToken::new();
     let heartbeats = tokio::spawn(heartbeat_loop(
         worker.clone(),
@@ -111,6 +127,7 @@ pub(crate) async fn run(
         .map(|(queue, consumer)| {
             tokio::spawn(worker.clone().fetch_loop(
                 queue,
+                streams.tasks.clone(),
                 consumer,
                 finished_tx.clone(),
                 stop_fetching.clone(),
@@ -168,17 +185,31 @@ enum Ending {
     Abandoned,
 }
 
+/// How one fetch ended.
+enum FetchEnd {
+    /// The fetch delivered this many messages and ended normally.
+    Drained(usize),
+    /// The fetch broke off (an error status from the server, or silence past [`FETCH_STALL`]).
+    Failed(String),
+}
+
 impl Worker {
     /// Pulls the queue's messages, at most as many as there are free slots: a long poll for one
     /// message while the queue is idle, then batch fetches that return at once while it is busy.
+    ///
+    /// A fetch that fails (NATS restarting, the consumer gone) is retried after a growing pause,
+    /// with the consumer looked up again (and created if it is missing), so the worker outlives a
+    /// NATS server restart.
     async fn fetch_loop(
         self: Arc<Self>,
         queue: String,
-        consumer: PullConsumer,
+        tasks: stream::Stream,
+        mut consumer: PullConsumer,
         finished_tx: mpsc::Sender<Finished>,
         shutdown: CancellationToken,
     ) {
         let mut busy = false;
+        let mut n_failures = 0u32;
         while !shutdown.is_cancelled() && !self.abandon.is_cancelled() {
             let (batch, permits) = if busy {
                 let Some(permits) = self.reserve_slots(&shutdown).await else {
@@ -192,22 +223,43 @@ impl Worker {
             } else {
                 let batch = tokio::select! {
                     _ = shutdown.cancelled() => break,
+                    _ = self.abandon.cancelled() => break,
                     batch = consumer.batch().max_messages(1).expires(IDLE_POLL).messages() => batch,
                 };
                 (batch, None)
             };
-            let batch = match batch {
-                Ok(batch) => batch,
-                Err(error) => {
-                    tracing::warn!(%queue, %error, "failed to fetch tasks; retrying");
-                    tokio::time::sleep(FETCH_RETRY_DELAY).await;
-                    continue;
+            let end = match batch {
+                Ok(batch) => {
+                    self.drain_batch(batch, permits, &finished_tx, &shutdown)
+                        .await
                 }
+                Err(error) => FetchEnd::Failed(error.to_string()),
             };
-            let n_messages = self
-                .drain_batch(&queue, batch, permits, &finished_tx, &shutdown)
-                .await;
-            busy = n_messages > 0;
+            match end {
+                FetchEnd::Drained(n_messages) => {
+                    n_failures = 0;
+                    busy = n_messages > 0;
+                }
+                FetchEnd::Failed(error) => {
+                    n_failures += 1;
+                    busy = false;
+                    let delay = FETCH_RETRY_DELAY
+                        .saturating_mul(1 << (n_failures - 1).min(8))
+                        .min(FETCH_RETRY_MAX_DELAY);
+                    tracing::warn!(%queue, %error, n_failures, ?delay, "failed to fetch tasks; retrying");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = self.abandon.cancelled() => break,
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                    match trellis_bus::task_consumer(&tasks, &queue, MAX_ACK_PENDING).await {
+                        Ok(fresh) => consumer = fresh,
+                        Err(error) => {
+                            tracing::warn!(%queue, %error, "cannot open the queue's consumer; retrying");
+                        }
+                    }
+                }
+            }
         }
     }
 
@@ -230,36 +282,37 @@ impl Worker {
         Some(permits)
     }
 
-    /// Dispatches the messages of one fetch; returns how many there were. Once `shutdown` fires,
+    /// Dispatches the messages of one fetch and says how it ended. Once `shutdown` fires,
     /// messages still arriving are handed back.
     async fn drain_batch(
         self: &Arc<Self>,
-        queue: &str,
         mut batch: Batch,
         mut permits: Option<OwnedSemaphorePermit>,
         finished_tx: &mpsc::Sender<Finished>,
         shutdown: &CancellationToken,
-    ) -> usize {
+    ) -> FetchEnd {
         let mut n_messages = 0;
         loop {
             let next = tokio::select! {
                 biased;
-                _ = self.abandon.cancelled() => return n_messages,
+                _ = self.abandon.cancelled() => return FetchEnd::Drained(n_messages),
                 _ = shutdown.cancelled() => {
                     // Whatever the server already sent arrives within a moment; hand it back.
                     while let Ok(Some(Ok(message))) = tokio::time::timeout(Duration::from_millis(50), batch.next()).await {
                         let _ = message.ack_with(AckKind::Nak(None)).await;
                     }
-                    return n_messages;
+                    return FetchEnd::Drained(n_messages);
                 }
-                next = batch.next() => next,
+                next = tokio::time::timeout(FETCH_STALL, batch.next()) => match next {
+                    Ok(next) => next,
+                    Err(_) => {
+                        return FetchEnd::Failed(format!("no answer from the server within {FETCH_STALL:?}"));
+                    }
+                },
             };
             match next {
-                None => return n_messages,
-                Some(Err(error)) => {
-                    tracing::debug!(%queue, %error, "fetch ended");
-                    return n_messages;
-                }
+                None => return FetchEnd::Drained(n_messages),
+                Some(Err(error)) => return FetchEnd::Failed(error.to_string()),
                 Some(Ok(message)) => {
                     n_messages += 1;
                     let permit = match permits.as_mut().and_then(|permits| permits.split(1)) {
@@ -331,12 +384,20 @@ impl Worker {
             return;
         }
         let handler = self.registry.get(&assignment.task_type).cloned();
-        let running = Arc::new(Running::new(&assignment, now_unix_ms(), progress_subject));
+        let results_subject = self.sink.subject(&assignment);
+        let running = Arc::new(Running::new(
+            &assignment,
+            now_unix_ms(),
+            progress_subject,
+            results_subject,
+        ));
         lock(&self.running).insert(assignment.task_instance_id.clone(), running.clone());
         let worker = self.clone();
         let finished_tx = finished_tx.clone();
         self.handlers.spawn(async move {
-            let ending = worker.execute(handler, assignment, &running).await;
+            let ending = worker
+                .execute(handler, assignment, delivered, &running)
+                .await;
             drop(permit);
             {
                 let mut map = lock(&worker.running);
@@ -349,12 +410,18 @@ impl Worker {
             }
             match ending {
                 Ending::Done(outcome) => {
+                    // A failure keeps the steps for the retry; every other outcome ends the
+                    // instance (spawns and questions continue as new instances).
+                    let forget_steps = (running.steps_stored.load(Ordering::Relaxed)
+                        && !matches!(outcome, Outcome::Failed { .. }))
+                    .then(|| running.task_instance_id.clone());
                     let (subject, msg_id, payload) = worker.sink.encode(&running, outcome);
                     let finished = Finished {
                         subject,
                         msg_id,
                         payload,
                         acker,
+                        forget_steps,
                     };
                     if let Err(mpsc::error::SendError(finished)) = finished_tx.send(finished).await
                     {
@@ -368,10 +435,15 @@ impl Worker {
     }
 
     /// Runs the handler until it ends, is cancelled, passes its deadline or the worker stops.
+    ///
+    /// A task message delivered again (`delivered > 1`), or a later attempt without recorded
+    /// steps, first looks for steps kept in the steps bucket, so a handler whose worker died
+    /// resumes after its last checkpointed step; a first delivery does not look.
     async fn execute(
         &self,
         handler: Option<Arc<dyn TaskHandler>>,
-        assignment: TaskAssignment,
+        mut assignment: TaskAssignment,
+        delivered: i64,
         running: &Arc<Running>,
     ) -> Ending {
         let Some(handler) = handler else {
@@ -382,8 +454,16 @@ impl Worker {
             return Ending::Done(Outcome::failed(error, false));
         };
         let deadline = assignment.deadline_unix_ms.unwrap_or(0);
-        let ctx = TaskContext::new(assignment, running.clone(), self.sink.clone());
-        let handler_future = std::panic::AssertUnwindSafe(handler.run(ctx)).catch_unwind();
+        let sink = self.sink.clone();
+        let attempt_running = running.clone();
+        let attempt = async move {
+            if wants_stored_steps(delivered, &assignment) {
+                sink.load_steps(&mut assignment, &attempt_running).await;
+            }
+            let ctx = TaskContext::new(assignment, attempt_running, sink);
+            handler.run(ctx).await
+        };
+        let handler_future = std::panic::AssertUnwindSafe(attempt).catch_unwind();
         let until_deadline = async move {
             if deadline > 0 {
                 let left = u64::try_from(deadline - now_unix_ms()).unwrap_or(0);
@@ -438,9 +518,7 @@ impl Worker {
                     execution_id: entry.execution_id.clone(),
                     task_instance_id: entry.task_instance_id.clone(),
                     attempt: entry.attempt,
-                    progress_percent: entry
-                        .progress_percent
-                        .load(std::sync::atomic::Ordering::Relaxed),
+                    progress_percent: entry.progress_percent.load(Ordering::Relaxed),
                     current_step: lock(&entry.current_step).clone(),
                     started_at_unix_ms: entry.started_at_unix_ms,
                 })

@@ -1,11 +1,15 @@
 //! NATS JetStream plumbing shared by the Trellis services: one place that knows how to connect,
-//! which streams exist with which retention, and how the durable consumers are configured, so the
-//! coordinator and the workers can start in any order and agree.
+//! which streams and key-value buckets exist with which retention, and how the durable consumers
+//! are configured, so the coordinator and the workers can start in any order and agree.
+
+mod steps;
 
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer, stream};
 use trellis_proto::subjects;
+
+pub use steps::{STEPS_MAX_AGE, ensure_steps_bucket, steps_bucket};
 
 /// How long a task message may stay unacknowledged before JetStream hands it to another worker.
 /// Workers send `AckProgress` every [`HEARTBEAT_INTERVAL`], so a live worker never hits it; a
@@ -37,6 +41,10 @@ pub enum Error {
     Stream { stream: String, message: String },
     #[error("cannot create consumer {consumer}: {message}")]
     Consumer { consumer: String, message: String },
+    #[error(
+        "cannot create or open JetStream key-value bucket {bucket}: {message} (is JetStream enabled, `nats-server -js`?)"
+    )]
+    Bucket { bucket: String, message: String },
 }
 
 /// Connects to NATS with the name shown in `nats-server` monitoring.
@@ -163,7 +171,10 @@ fn config(
 
 /// Opens the stream, creating it if missing. A create that loses a race with another creator
 /// fails (on some servers with "subjects overlap"); looking again finds the winner's stream.
-async fn ensure(js: &jetstream::Context, config: stream::Config) -> Result<stream::Stream, Error> {
+pub(crate) async fn ensure(
+    js: &jetstream::Context,
+    config: stream::Config,
+) -> Result<stream::Stream, Error> {
     let mut attempts = 0u64;
     loop {
         let error = match js.get_or_create_stream(config.clone()).await {

@@ -22,6 +22,9 @@ pub struct Options {
     pub workers: usize,
     /// Concurrent handlers per worker.
     pub slots: usize,
+    /// Run a coordinator in this process (`trellis bench`'s recovery scenario runs its own as a
+    /// child process instead, to kill it).
+    pub coordinator: bool,
 }
 
 /// A running local cluster; dropping it stops everything.
@@ -67,14 +70,19 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
     let config = trellis_coordinator::Config {
         nats_url: nats_url.clone(),
         shards: 1,
+        ..trellis_coordinator::Config::default()
     };
     let token = shutdown.child_token();
-    tokio::spawn(async move {
-        if let Err(err) = trellis_coordinator::run(config, listener, token.clone()).await {
-            eprintln!("trellis: coordinator stopped: {err}");
-            token.cancel();
-        }
-    });
+    if options.coordinator {
+        tokio::spawn(async move {
+            if let Err(err) = trellis_coordinator::run(config, listener, token.clone()).await {
+                eprintln!("trellis: coordinator stopped: {err}");
+                token.cancel();
+            }
+        });
+    } else {
+        drop(listener);
+    }
     for i in 0..options.workers.max(1) {
         let mut config = trellis_agent_worker::Config::new(nats_url.clone());
         config.worker_id = Some(format!("local-{}-{i}", std::process::id()));
@@ -88,7 +96,9 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         });
     }
     let coordinator_url = format!("http://{addr}");
-    wait_for_port(addr, Duration::from_secs(10))?;
+    if options.coordinator {
+        wait_for_port(addr, Duration::from_secs(10))?;
+    }
     Ok(Local {
         coordinator_url,
         nats_url,

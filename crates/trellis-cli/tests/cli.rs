@@ -580,6 +580,13 @@ mod fake {
             Err(Status::unimplemented("retry"))
         }
 
+        async fn checkpoint_execution(
+            &self,
+            _: Request<CheckpointExecutionRequest>,
+        ) -> Result<Response<CheckpointExecutionResponse>, Status> {
+            Err(Status::unimplemented("checkpoint"))
+        }
+
         async fn get_execution(
             &self,
             request: Request<GetExecutionRequest>,

@@ -23,9 +23,25 @@ struct Args {
         default_value = "127.0.0.1:7400"
     )]
     listen: std::net::SocketAddr,
-    /// Number of result shards (workers must use the same).
+    /// Number of shards executions are spread over; every coordinator of a deployment must use
+    /// the same number.
     #[arg(long, env = "TRELLIS_SHARDS", default_value_t = 1)]
     shards: u32,
+    /// This coordinator's identity in shard leases: unique among running coordinators, stable
+    /// across restarts (default: the host name).
+    #[arg(long, env = "TRELLIS_COORDINATOR_ID")]
+    id: Option<String>,
+    /// A shard lease lapses this long after its owner stopped renewing it; a standby takes the
+    /// shard over then (e.g. `3s`, `500ms`).
+    #[arg(long, env = "TRELLIS_LEASE_TTL", default_value = "3s", value_parser = humantime::parse_duration)]
+    lease_ttl: std::time::Duration,
+    /// The checkpoint-store's gRPC address, e.g. `http://127.0.0.1:7500`. Without one, no
+    /// checkpoints are taken and recovery replays whole event logs.
+    #[arg(long, env = "TRELLIS_CHECKPOINT_STORE_URL")]
+    checkpoint_store: Option<String>,
+    /// How often a running execution whose state changed is checkpointed.
+    #[arg(long, env = "TRELLIS_CHECKPOINT_EVERY", default_value = "10s", value_parser = humantime::parse_duration)]
+    checkpoint_every: std::time::Duration,
 }
 
 /// Runs the `trellis-coordinator` binary: parses the flags, installs tracing, and runs the
@@ -71,6 +87,10 @@ async fn main_async() -> ExitCode {
     let config = crate::Config {
         nats_url: args.nats_url,
         shards: args.shards,
+        id: args.id.unwrap_or_else(crate::default_id),
+        lease_ttl: args.lease_ttl,
+        checkpoint_store: args.checkpoint_store,
+        checkpoint_every: args.checkpoint_every,
     };
     match crate::run(config, listener, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,20 +1,25 @@
-//! The engine: one task that owns every live execution's state machine and event log.
+//! The engine: one task that owns the live executions of this coordinator's shards and their
+//! event logs.
 //!
 //! Each turn of its loop takes whatever inputs are waiting (requests, a batch of worker results, a
-//! clock tick), applies them, lets every touched execution `decide`, and then flushes in this
-//! order: (1) each execution's new events as one `EventBatch` message on its log subject, all
-//! publishes in flight together and awaited; (2) only then the side effects: task assignments on
-//! the work queues (de-duplicated by `Nats-Msg-Id` = `<instance>:<attempt>`), stop messages for
-//! cancelled tasks, progress snapshots; (3) acknowledgements of the consumed result messages and
-//! replies to callers. A crash between (1) and (2) loses nothing: the log says what is due.
+//! clock tick, lease changes, recovered executions), applies them, lets every touched execution
+//! `decide`, and then flushes in this order: (1) each execution's new events as one `EventBatch`
+//! message on its log subject, all publishes in flight together and awaited, each naming the
+//! stream sequence it must follow so that only one coordinator can ever extend a log; (2) only
+//! then the side effects: task assignments on the work queues (de-duplicated by `Nats-Msg-Id` =
+//! `<instance>:<attempt>`), stop messages for cancelled tasks, progress snapshots; (3)
+//! acknowledgements of the consumed result messages and replies to callers. A crash between (1)
+//! and (2) loses nothing: recovery re-issues what the log says is due. A NATS outage stalls the
+//! loop (appends are retried until stored) instead of skipping the log.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::HeaderMap;
-use async_nats::jetstream;
+use async_nats::jetstream::{self, context::PublishErrorKind, kv};
+use bytes::Bytes;
 use futures::StreamExt;
 use futures::future::join_all;
 use prost::Message as _;
@@ -22,9 +27,14 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 use trellis_core::ids::{ExecutionId, QuestionId, TaskInstanceId};
-use trellis_core::machine::{Applied, Event, EventBody, Execution};
+use trellis_core::machine::{Applied, Event, EventBody, Execution, ExecutionState};
 use trellis_core::plan::{Limits, compile_str};
+use trellis_core::record::TaskState;
 use trellis_proto::{convert, subjects, v1};
+
+use crate::checkpoints::{self, FULL_EVERY, KEEP_FULL, StoreClient};
+use crate::recovery::{self, Recovered};
+use crate::shards::{self, LeaseEvent};
 
 /// How often executions with timers (retries, deadlines, expiring questions) are re-examined.
 const TICK: Duration = Duration::from_millis(20);
@@ -38,6 +48,10 @@ const OBSERVER_CAPACITY: usize = 4096;
 const EVENTS_PER_MESSAGE: usize = 2048;
 /// Task assignments published before their acks are awaited.
 const PUBLISH_CHUNK: usize = 1000;
+/// Longest pause between two attempts of a publish JetStream did not acknowledge.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// The header naming the stream sequence an append must follow.
+const EXPECTED_LAST_SUBJECT_SEQ: &str = "Nats-Expected-Last-Subject-Sequence";
 
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
@@ -62,6 +76,9 @@ pub(crate) struct Flushed {
 
 /// The answer to an observe request: the history so far and the live channel.
 pub(crate) struct Observation {
+    /// Events before the ones held in memory (an execution restored from a checkpoint keeps only
+    /// the log after it): `(from, until)` sequences, inclusive, to read from JetStream first.
+    pub(crate) backfill: Option<(u64, u64)>,
     pub(crate) history: Vec<v1::Event>,
     pub(crate) terminal: bool,
     pub(crate) live: broadcast::Receiver<Arc<Flushed>>,
@@ -80,6 +97,14 @@ pub(crate) enum Request {
         id: ExecutionId,
         control: Control,
         reply: Reply<i32>,
+    },
+    Retry {
+        id: ExecutionId,
+        reply: Reply<u32>,
+    },
+    Checkpoint {
+        id: ExecutionId,
+        reply: Reply<v1::CheckpointMetadata>,
     },
     Answer {
         id: ExecutionId,
@@ -105,9 +130,56 @@ pub(crate) enum Request {
     },
 }
 
-enum Input {
+impl Request {
+    /// The execution the request is about, if one.
+    fn execution(&self) -> Option<ExecutionId> {
+        match self {
+            Self::Control { id, .. }
+            | Self::Retry { id, .. }
+            | Self::Checkpoint { id, .. }
+            | Self::Answer { id, .. }
+            | Self::Get { id, .. }
+            | Self::Graph { id, .. }
+            | Self::Observe { id, .. } => Some(*id),
+            Self::Start { .. } | Self::List { .. } => None,
+        }
+    }
+
+    /// Answers the request with an error.
+    fn fail(self, status: Status) {
+        match self {
+            Self::Start { reply, .. } => drop(reply.send(Err(status))),
+            Self::Control { reply, .. } => drop(reply.send(Err(status))),
+            Self::Retry { reply, .. } => drop(reply.send(Err(status))),
+            Self::Checkpoint { reply, .. } => drop(reply.send(Err(status))),
+            Self::Answer { reply, .. } => drop(reply.send(Err(status))),
+            Self::Get { reply, .. } => drop(reply.send(Err(status))),
+            Self::List { reply } => drop(reply.send(Err(status))),
+            Self::Graph { reply, .. } => drop(reply.send(Err(status))),
+            Self::Observe { reply, .. } => drop(reply.send(Err(status))),
+        }
+    }
+}
+
+pub(crate) enum Input {
     Request(Request),
     Results(Vec<jetstream::Message>),
+    Lease(LeaseEvent),
+    /// Executions rebuilt by a recovery task. `acquire` is set when they are a whole shard just
+    /// taken over; `then` holds requests that waited for an execution to be loaded.
+    Adopt {
+        shard: u32,
+        acquire: bool,
+        recovered: Vec<Recovered>,
+        missing: Vec<ExecutionId>,
+        then: Vec<Request>,
+    },
+    CheckpointDone {
+        id: ExecutionId,
+        full: bool,
+        sequence: u64,
+        result: Result<v1::CheckpointMetadata, String>,
+    },
 }
 
 /// A cheap handle to the engine task.
@@ -131,15 +203,36 @@ impl Handle {
     }
 }
 
+/// Checkpoint bookkeeping of one execution.
+#[derive(Default)]
+struct CheckpointState {
+    /// The event sequence of the last stored checkpoint (0: none).
+    seq: u64,
+    id: Option<String>,
+    metadata: Option<v1::CheckpointMetadata>,
+    /// Deltas stored since the last full checkpoint.
+    since_full: u32,
+    at_ms: u64,
+    in_flight: bool,
+    /// A checkpoint was taken while paused (one per pause).
+    paused_done: bool,
+    waiting: Vec<Reply<v1::CheckpointMetadata>>,
+}
+
 struct Live {
     machine: Execution,
     labels: HashMap<String, String>,
     created_at_ms: u64,
+    shard: u32,
     /// The last sequence appended (or about to be).
     seq: u64,
-    /// The log so far as the encoded `EventBatch` messages appended, with each one's first
-    /// sequence: compact, and what observers replay from.
-    log: Vec<(u64, bytes::Bytes)>,
+    /// The stream sequence of the last message on this execution's log subject; the next append
+    /// must follow it.
+    stream_seq: u64,
+    /// The log held in memory as the encoded `EventBatch` messages, with each one's first
+    /// sequence: compact, and what observers replay from. It starts at `log_base`.
+    log: Vec<(u64, Bytes)>,
+    log_base: u64,
     pending: Vec<v1::Event>,
     dispatch: Vec<TaskInstanceId>,
     stop: Vec<TaskInstanceId>,
@@ -148,9 +241,43 @@ struct Live {
     /// The state changed since the last progress snapshot was published.
     progress_due: bool,
     dirty: bool,
+    /// The index entry must be written before the next append (a new execution or run).
+    index_put: bool,
+    /// The index entry is written and the execution not yet finished.
+    indexed: bool,
+    checkpoint: CheckpointState,
 }
 
 impl Live {
+    fn new(
+        machine: Execution,
+        labels: HashMap<String, String>,
+        created_at_ms: u64,
+        shard: u32,
+    ) -> Self {
+        let (observers, _) = broadcast::channel(OBSERVER_CAPACITY);
+        Self {
+            machine,
+            labels,
+            created_at_ms,
+            shard,
+            seq: 0,
+            stream_seq: 0,
+            log: Vec::new(),
+            log_base: 1,
+            pending: Vec::new(),
+            dispatch: Vec::new(),
+            stop: Vec::new(),
+            observers,
+            last_progress_ms: 0,
+            progress_due: true,
+            dirty: false,
+            index_put: false,
+            indexed: false,
+            checkpoint: CheckpointState::default(),
+        }
+    }
+
     /// Applies an event and, when it changed the state, queues it for the log. Returns what apply
     /// said.
     fn record(
@@ -191,16 +318,17 @@ impl Live {
 
     fn summary(&self, id: ExecutionId, now: u64) -> v1::Execution {
         let progress = convert::progress_to_proto(&self.machine.progress(now));
+        let (started, ended) = self.machine.times_ms();
         v1::Execution {
             execution_id: id.to_string(),
             name: self.machine.plan().name.clone(),
             state: convert::execution_state_to_proto(self.machine.state()),
-            run_number: 1,
+            run_number: self.machine.run_number(),
             counts: progress.counts,
             usage: Some(convert::usage_to_proto(self.machine.usage())),
             created_at_unix_ms: self.created_at_ms as i64,
-            started_at_unix_ms: Some(self.created_at_ms as i64),
-            ended_at_unix_ms: None,
+            started_at_unix_ms: Some(started as i64),
+            ended_at_unix_ms: ended.map(|t| t as i64),
             reason: self.machine.reason().unwrap_or_default().to_owned(),
             last_sequence: self.seq,
             labels: self.labels.clone(),
@@ -208,54 +336,89 @@ impl Live {
             progress: Some(progress),
         }
     }
+
+    /// The instances a worker should be running now: after a recovery their assignments are
+    /// published again (JetStream drops the copies it still holds, by message id).
+    fn redispatch_running(&mut self) {
+        self.dispatch = self.machine.instances_in(TaskState::Running).collect();
+    }
+}
+
+/// How the engine is set up.
+pub(crate) struct Setup {
+    pub(crate) nats: async_nats::Client,
+    pub(crate) js: jetstream::Context,
+    pub(crate) streams: trellis_bus::Streams,
+    pub(crate) index: kv::Store,
+    pub(crate) store: Option<StoreClient>,
+    pub(crate) shards: u32,
+    pub(crate) checkpoint_every: Duration,
 }
 
 /// The engine, before it is spawned.
 pub(crate) struct Engine {
     nats: async_nats::Client,
     js: jetstream::Context,
+    streams: trellis_bus::Streams,
+    index: kv::Store,
+    store: Option<StoreClient>,
     shards: u32,
+    checkpoint_every_ms: u64,
+    tx: mpsc::Sender<Input>,
+    shutdown: CancellationToken,
+    /// Shards whose executions this engine holds and whose results it consumes.
+    owned: HashSet<u32>,
+    /// Shards being recovered after their lease was acquired.
+    acquiring: HashSet<u32>,
+    consumers: HashMap<u32, CancellationToken>,
     executions: HashMap<ExecutionId, Live>,
     by_key: HashMap<String, ExecutionId>,
     dirty: Vec<ExecutionId>,
+    /// Executions being loaded from the log, with the requests waiting for them.
+    loading: HashMap<ExecutionId, Vec<Request>>,
+    /// Requests that arrived while the shard they need was being recovered.
+    parked: Vec<Request>,
 }
 
 impl Engine {
-    pub(crate) fn new(nats: async_nats::Client, js: jetstream::Context, shards: u32) -> Self {
-        Self {
-            nats,
-            js,
-            shards: shards.max(1),
+    /// Starts the engine task; returns its handle and the sender lease events go to.
+    pub(crate) fn spawn(
+        setup: Setup,
+        shutdown: CancellationToken,
+    ) -> (Handle, mpsc::Sender<Input>) {
+        let (tx, rx) = mpsc::channel(1024);
+        let engine = Engine {
+            nats: setup.nats,
+            js: setup.js,
+            streams: setup.streams,
+            index: setup.index,
+            store: setup.store,
+            shards: setup.shards.max(1),
+            checkpoint_every_ms: setup.checkpoint_every.as_millis() as u64,
+            tx: tx.clone(),
+            shutdown: shutdown.clone(),
+            owned: HashSet::new(),
+            acquiring: HashSet::new(),
+            consumers: HashMap::new(),
             executions: HashMap::new(),
             by_key: HashMap::new(),
             dirty: Vec::new(),
-        }
+            loading: HashMap::new(),
+            parked: Vec::new(),
+        };
+        tokio::spawn(engine.run(rx));
+        (Handle { tx: tx.clone() }, tx)
     }
 
-    /// Starts the engine task and one results consumer per shard; returns the handle.
-    pub(crate) async fn spawn(
-        self,
-        streams: &trellis_bus::Streams,
-        shutdown: CancellationToken,
-    ) -> Result<Handle, crate::Error> {
-        let (tx, rx) = mpsc::channel(1024);
-        for shard in 0..self.shards {
-            let consumer = trellis_bus::results_consumer(&streams.results, shard).await?;
-            tokio::spawn(consume_results(consumer, tx.clone(), shutdown.clone()));
-        }
-        tokio::spawn(self.run(rx, shutdown));
-        Ok(Handle { tx })
-    }
-
-    async fn run(mut self, mut rx: mpsc::Receiver<Input>, shutdown: CancellationToken) {
+    async fn run(mut self, mut rx: mpsc::Receiver<Input>) {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let mut replies: Vec<Box<dyn FnOnce() + Send>> = Vec::new();
-            let mut acks: Vec<jetstream::Message> = Vec::new();
+            let mut acks: Vec<(Option<ExecutionId>, jetstream::Message)> = Vec::new();
             tokio::select! {
                 biased;
-                () = shutdown.cancelled() => break,
+                () = self.shutdown.cancelled() => break,
                 input = rx.recv() => {
                     let Some(input) = input else { break };
                     self.handle(input, &mut replies, &mut acks);
@@ -283,11 +446,27 @@ impl Engine {
                     live.decide(*id, now);
                 }
             }
-            self.flush(now).await;
-            join_all(acks.iter().map(|m| m.ack())).await;
+            let fenced = self.flush(now).await;
+            let fenced = &fenced;
+            // Results of an execution whose append was refused are not acknowledged: they come
+            // back to whoever owns the execution now.
+            join_all(acks.iter().map(|(id, message)| async move {
+                if id.is_some_and(|id| fenced.contains(&id)) {
+                    let _ = message
+                        .ack_with(jetstream::AckKind::Nak(Some(Duration::from_millis(200))))
+                        .await;
+                } else {
+                    let _ = message.ack().await;
+                }
+            }))
+            .await;
             for reply in replies {
                 reply();
             }
+            self.checkpoints(now);
+        }
+        for token in self.consumers.values() {
+            token.cancel();
         }
         tracing::info!("coordinator engine stopped");
     }
@@ -301,43 +480,104 @@ impl Engine {
         }
     }
 
+    /// True when the execution is not in memory but will be: it is being loaded, or its shard
+    /// is being recovered. Its results are handed back to JetStream for later.
+    fn waiting_for(&self, id: ExecutionId) -> bool {
+        !self.executions.contains_key(&id)
+            && (self.loading.contains_key(&id) || self.acquiring.contains(&self.shard_of(id)))
+    }
+
+    fn shard_of(&self, id: ExecutionId) -> u32 {
+        subjects::shard_of(&id.to_string(), self.shards)
+    }
+
     fn handle(
         &mut self,
         input: Input,
         replies: &mut Vec<Box<dyn FnOnce() + Send>>,
-        acks: &mut Vec<jetstream::Message>,
+        acks: &mut Vec<(Option<ExecutionId>, jetstream::Message)>,
     ) {
         match input {
             Input::Results(messages) => {
                 tracing::debug!(n_results = messages.len(), "results received");
                 let now = now_ms();
                 for message in messages {
-                    self.result(&message, now);
-                    acks.push(message);
+                    let id = self.result(&message, now);
+                    if let Some(id) = id
+                        && self.waiting_for(id)
+                    {
+                        // Being reloaded: let it come back once the execution is in memory.
+                        let message = message;
+                        tokio::spawn(async move {
+                            let _ = message
+                                .ack_with(jetstream::AckKind::Nak(Some(Duration::from_millis(200))))
+                                .await;
+                        });
+                        continue;
+                    }
+                    acks.push((id, message));
                 }
             }
             Input::Request(request) => self.request(request, replies),
+            Input::Lease(LeaseEvent::Acquired(shard)) => self.acquire(shard),
+            Input::Lease(LeaseEvent::Lost(shard)) => self.lose(shard),
+            Input::Adopt {
+                shard,
+                acquire,
+                recovered,
+                missing,
+                then,
+            } => {
+                self.adopt(shard, acquire, recovered);
+                let parked = if acquire {
+                    std::mem::take(&mut self.parked)
+                } else {
+                    Vec::new()
+                };
+                for request in parked {
+                    self.request(request, replies);
+                }
+                for id in missing {
+                    if let Some(waiting) = self.loading.remove(&id) {
+                        for request in waiting {
+                            request.fail(not_found(id));
+                        }
+                    }
+                }
+                for request in then {
+                    self.request(request, replies);
+                }
+            }
+            Input::CheckpointDone {
+                id,
+                full,
+                sequence,
+                result,
+            } => self.checkpoint_done(id, full, sequence, result),
         }
     }
 
-    fn result(&mut self, message: &jetstream::Message, now: u64) {
+    /// Applies one result; returns the execution it belongs to.
+    fn result(&mut self, message: &jetstream::Message, now: u64) -> Option<ExecutionId> {
         let result = match v1::TaskResult::decode(message.payload.clone()) {
             Ok(result) => result,
             Err(err) => {
                 tracing::warn!(subject = %message.subject, %err, "corrupt task result set aside");
-                return;
+                return None;
             }
         };
         let (id, event) = match convert::result_to_event(&result, now) {
             Ok(converted) => converted,
             Err(err) => {
                 tracing::warn!(subject = %message.subject, %err, "invalid task result set aside");
-                return;
+                return None;
             }
         };
         let Some(live) = self.executions.get_mut(&id) else {
-            tracing::warn!(%id, "task result for an unknown execution set aside");
-            return;
+            if !self.waiting_for(id) {
+                tracing::warn!(%id, "task result for an unknown execution set aside");
+            }
+            return Some(id);
         };
         match live.record(id, event) {
             Ok(Applied::Changed { .. }) => self.mark(id),
@@ -346,9 +586,210 @@ impl Engine {
             }
             Err(err) => tracing::warn!(%id, %err, "task result refused"),
         }
+        Some(id)
     }
 
+    // ------------------------------------------------------------------------------------------
+    // shards
+    // ------------------------------------------------------------------------------------------
+
+    /// A lease was acquired: recover the shard's unfinished executions in the background, then
+    /// adopt them.
+    fn acquire(&mut self, shard: u32) {
+        if self.owned.contains(&shard) || !self.acquiring.insert(shard) {
+            return;
+        }
+        let events = self.streams.events.clone();
+        let index = self.index.clone();
+        let store = self.store.clone();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let ids = loop {
+                match shards::indexed(&index, shard).await {
+                    Ok(ids) => break ids,
+                    Err(err) => {
+                        tracing::warn!(shard, %err, "cannot list the shard's executions; retrying");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+            };
+            let mut recovered = Vec::with_capacity(ids.len());
+            let mut missing = Vec::new();
+            for id in ids {
+                match recover_with_retry(&events, store.as_ref(), id).await {
+                    Some(execution) => recovered.push(execution),
+                    None => missing.push(id),
+                }
+            }
+            tracing::info!(
+                shard,
+                executions = recovered.len(),
+                ms = started.elapsed().as_millis() as u64,
+                "shard recovered"
+            );
+            let _ = tx
+                .send(Input::Adopt {
+                    shard,
+                    acquire: true,
+                    recovered,
+                    missing,
+                    then: Vec::new(),
+                })
+                .await;
+        });
+    }
+
+    /// A lease was lost: forget the shard's executions and stop consuming its results.
+    fn lose(&mut self, shard: u32) {
+        self.owned.remove(&shard);
+        self.acquiring.remove(&shard);
+        if let Some(token) = self.consumers.remove(&shard) {
+            token.cancel();
+        }
+        let gone: Vec<ExecutionId> = self
+            .executions
+            .iter()
+            .filter(|(_, live)| live.shard == shard)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &gone {
+            self.executions.remove(id);
+        }
+        self.by_key.retain(|_, id| !gone.contains(id));
+        tracing::warn!(shard, executions = gone.len(), "shard given up");
+    }
+
+    fn adopt(&mut self, shard: u32, acquire: bool, recovered: Vec<Recovered>) {
+        if acquire {
+            if !self.acquiring.remove(&shard) {
+                // The lease was lost again while recovering.
+                return;
+            }
+            self.owned.insert(shard);
+        } else if !self.owned.contains(&shard) {
+            return;
+        }
+        for execution in recovered {
+            let id = execution.machine.id();
+            self.loading.remove(&id);
+            let labels = execution
+                .started
+                .labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let mut live = Live::new(
+                execution.machine,
+                labels,
+                execution.started.started_at_ms,
+                shard,
+            );
+            live.seq = execution.seq;
+            live.stream_seq = execution.stream_seq;
+            live.log_base = execution
+                .log
+                .first()
+                .map_or(execution.seq + 1, |m| m.first_seq);
+            live.log = execution
+                .log
+                .into_iter()
+                .map(|m| (m.first_seq, m.payload))
+                .collect();
+            live.indexed = true;
+            if let Some((checkpoint_id, seq, deltas)) = execution.checkpoint {
+                live.checkpoint.id = Some(checkpoint_id);
+                live.checkpoint.seq = seq;
+                live.checkpoint.since_full = deltas;
+                live.checkpoint.at_ms = now_ms();
+            }
+            if !live.machine.state().is_terminal() {
+                live.redispatch_running();
+            }
+            if !execution.started.idempotency_key.is_empty() {
+                self.by_key
+                    .insert(execution.started.idempotency_key.clone(), id);
+            }
+            self.executions.insert(id, live);
+            self.mark(id);
+        }
+        if acquire {
+            let token = self.shutdown.child_token();
+            self.consumers.insert(shard, token.clone());
+            tokio::spawn(consume_results(
+                self.streams.results.clone(),
+                shard,
+                self.tx.clone(),
+                token,
+            ));
+            tracing::info!(shard, "shard owned");
+        }
+    }
+
+    /// Loads an execution that is not in memory (finished before a restart, or fenced) from its
+    /// log, then answers `request`.
+    fn load(&mut self, id: ExecutionId, request: Request) {
+        let shard = self.shard_of(id);
+        if self.acquiring.contains(&shard) {
+            // Its shard is being recovered: answer once it is.
+            self.parked.push(request);
+            return;
+        }
+        if !self.owned.contains(&shard) {
+            request.fail(Status::unavailable(format!(
+                "execution {id} belongs to shard {shard}, which this coordinator does not own; \
+                 ask the coordinator that does"
+            )));
+            return;
+        }
+        if let Some(waiting) = self.loading.get_mut(&id) {
+            waiting.push(request);
+            return;
+        }
+        self.loading.insert(id, vec![request]);
+        self.spawn_reload(shard, id);
+    }
+
+    fn spawn_reload(&self, shard: u32, id: ExecutionId) {
+        let events = self.streams.events.clone();
+        let store = self.store.clone();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let recovered = recover_with_retry(&events, store.as_ref(), id).await;
+            let (recovered, missing) = match recovered {
+                Some(execution) => (vec![execution], Vec::new()),
+                None => (Vec::new(), vec![id]),
+            };
+            let _ = tx
+                .send(Input::Adopt {
+                    shard,
+                    acquire: false,
+                    recovered,
+                    missing,
+                    then: Vec::new(),
+                })
+                .await;
+        });
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // requests
+    // ------------------------------------------------------------------------------------------
+
     fn request(&mut self, request: Request, replies: &mut Vec<Box<dyn FnOnce() + Send>>) {
+        if let Some(id) = request.execution()
+            && !self.executions.contains_key(&id)
+        {
+            self.load(id, request);
+            return;
+        }
+        if matches!(request, Request::Start { .. })
+            && self.owned.is_empty()
+            && !self.acquiring.is_empty()
+        {
+            self.parked.push(request);
+            return;
+        }
         let now = now_ms();
         match request {
             Request::Start {
@@ -373,6 +814,28 @@ impl Engine {
                 replies.push(Box::new(move || {
                     let _ = reply.send(result);
                 }));
+            }
+            Request::Retry { id, reply } => {
+                let result = self.retry(id, now);
+                if result.is_ok() {
+                    self.mark(id);
+                }
+                replies.push(Box::new(move || {
+                    let _ = reply.send(result);
+                }));
+            }
+            Request::Checkpoint { id, reply } => {
+                match (&self.store, self.executions.get_mut(&id)) {
+                    (None, _) => {
+                        let _ = reply.send(Err(Status::failed_precondition(
+                        "this coordinator has no checkpoint-store (start it with --checkpoint-store)",
+                    )));
+                    }
+                    (Some(_), Some(live)) => live.checkpoint.waiting.push(reply),
+                    (Some(_), None) => {
+                        let _ = reply.send(Err(not_found(id)));
+                    }
+                }
             }
             Request::Answer {
                 id,
@@ -433,9 +896,11 @@ impl Engine {
                 let result = match self.executions.get(&id) {
                     None => Err(not_found(id)),
                     Some(live) => {
-                        let skip = from.saturating_sub(1) as usize;
+                        let from = from.max(1);
+                        let backfill = (from < live.log_base).then(|| (from, live.log_base - 1));
                         Ok(Observation {
-                            history: history(&live.log, skip as u64 + 1),
+                            backfill,
+                            history: history(&live.log, from.max(live.log_base)),
                             terminal: live.machine.state().is_terminal() && live.pending.is_empty(),
                             live: live.observers.subscribe(),
                         })
@@ -457,6 +922,12 @@ impl Engine {
         {
             return Ok((*id, false));
         }
+        if self.owned.is_empty() {
+            return Err(Status::unavailable(
+                "this coordinator owns no shard (it is a standby, or still recovering); \
+                 start executions on the active coordinator",
+            ));
+        }
         let plan = compile_str(&spec.text, &Limits::default()).map_err(|errors| {
             let source = if spec.source_name.is_empty() {
                 "plan"
@@ -466,10 +937,16 @@ impl Engine {
             let lines: Vec<String> = errors.iter().map(|e| format!("{source}: {e}")).collect();
             Status::invalid_argument(lines.join("\n"))
         })?;
-        let id = ExecutionId(uuid::Uuid::now_v7());
+        // An id whose shard this coordinator owns: expected tries = shards / owned shards.
+        let (id, shard) = loop {
+            let id = ExecutionId(uuid::Uuid::now_v7());
+            let shard = self.shard_of(id);
+            if self.owned.contains(&shard) {
+                break (id, shard);
+            }
+        };
         let plan_name = plan.name.clone();
         let machine = Execution::start(id, Arc::new(plan), 1, now);
-        let (observers, _) = broadcast::channel(OBSERVER_CAPACITY);
         let format = v1::PlanFormat::try_from(spec.format).unwrap_or(v1::PlanFormat::Yaml);
         let started = convert::started_to_proto(
             id,
@@ -487,25 +964,15 @@ impl Engine {
                     .collect(),
             },
         );
-        let live = Live {
-            machine,
-            labels: options.labels.clone(),
-            created_at_ms: now,
-            seq: 1,
-            log: Vec::new(),
-            pending: vec![started],
-            dispatch: Vec::new(),
-            stop: Vec::new(),
-            observers,
-            last_progress_ms: 0,
-            progress_due: true,
-            dirty: false,
-        };
+        let mut live = Live::new(machine, options.labels.clone(), now, shard);
+        live.seq = 1;
+        live.pending.push(started);
+        live.index_put = true;
         self.executions.insert(id, live);
         if !options.idempotency_key.is_empty() {
             self.by_key.insert(options.idempotency_key, id);
         }
-        tracing::info!(%id, "execution started");
+        tracing::info!(%id, shard, "execution started");
         Ok((id, true))
     }
 
@@ -521,10 +988,69 @@ impl Engine {
         Ok(convert::execution_state_to_proto(live.machine.state()))
     }
 
-    async fn flush(&mut self, now: u64) {
+    fn retry(&mut self, id: ExecutionId, now: u64) -> Result<u32, Status> {
+        let live = self.executions.get_mut(&id).ok_or_else(|| not_found(id))?;
+        let state = live.machine.state();
+        if !matches!(state, ExecutionState::Failed | ExecutionState::Cancelled) {
+            return Err(Status::failed_precondition(format!(
+                "execution {id} is {}; only a failed or cancelled execution can run again",
+                state.as_str()
+            )));
+        }
+        let run = live.machine.run_number() + 1;
+        live.record(
+            id,
+            Event {
+                at_ms: now,
+                body: EventBody::RunStarted { run },
+            },
+        )
+        .map_err(|err| Status::failed_precondition(err.to_string()))?;
+        live.index_put = true;
+        tracing::info!(%id, run, "execution run started");
+        Ok(run)
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // flush
+    // ------------------------------------------------------------------------------------------
+
+    /// Writes the turn's events, then its side effects. Returns the executions whose append was
+    /// refused because another coordinator wrote their log: they were dropped and are reloaded.
+    async fn flush(&mut self, now: u64) -> HashSet<ExecutionId> {
         let dirty = std::mem::take(&mut self.dirty);
-        // (1) The log first.
-        let mut appends = Vec::new();
+        // (0) The index learns of new executions (and runs) before their first event, so a
+        // coordinator taking the shard over finds every execution that has a log.
+        let mut puts = Vec::new();
+        for id in &dirty {
+            if let Some(live) = self.executions.get(id)
+                && live.index_put
+                && !live.pending.is_empty()
+            {
+                puts.push((*id, shards::index_key(live.shard, *id)));
+            }
+        }
+        if !puts.is_empty() {
+            let results = join_all(
+                puts.iter()
+                    .map(|(_, key)| self.index.put(key, Bytes::from_static(b"1"))),
+            )
+            .await;
+            for ((id, key), result) in puts.into_iter().zip(results) {
+                if let Err(err) = result {
+                    tracing::warn!(%id, %err, "index write failed; retrying");
+                    let shutdown = self.shutdown.clone();
+                    retry_until(&shutdown, || self.index.put(&key, Bytes::from_static(b"1"))).await;
+                }
+                if let Some(live) = self.executions.get_mut(&id) {
+                    live.index_put = false;
+                    live.indexed = true;
+                }
+            }
+        }
+
+        // (1) The log, one round per chunk so each append names the sequence it follows.
+        let mut queues: Vec<(ExecutionId, VecDeque<(u64, Bytes)>)> = Vec::new();
         for id in &dirty {
             let Some(live) = self.executions.get(id) else {
                 continue;
@@ -532,40 +1058,94 @@ impl Engine {
             if live.pending.is_empty() {
                 continue;
             }
-            // One message per chunk keeps every append well under the server's payload limit.
-            for chunk in live.pending.chunks(EVENTS_PER_MESSAGE) {
-                let first = chunk[0].sequence;
-                let batch = v1::EventBatch {
-                    events: chunk.to_vec(),
+            let chunks = live
+                .pending
+                .chunks(EVENTS_PER_MESSAGE)
+                .map(|chunk| {
+                    let first = chunk[0].sequence;
+                    let batch = v1::EventBatch {
+                        events: chunk.to_vec(),
+                    };
+                    (first, Bytes::from(batch.encode_to_vec()))
+                })
+                .collect();
+            queues.push((*id, chunks));
+        }
+        let mut fenced = HashSet::new();
+        while queues.iter().any(|(_, q)| !q.is_empty()) {
+            let mut round = Vec::new();
+            for (id, queue) in &mut queues {
+                let Some((first, bytes)) = queue.pop_front() else {
+                    continue;
                 };
-                let bytes = bytes::Bytes::from(batch.encode_to_vec());
-                let mut headers = HeaderMap::new();
-                headers.insert(subjects::MSG_ID_HEADER, format!("{id}:{first}").as_str());
-                let publish =
-                    self.js
-                        .publish_with_headers(subjects::events(id), headers, bytes.clone());
-                appends.push((*id, first, bytes, publish));
+                let Some(live) = self.executions.get(id) else {
+                    continue;
+                };
+                let headers = append_headers(*id, first, live.stream_seq);
+                let publish = self.js.publish_with_headers(
+                    subjects::events(*id),
+                    headers.clone(),
+                    bytes.clone(),
+                );
+                round.push((*id, first, bytes, headers, publish));
+            }
+            let mut pending_acks = Vec::with_capacity(round.len());
+            for (id, first, bytes, headers, publish) in round {
+                pending_acks.push((id, first, bytes, headers, publish.await));
+            }
+            for (id, first, bytes, headers, publish) in pending_acks {
+                let outcome = match publish {
+                    Ok(ack) => match ack.await {
+                        Ok(ack) if !ack.duplicate => Appended::Stored(ack.sequence),
+                        Ok(ack) => self.check_duplicate(id, ack.sequence, &bytes).await,
+                        Err(err) if err.kind() == PublishErrorKind::WrongLastSequence => {
+                            Appended::Fenced(err.to_string())
+                        }
+                        Err(err) => {
+                            tracing::warn!(%id, %err, "event log append not acknowledged; retrying");
+                            self.append_until_stored(id, &headers, &bytes).await
+                        }
+                    },
+                    Err(err) => {
+                        tracing::warn!(%id, %err, "cannot append to the event log; retrying");
+                        self.append_until_stored(id, &headers, &bytes).await
+                    }
+                };
+                match outcome {
+                    Appended::Stored(stream_seq) => {
+                        if let Some(live) = self.executions.get_mut(&id) {
+                            live.stream_seq = stream_seq;
+                            live.log.push((first, bytes));
+                        }
+                    }
+                    Appended::Fenced(why) => {
+                        tracing::warn!(%id, %why, "another coordinator wrote this log; reloading it");
+                        fenced.insert(id);
+                        if let Some((_, queue)) = queues.iter_mut().find(|(q, _)| *q == id) {
+                            queue.clear();
+                        }
+                    }
+                    Appended::ShuttingDown => {
+                        fenced.insert(id);
+                    }
+                }
             }
         }
-        let mut acks = Vec::with_capacity(appends.len());
-        for (id, first, bytes, publish) in appends {
-            match publish.await {
-                Ok(ack) => acks.push((id, first, bytes, ack)),
-                Err(err) => tracing::error!(%id, %err, "cannot append to the event log"),
+        for id in &fenced {
+            if let Some(live) = self.executions.remove(id) {
+                self.by_key.retain(|_, v| v != id);
+                if !self.shutdown.is_cancelled() && self.owned.contains(&live.shard) {
+                    self.loading.entry(*id).or_default();
+                    self.spawn_reload(live.shard, *id);
+                }
             }
         }
-        for (id, first, bytes, ack) in acks {
-            if let Err(err) = ack.await {
-                tracing::error!(%id, %err, "event log append not acknowledged");
-            }
-            if let Some(live) = self.executions.get_mut(&id) {
-                live.log.push((first, bytes));
-            }
-        }
+
         // (2) Side effects, now that the log holds what caused them. Assignments go out in
         // chunks whose acks are awaited together: the client holds at most a few thousand
         // unacknowledged publishes.
-        let mut publishes = Vec::new();
+        let mut outgoing = Vec::new();
+        let mut finished = Vec::new();
         for id in &dirty {
             let Some(live) = self.executions.get_mut(id) else {
                 continue;
@@ -575,24 +1155,17 @@ impl Engine {
                 let Some(assignment) = live.machine.assignment(instance) else {
                     continue;
                 };
-                let message = convert::assignment_to_proto(*id, 1, &assignment);
+                let mut message =
+                    convert::assignment_to_proto(*id, live.machine.run_number(), &assignment);
+                message.results_shard = Some(live.shard);
                 let mut headers = HeaderMap::new();
                 headers.insert(
                     subjects::MSG_ID_HEADER,
                     subjects::task_msg_id(instance, assignment.attempt).as_str(),
                 );
-                publishes.push(
-                    self.js
-                        .publish_with_headers(
-                            subjects::tasks(assignment.queue),
-                            headers,
-                            message.encode_to_vec().into(),
-                        )
-                        .await,
-                );
-                if publishes.len() >= PUBLISH_CHUNK {
-                    await_acks(std::mem::take(&mut publishes)).await;
-                }
+                let subject = subjects::tasks(assignment.queue);
+                let payload = Bytes::from(message.encode_to_vec());
+                outgoing.push((subject, headers, payload));
             }
             for instance in live.stop.drain(..) {
                 let cancel = v1::CancelTask {
@@ -607,6 +1180,10 @@ impl Engine {
                     .await;
             }
             let terminal = live.machine.state().is_terminal();
+            if terminal && live.indexed && live.pending.is_empty() {
+                finished.push(shards::index_key(live.shard, *id));
+                live.indexed = false;
+            }
             live.progress_due |= !live.pending.is_empty();
             // Idle executions (woken only by the clock tick) publish nothing: a snapshot costs a
             // pass over every instance.
@@ -639,12 +1216,307 @@ impl Engine {
                 let _ = live.observers.send(Arc::new(Flushed { items, terminal }));
             }
         }
-        await_acks(publishes).await;
+        for chunk in outgoing.chunks(PUBLISH_CHUNK) {
+            let mut publishes = Vec::with_capacity(chunk.len());
+            for (subject, headers, payload) in chunk {
+                let publish = self
+                    .js
+                    .publish_with_headers(subject.clone(), headers.clone(), payload.clone())
+                    .await;
+                publishes.push((subject.clone(), headers.clone(), payload.clone(), publish));
+            }
+            self.await_assignments(publishes).await;
+        }
+        // Finished executions leave the index once their last event is stored; a crash before
+        // this only means the next owner loads them, sees them finished and removes them.
+        if !finished.is_empty() {
+            join_all(finished.iter().map(|key| self.index.delete(key))).await;
+        }
+        fenced
+    }
+
+    /// A duplicate ack means JetStream already held a message with this id: ours, stored by an
+    /// earlier attempt whose ack was lost, or another coordinator's.
+    async fn check_duplicate(&self, id: ExecutionId, stream_seq: u64, bytes: &Bytes) -> Appended {
+        match self.streams.events.get_raw_message(stream_seq).await {
+            Ok(stored) if stored.payload == *bytes => Appended::Stored(stream_seq),
+            Ok(_) => Appended::Fenced(format!("message id of {id} already used by another writer")),
+            Err(err) => Appended::Fenced(format!("cannot check a duplicate append: {err}")),
+        }
+    }
+
+    /// Retries an append until JetStream stores it, refuses it, or the coordinator stops.
+    async fn append_until_stored(
+        &self,
+        id: ExecutionId,
+        headers: &HeaderMap,
+        bytes: &Bytes,
+    ) -> Appended {
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            if self.shutdown.is_cancelled() {
+                return Appended::ShuttingDown;
+            }
+            let attempt = async {
+                self.js
+                    .publish_with_headers(subjects::events(id), headers.clone(), bytes.clone())
+                    .await?
+                    .await
+            };
+            match attempt.await {
+                Ok(ack) if !ack.duplicate => return Appended::Stored(ack.sequence),
+                Ok(ack) => return self.check_duplicate(id, ack.sequence, bytes).await,
+                Err(err) if err.kind() == PublishErrorKind::WrongLastSequence => {
+                    return Appended::Fenced(err.to_string());
+                }
+                Err(err) => tracing::warn!(%id, %err, "event log append failed; retrying"),
+            }
+            tokio::select! {
+                () = self.shutdown.cancelled() => return Appended::ShuttingDown,
+                () = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    /// Awaits the acks of published task assignments; those not stored are published again until
+    /// they are (the message id makes that safe).
+    async fn await_assignments(
+        &self,
+        publishes: Vec<(
+            String,
+            HeaderMap,
+            Bytes,
+            Result<jetstream::context::PublishAckFuture, jetstream::context::PublishError>,
+        )>,
+    ) {
+        let mut acks = Vec::with_capacity(publishes.len());
+        let mut again = Vec::new();
+        for (subject, headers, payload, publish) in publishes {
+            match publish {
+                Ok(ack) => acks.push((subject, headers, payload, ack.into_future())),
+                Err(_) => again.push((subject, headers, payload)),
+            }
+        }
+        let (meta, futures): (Vec<_>, Vec<_>) =
+            acks.into_iter().map(|(s, h, p, f)| ((s, h, p), f)).unzip();
+        for (meta, ack) in meta.into_iter().zip(join_all(futures).await) {
+            if ack.is_err() {
+                again.push(meta);
+            }
+        }
+        for (subject, headers, payload) in again {
+            tracing::warn!(%subject, "task assignment not stored; publishing it again");
+            retry_until(&self.shutdown, || async {
+                self.js
+                    .publish_with_headers(subject.clone(), headers.clone(), payload.clone())
+                    .await?
+                    .await
+                    .map(|_| ())
+            })
+            .await;
+        }
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // checkpoints
+    // ------------------------------------------------------------------------------------------
+
+    /// Starts the checkpoints that are due: on an interval while the state changes, once per
+    /// pause, and on demand.
+    fn checkpoints(&mut self, now: u64) {
+        let Some(store) = &self.store else {
+            return;
+        };
+        for (id, live) in &mut self.executions {
+            let ckpt = &mut live.checkpoint;
+            if ckpt.in_flight || !live.pending.is_empty() {
+                continue;
+            }
+            let paused = live.machine.state() == ExecutionState::Paused;
+            if !paused {
+                ckpt.paused_done = false;
+            }
+            let changed = live.seq > ckpt.seq;
+            if !ckpt.waiting.is_empty() && !changed && ckpt.id.is_some() {
+                // Nothing new since the last one: that one is the answer.
+                if let Some(metadata) = &ckpt.metadata {
+                    for reply in ckpt.waiting.drain(..) {
+                        let _ = reply.send(Ok(metadata.clone()));
+                    }
+                    continue;
+                }
+            }
+            let due = !ckpt.waiting.is_empty()
+                || (changed && paused && !ckpt.paused_done)
+                || (changed
+                    && !live.machine.state().is_terminal()
+                    && now >= ckpt.at_ms + self.checkpoint_every_ms);
+            if !due {
+                continue;
+            }
+            let delta = match &ckpt.id {
+                Some(base) if ckpt.since_full + 1 < FULL_EVERY && ckpt.seq >= live.log_base => {
+                    checkpoints::delta_state(&live.log, ckpt.seq).map(|state| (base.clone(), state))
+                }
+                _ => None,
+            };
+            let full = delta.is_none();
+            let (kind, base, state, format) = match delta {
+                Some((base, state)) => (v1::CheckpointKind::Delta, base, state, 1),
+                None => (
+                    v1::CheckpointKind::Full,
+                    String::new(),
+                    live.machine.snapshot(),
+                    trellis_core::machine::SNAPSHOT_FORMAT_VERSION,
+                ),
+            };
+            let checkpoint = v1::Checkpoint {
+                metadata: Some(v1::CheckpointMetadata {
+                    checkpoint_id: uuid::Uuid::now_v7().to_string(),
+                    execution_id: id.to_string(),
+                    event_sequence: live.seq,
+                    stream_sequence: live.stream_seq,
+                    kind: kind.into(),
+                    base_checkpoint_id: base,
+                    checksum_sha256: Vec::new(),
+                    created_at_unix_ms: now as i64,
+                    size_bytes: 0,
+                    state_format_version: format,
+                }),
+                state,
+            };
+            ckpt.in_flight = true;
+            ckpt.at_ms = now;
+            if paused {
+                ckpt.paused_done = true;
+            }
+            let store = store.clone();
+            let tx = self.tx.clone();
+            let (id, sequence) = (*id, live.seq);
+            tokio::spawn(async move {
+                let result = store.create(checkpoint).await;
+                if full
+                    && result.is_ok()
+                    && let Err(err) = store.prune(id, KEEP_FULL).await
+                {
+                    tracing::debug!(%id, %err, "pruning checkpoints failed");
+                }
+                let _ = tx
+                    .send(Input::CheckpointDone {
+                        id,
+                        full,
+                        sequence,
+                        result,
+                    })
+                    .await;
+            });
+        }
+    }
+
+    fn checkpoint_done(
+        &mut self,
+        id: ExecutionId,
+        full: bool,
+        sequence: u64,
+        result: Result<v1::CheckpointMetadata, String>,
+    ) {
+        let Some(live) = self.executions.get_mut(&id) else {
+            return;
+        };
+        let ckpt = &mut live.checkpoint;
+        ckpt.in_flight = false;
+        match result {
+            Ok(metadata) => {
+                tracing::debug!(%id, sequence, full, "checkpoint stored");
+                ckpt.seq = sequence;
+                ckpt.id = Some(metadata.checkpoint_id.clone());
+                ckpt.since_full = if full { 0 } else { ckpt.since_full + 1 };
+                for reply in ckpt.waiting.drain(..) {
+                    let _ = reply.send(Ok(metadata.clone()));
+                }
+                ckpt.metadata = Some(metadata);
+            }
+            Err(err) => {
+                tracing::warn!(%id, %err, "checkpoint not stored");
+                for reply in ckpt.waiting.drain(..) {
+                    let _ = reply.send(Err(Status::unavailable(format!(
+                        "the checkpoint-store did not take the checkpoint: {err}"
+                    ))));
+                }
+            }
+        }
+    }
+}
+
+/// What became of an append.
+enum Appended {
+    Stored(u64),
+    /// Another writer extended the log: this coordinator must not.
+    Fenced(String),
+    ShuttingDown,
+}
+
+fn append_headers(id: ExecutionId, first: u64, expected_stream_seq: u64) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        subjects::MSG_ID_HEADER,
+        subjects::event_msg_id(id, first).as_str(),
+    );
+    headers.insert(
+        EXPECTED_LAST_SUBJECT_SEQ,
+        expected_stream_seq.to_string().as_str(),
+    );
+    headers
+}
+
+/// Runs `attempt` until it succeeds or the coordinator stops, backing off between tries.
+async fn retry_until<F, Fut, T, E>(shutdown: &CancellationToken, mut attempt: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    E: std::fmt::Display,
+{
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match attempt().await {
+            Ok(_) => return,
+            Err(err) => tracing::debug!(%err, "retrying a publish"),
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// Recovers one execution, retrying while NATS cannot be read; `None` when its log is empty or
+/// malformed (reported).
+async fn recover_with_retry(
+    events: &jetstream::stream::Stream,
+    store: Option<&StoreClient>,
+    id: ExecutionId,
+) -> Option<Recovered> {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match recovery::recover(events, store, id).await {
+            Ok(recovered) => return recovered,
+            Err(err @ recovery::RecoveryError::Malformed { .. }) => {
+                tracing::error!(%id, %err, "execution cannot be recovered");
+                return None;
+            }
+            Err(err) => {
+                tracing::warn!(%id, %err, "recovery read failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
     }
 }
 
 /// Decodes the log from sequence `from` on.
-fn history(log: &[(u64, bytes::Bytes)], from: u64) -> Vec<v1::Event> {
+fn history(log: &[(u64, Bytes)], from: u64) -> Vec<v1::Event> {
     // The batch holding `from` is the last one starting at or before it.
     let start = log
         .partition_point(|(first, _)| *first <= from)
@@ -660,67 +1532,80 @@ fn history(log: &[(u64, bytes::Bytes)], from: u64) -> Vec<v1::Event> {
     events
 }
 
-/// Awaits the acks of published task assignments.
-async fn await_acks(
-    publishes: Vec<Result<jetstream::context::PublishAckFuture, jetstream::context::PublishError>>,
-) {
-    let mut acks = Vec::with_capacity(publishes.len());
-    for publish in publishes {
-        match publish {
-            Ok(ack) => acks.push(ack.into_future()),
-            Err(err) => tracing::error!(%err, "cannot publish a task assignment"),
-        }
-    }
-    for ack in join_all(acks).await {
-        if let Err(err) = ack {
-            tracing::error!(%err, "task assignment not acknowledged");
-        }
-    }
-}
-
 fn not_found(id: ExecutionId) -> Status {
     Status::not_found(format!("no execution {id}"))
 }
 
-/// Pulls results of one shard in batches and hands them to the engine.
+/// Pulls the results of one shard in batches and hands them to the engine, until `stop`. The
+/// durable consumer is created afresh when the shard is taken over (and after NATS errors), so
+/// results the previous owner took but never acknowledged are delivered again at once rather
+/// than after the ack wait.
 async fn consume_results(
-    consumer: jetstream::consumer::PullConsumer,
+    results: jetstream::stream::Stream,
+    shard: u32,
     tx: mpsc::Sender<Input>,
-    shutdown: CancellationToken,
+    stop: CancellationToken,
 ) {
-    let mut messages = match consumer
-        .stream()
-        .max_messages_per_batch(1000)
-        .messages()
-        .await
-    {
-        Ok(messages) => messages,
-        Err(err) => {
-            tracing::error!(%err, "cannot consume task results");
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        if stop.is_cancelled() {
             return;
         }
-    };
-    loop {
-        let first = tokio::select! {
-            () = shutdown.cancelled() => return,
-            next = messages.next() => next,
+        let _ = results
+            .delete_consumer(&format!("coordinator-{shard}"))
+            .await;
+        let messages = match trellis_bus::results_consumer(&results, shard).await {
+            Ok(consumer) => consumer
+                .stream()
+                .max_messages_per_batch(1000)
+                .messages()
+                .await
+                .map_err(|err| err.to_string()),
+            Err(err) => Err(err.to_string()),
         };
-        let Some(first) = first else { return };
-        let mut batch = Vec::with_capacity(64);
-        let mut next = Some(first);
-        // Take whatever else is already buffered, without waiting.
-        while let Some(item) = next.take() {
-            match item {
-                Ok(message) => batch.push(message),
-                Err(err) => tracing::warn!(%err, "results consumer"),
+        let mut messages = match messages {
+            Ok(messages) => messages,
+            Err(err) => {
+                tracing::warn!(shard, %err, "cannot consume task results; retrying");
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                continue;
             }
-            if batch.len() >= 2000 {
+        };
+        backoff = Duration::from_millis(50);
+        loop {
+            let first = tokio::select! {
+                () = stop.cancelled() => return,
+                next = messages.next() => next,
+            };
+            let Some(first) = first else { break };
+            let mut batch = Vec::with_capacity(64);
+            let mut failed = false;
+            let mut next = Some(first);
+            // Take whatever else is already buffered, without waiting.
+            while let Some(item) = next.take() {
+                match item {
+                    Ok(message) => batch.push(message),
+                    Err(err) => {
+                        tracing::warn!(shard, %err, "results consumer failed; starting it again");
+                        failed = true;
+                        break;
+                    }
+                }
+                if batch.len() >= 2000 {
+                    break;
+                }
+                next = futures::FutureExt::now_or_never(messages.next()).flatten();
+            }
+            if !batch.is_empty() && tx.send(Input::Results(batch)).await.is_err() {
+                return;
+            }
+            if failed {
                 break;
             }
-            next = futures::FutureExt::now_or_never(messages.next()).flatten();
-        }
-        if tx.send(Input::Results(batch)).await.is_err() {
-            return;
         }
     }
 }

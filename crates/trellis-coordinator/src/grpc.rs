@@ -16,11 +16,21 @@ use crate::workers::Registry;
 pub struct CoordinatorService {
     engine: Handle,
     workers: Registry,
+    /// The event stream, for history older than what the engine holds in memory.
+    events: async_nats::jetstream::stream::Stream,
 }
 
 impl CoordinatorService {
-    pub(crate) fn new(engine: Handle, workers: Registry) -> Self {
-        Self { engine, workers }
+    pub(crate) fn new(
+        engine: Handle,
+        workers: Registry,
+        events: async_nats::jetstream::stream::Stream,
+    ) -> Self {
+        Self {
+            engine,
+            workers,
+            events,
+        }
     }
 }
 
@@ -123,11 +133,28 @@ impl Coordinator for CoordinatorService {
 
     async fn retry_execution(
         &self,
-        _request: Request<v1::RetryExecutionRequest>,
+        request: Request<v1::RetryExecutionRequest>,
     ) -> Result<Response<v1::RetryExecutionResponse>, Status> {
-        Err(Status::unimplemented(
-            "retrying an execution as a new run is not available yet",
-        ))
+        let id = execution_id("execution_id", &request.into_inner().execution_id)?;
+        let run_number = self
+            .engine
+            .request(|reply| engine::Request::Retry { id, reply })
+            .await?;
+        Ok(Response::new(v1::RetryExecutionResponse { run_number }))
+    }
+
+    async fn checkpoint_execution(
+        &self,
+        request: Request<v1::CheckpointExecutionRequest>,
+    ) -> Result<Response<v1::CheckpointExecutionResponse>, Status> {
+        let id = execution_id("execution_id", &request.into_inner().execution_id)?;
+        let checkpoint = self
+            .engine
+            .request(|reply| engine::Request::Checkpoint { id, reply })
+            .await?;
+        Ok(Response::new(v1::CheckpointExecutionResponse {
+            checkpoint: Some(checkpoint),
+        }))
     }
 
     async fn get_execution(
@@ -184,10 +211,15 @@ impl Coordinator for CoordinatorService {
         let request = request.into_inner();
         let id = execution_id("execution_id", &request.execution_id)?;
         let from = request.from_sequence;
-        let observation = self
+        let mut observation = self
             .engine
             .request(|reply| engine::Request::Observe { id, from, reply })
             .await?;
+        if let Some((from, until)) = observation.backfill.take() {
+            // The engine holds the log after its checkpoint only; older events come from JetStream.
+            let older = backfill(&self.events, id, from, until).await?;
+            observation.history.splice(0..0, older);
+        }
         let stream = async_stream(observation);
         Ok(Response::new(Box::pin(stream)))
     }
@@ -247,6 +279,38 @@ impl Coordinator for CoordinatorService {
     }
 }
 
+/// Reads events `from..=until` of an execution's log from JetStream.
+async fn backfill(
+    events: &async_nats::jetstream::stream::Stream,
+    id: ExecutionId,
+    from: u64,
+    until: u64,
+) -> Result<Vec<v1::Event>, Status> {
+    use prost::Message as _;
+    let last = crate::recovery::last_stream_seq(events, id)
+        .await
+        .map_err(|err| Status::unavailable(err.to_string()))?
+        .unwrap_or(0);
+    let mut older = Vec::new();
+    for message in crate::recovery::read_log(events, id, 1, last)
+        .await
+        .map_err(|err| Status::unavailable(err.to_string()))?
+    {
+        if message.first_seq > until {
+            break;
+        }
+        let batch = v1::EventBatch::decode(message.payload)
+            .map_err(|err| Status::data_loss(format!("event log of {id}: {err}")))?;
+        older.extend(
+            batch
+                .events
+                .into_iter()
+                .filter(|e| e.sequence >= from && e.sequence <= until),
+        );
+    }
+    Ok(older)
+}
+
 /// History first, then live batches; the stream ends once the execution is over.
 fn async_stream(
     observation: engine::Observation,
@@ -255,6 +319,7 @@ fn async_stream(
         history,
         terminal,
         mut live,
+        ..
     } = observation;
     let last = history.last().map_or(0, |e| e.sequence);
     let (tx, rx) = tokio::sync::mpsc::channel(256);

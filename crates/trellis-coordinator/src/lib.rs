@@ -7,12 +7,16 @@
 //! cancelled ones) happen, and all of it is done in batches so throughput does not pay one round
 //! trip per task.
 
+mod checkpoints;
 mod cli;
 mod engine;
 mod grpc;
+mod recovery;
+mod shards;
 mod workers;
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use serde::Deserialize;
 use tokio::net::TcpListener;
@@ -27,8 +31,23 @@ pub use cli::main_entry;
 pub struct Config {
     /// The NATS server (JetStream enabled).
     pub nats_url: String,
-    /// Number of result shards (`trellis.results.<shard>`); workers must use the same number.
+    /// Number of shards executions are spread over (`trellis.results.<shard>`). Every
+    /// coordinator of a deployment must use the same number; workers learn the shard of each
+    /// task from its assignment.
     pub shards: u32,
+    /// This coordinator's identity in shard leases. Must be unique among running coordinators
+    /// and stable across restarts: a coordinator restarted under the same id takes its leases
+    /// back at once instead of waiting for them to lapse.
+    pub id: String,
+    /// A shard lease lapses this long after its owner stopped renewing it.
+    #[serde(with = "millis")]
+    pub lease_ttl: Duration,
+    /// The checkpoint-store's gRPC address (`http://host:port`); without one, no checkpoints
+    /// are taken and recovery replays whole logs.
+    pub checkpoint_store: Option<String>,
+    /// How often a running execution whose state changed is checkpointed.
+    #[serde(with = "millis")]
+    pub checkpoint_every: Duration,
 }
 
 impl Default for Config {
@@ -36,7 +55,37 @@ impl Default for Config {
         Self {
             nats_url: "nats://127.0.0.1:4222".to_owned(),
             shards: 1,
+            id: default_id(),
+            lease_ttl: Duration::from_secs(3),
+            checkpoint_store: None,
+            checkpoint_every: Duration::from_secs(10),
         }
+    }
+}
+
+/// `<hostname>`, which Kubernetes StatefulSets keep stable across restarts; `coordinator` when
+/// the host has no name.
+pub fn default_id() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|name| !name.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|name| name.trim().to_owned())
+                .filter(|name| !name.is_empty())
+        })
+        .unwrap_or_else(|| "coordinator".to_owned())
+}
+
+/// Durations in the config file as milliseconds.
+mod millis {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_millis)
     }
 }
 
@@ -53,6 +102,10 @@ pub enum Error {
     Listener(std::io::Error),
     #[error("cannot build the gRPC reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    #[error("cannot open the key-value bucket {bucket}: {message}")]
+    Bucket { bucket: String, message: String },
+    #[error("invalid configuration: {0}")]
+    Config(String),
 }
 
 /// The default gRPC address.
@@ -68,15 +121,54 @@ pub async fn run(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
+    if config.shards == 0 {
+        return Err(Error::Config("shards must be at least 1".to_owned()));
+    }
+    if config.id.is_empty() {
+        return Err(Error::Config(
+            "the coordinator id must not be empty".to_owned(),
+        ));
+    }
+    let store = config
+        .checkpoint_store
+        .as_deref()
+        .map(checkpoints::StoreClient::new)
+        .transpose()
+        .map_err(Error::Config)?;
     let nats = trellis_bus::connect(&config.nats_url, "trellis-coordinator").await?;
     let js = async_nats::jetstream::new(nats.clone());
     let streams = trellis_bus::ensure_streams(&js).await?;
+    let (leases, index) = shards::buckets(&js, config.lease_ttl).await?;
     let registry = workers::Registry::start(&nats, shutdown.clone()).await?;
-    let engine = engine::Engine::new(nats.clone(), js, config.shards);
-    let handle = engine.spawn(&streams, shutdown.clone()).await?;
+    let events = streams.events.clone();
+    let (handle, inputs) = engine::Engine::spawn(
+        engine::Setup {
+            nats: nats.clone(),
+            js,
+            streams,
+            index,
+            store,
+            shards: config.shards,
+            checkpoint_every: config.checkpoint_every,
+        },
+        shutdown.clone(),
+    );
+    let (first_pass, first_pass_done) = tokio::sync::oneshot::channel();
+    tokio::spawn(shards::keep_leases(
+        leases,
+        config.id.clone(),
+        config.shards,
+        config.lease_ttl,
+        inputs,
+        first_pass,
+        shutdown.clone(),
+    ));
+    // Serve once every free shard is claimed: a start that arrives while they are recovered waits
+    // for them instead of finding no shard.
+    let _ = first_pass_done.await;
     let addr = listener.local_addr().map_err(Error::Listener)?;
-    tracing::info!(%addr, nats = %config.nats_url, "coordinator serving");
-    let service = grpc::CoordinatorService::new(handle, registry);
+    tracing::info!(%addr, nats = %config.nats_url, id = %config.id, shards = config.shards, "coordinator serving");
+    let service = grpc::CoordinatorService::new(handle, registry, events);
     // grpc.health.v1 and reflection, so load balancers and `grpcurl` work out of the box.
     let (health, health_service) = tonic_health::server::health_reporter();
     health

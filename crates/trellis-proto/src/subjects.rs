@@ -11,6 +11,10 @@ pub const TASKS_STREAM: &str = "TRELLIS_TASKS";
 /// JetStream stream of task results (`trellis.results.>`).
 pub const RESULTS_STREAM: &str = "TRELLIS_RESULTS";
 
+/// JetStream KV bucket where workers keep the durable steps of running task instances, keyed by
+/// instance id (`RecordedSteps` values), so a redelivered attempt resumes after them.
+pub const STEPS_BUCKET: &str = "trellis_steps";
+
 /// Prefix of task subjects; a queue's subject is `trellis.tasks.<queue>`.
 pub const TASKS_PREFIX: &str = "trellis.tasks";
 /// Prefix of result subjects; a shard's subject is `trellis.results.<shard>`.

@@ -1,6 +1,6 @@
 //! The built-in handlers of DESIGN.md §11: `noop`, `sleep` and `fail` for tests and benchmarks,
-//! `fanout` to exercise subtask groups, `shell` and `http` for real work, and `question` for the
-//! human in the loop.
+//! `fanout` to exercise subtask groups, `steps` to exercise durable steps, `shell` and `http` for
+//! real work, and `question` for the human in the loop.
 //!
 //! Each reads its input as JSON; an input of the wrong shape fails the attempt, not retryable.
 
@@ -21,6 +21,7 @@ pub(crate) fn register(registry: &mut HandlerRegistry) {
         .register("sleep", sleep)
         .register("fail", fail)
         .register("fanout", fanout)
+        .register("steps", steps)
         .register("shell", shell::run)
         .register("http", http::run)
         .register("question", question);
@@ -135,6 +136,48 @@ async fn fanout(ctx: TaskContext) -> Outcome {
         })
         .collect();
     Outcome::Spawn { rule, members }
+}
+
+/// Most steps one `steps` task may run: every checkpoint carries the merged state, which grows
+/// with each step.
+const MAX_STEPS: u32 = 1000;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StepsInput {
+    count: u32,
+    #[serde(default)]
+    ms: u64,
+}
+
+/// Runs `count` durable steps named `step-1`, `step-2`, ..., each taking `ms` milliseconds and
+/// merging `{"done": {"<i>": true}, "trace": ["step-<i>"], "last": "step-<i>"}` into the state,
+/// then completes with the merged state. Run again after a crash, it skips the steps recorded
+/// before it, so the state shows every step exactly once.
+async fn steps(ctx: TaskContext) -> Outcome {
+    let StepsInput { count, ms } = match input(&ctx) {
+        Ok(input) => input,
+        Err(outcome) => return outcome,
+    };
+    if count > MAX_STEPS {
+        return Outcome::failed(format!("steps count must be at most {MAX_STEPS}"), false);
+    }
+    for step_idx in 1..=count {
+        let name = format!("step-{step_idx}");
+        let step = ctx.step(&name, |_state| async {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Ok::<_, std::convert::Infallible>(json!({
+                "done": { step_idx.to_string(): true },
+                "trace": [name.as_str()],
+                "last": name.as_str(),
+            }))
+        });
+        if let Err(error) = step.await {
+            return error.into();
+        }
+        ctx.progress(step_idx * 100 / count, name);
+    }
+    Outcome::Completed(ctx.step_state())
 }
 
 #[derive(Debug, Deserialize)]

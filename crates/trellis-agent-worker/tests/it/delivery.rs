@@ -193,3 +193,46 @@ async fn an_unknown_task_type_fails_for_good_and_avoided_workers_still_run_alone
     assert_eq!(result.worker_id, "w1");
     worker.stop().await
 }
+
+/// Returns the next `TaskResult` on `subscriber`.
+async fn next_result(subscriber: &mut async_nats::Subscriber) -> anyhow::Result<TaskResult> {
+    let message = tokio::time::timeout(SOON, subscriber.next())
+        .await
+        .context("no result within the time limit")?
+        .context("results subscription ended")?;
+    Ok(TaskResult::decode(message.payload.as_ref())?)
+}
+
+#[tokio::test]
+async fn results_go_to_the_shard_the_assignment_names() -> anyhow::Result<()> {
+    let harness = Harness::start().await?;
+    let mut shard_0 = harness.client.subscribe(subjects::results(0)).await?;
+    let mut shard_5 = harness.client.subscribe(subjects::results(5)).await?;
+    harness.client.flush().await?;
+    // One configured shard: without a named shard every result goes to shard 0.
+    let worker = harness.worker("w1", &["steps"], HandlerRegistry::with_builtins());
+
+    let mut named = assignment("steps", json!({"count": 2}));
+    named.results_shard = Some(5);
+    harness.publish(&named).await?;
+    let mut outcomes = Vec::new();
+    for _ in 0..3 {
+        let result = next_result(&mut shard_5).await?;
+        assert_eq!(result.task_instance_id, named.task_instance_id);
+        outcomes.push(match result.outcome {
+            Some(task_result::Outcome::StepCheckpoint(checkpoint)) => checkpoint.step,
+            Some(task_result::Outcome::Completed(_)) => "completed".to_owned(),
+            other => anyhow::bail!("unexpected outcome {other:?}"),
+        });
+    }
+    assert_eq!(outcomes, ["step-1", "step-2", "completed"]);
+
+    // Published after the named one finished: anything of it on shard 0 would come first.
+    let hashed = assignment("steps", json!({"count": 1}));
+    harness.publish(&hashed).await?;
+    for _ in 0..2 {
+        let result = next_result(&mut shard_0).await?;
+        assert_eq!(result.task_instance_id, hashed.task_instance_id);
+    }
+    worker.stop().await
+}

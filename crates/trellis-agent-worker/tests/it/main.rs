@@ -3,6 +3,7 @@
 
 mod builtins;
 mod delivery;
+mod restart;
 mod sigkill;
 mod steps;
 

@@ -18,7 +18,15 @@ use crate::local;
 type Fields = Vec<(&'static str, Value)>;
 
 /// The scenarios, in the order they run by default.
-const SCENARIOS: [&str; 5] = ["fanout", "chain", "throughput", "executions", "latency"];
+const SCENARIOS: [&str; 7] = [
+    "fanout",
+    "chain",
+    "throughput",
+    "executions",
+    "latency",
+    "checkpoint",
+    "recovery",
+];
 
 /// Measure Trellis on the scenarios of BENCH.md.
 #[derive(Debug, Args)]
@@ -35,7 +43,8 @@ const SCENARIOS: [&str; 5] = ["fanout", "chain", "throughput", "executions", "la
         trellis bench --scenario latency --scenario chain --workers 2"
 )]
 pub struct BenchArgs {
-    /// A scenario to run (repeatable): fanout, chain, throughput, executions, latency. Default: all.
+    /// A scenario to run (repeatable): fanout, chain, throughput, executions, latency,
+    /// checkpoint, recovery. Default: all.
     #[arg(long = "scenario", value_name = "NAME", value_parser = clap::builder::PossibleValuesParser::new(SCENARIOS))]
     pub scenarios: Vec<String>,
     /// The size of each scenario instead of its default.
@@ -61,6 +70,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
             .map_err(|_| Failure::failed("bad listen address"))?,
         workers: args.workers,
         slots: args.slots,
+        coordinator: true,
     })
     .await?;
     let client = CoordinatorClient::connect(local.coordinator_url.clone())
@@ -79,6 +89,8 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
             ("chain", None) => vec![200],
             ("throughput", None) => vec![20_000],
             ("executions", None) => vec![2000],
+            ("checkpoint", None) => vec![10_000],
+            ("recovery", None) => vec![20_000],
             _ => vec![500],
         };
         for n in sizes {
@@ -88,6 +100,8 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
                 "chain" => chain(client.clone(), n).await,
                 "throughput" => throughput(client.clone(), n).await,
                 "executions" => executions(client.clone(), n).await,
+                "checkpoint" => checkpoint(&local, n).await,
+                "recovery" => recovery(&args, n).await,
                 _ => latency(client.clone(), n).await,
             };
             let fields = result.unwrap_or_else(|error| {
@@ -161,6 +175,209 @@ async fn throughput(client: CoordinatorClient<Channel>, n: usize) -> Result<Fiel
         ("seconds", json!(round(seconds, 3))),
         ("tasks_per_s", json!(round(n as f64 / seconds, 0))),
     ])
+}
+
+/// `throughput` with the coordinator in a child process killed with SIGKILL half-way and
+/// started again under the same id (it takes its lease back at once). `recovery_ms` runs from the
+/// kill to the first task completed after the restart; `lost` counts plan tasks that never
+/// completed and `duplicate_resumes` groups that resumed their parent more than once.
+async fn recovery(args: &BenchArgs, n: usize) -> Result<Fields, String> {
+    let local = local::start(local::Options {
+        nats_url: None,
+        listen: "127.0.0.1:0".parse().map_err(|_| "bad listen address")?,
+        workers: args.workers,
+        slots: args.slots,
+        coordinator: false,
+    })
+    .await
+    .map_err(|f| f.message)?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| format!("no free port: {e}"))?;
+    let url = format!("http://{port}");
+    let mut coordinator = ChildCoordinator::spawn(&local.nats_url, port).await?;
+    let mut client = coordinator.client.clone();
+    let nats = async_nats::connect(&local.nats_url)
+        .await
+        .map_err(|e| format!("cannot connect to NATS: {e}"))?;
+
+    let mut plan = String::with_capacity(n * 32);
+    plan.push_str("name: bench-recovery\ntasks:\n");
+    for i in 0..n {
+        plan.push_str(&format!("- {{id: t{i}, type: noop}}\n"));
+    }
+    let start = Instant::now();
+    let id = start_plan(&mut client, plan).await?;
+    let mut log = nats
+        .subscribe(trellis_proto::subjects::events(&id))
+        .await
+        .map_err(|e| format!("cannot follow the log: {e}"))?;
+    // Half-way, by the summary's count of settled tasks.
+    loop {
+        let execution = get(&mut client, &id).await?;
+        if execution
+            .progress
+            .as_ref()
+            .is_some_and(|p| p.done * 2 >= n as u64)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    coordinator.kill();
+    let killed = Instant::now();
+    // Everything logged before the kill has a sequence at most this.
+    let mut last_before = 0;
+    while let Some(Some(message)) = futures::FutureExt::now_or_never(log.next()) {
+        last_before = last_before.max(batch_last_sequence(&message.payload));
+    }
+    let mut coordinator = ChildCoordinator::spawn(&local.nats_url, port).await?;
+    let recovery_ms = loop {
+        let message = tokio::time::timeout(Duration::from_secs(60), log.next())
+            .await
+            .map_err(|_| "no task completed within 60 s of the restart".to_owned())?
+            .ok_or("the log subscription ended")?;
+        if first_completion_after(&message.payload, last_before) {
+            break killed.elapsed().as_secs_f64() * 1000.0;
+        }
+    };
+    let mut client = CoordinatorClient::connect(url)
+        .await
+        .map_err(|e| format!("cannot reach the restarted coordinator: {e}"))?;
+    loop {
+        let execution = get(&mut client, &id).await?;
+        match ExecutionState::try_from(execution.state) {
+            Ok(ExecutionState::Completed) => break,
+            Ok(ExecutionState::Failed | ExecutionState::Cancelled) => {
+                return Err(format!("execution {id} ended {}", execution.reason));
+            }
+            _ => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let graph = client
+        .get_execution_graph(v1::GetExecutionGraphRequest {
+            execution_id: id.clone(),
+            run_number: 0,
+        })
+        .await
+        .map_err(|s| s.message().to_owned())?
+        .into_inner()
+        .graph
+        .unwrap_or_default();
+    let records: Vec<_> = graph
+        .nodes
+        .iter()
+        .filter_map(|n| n.record.as_ref())
+        .collect();
+    let completed: std::collections::HashSet<&str> = records
+        .iter()
+        .filter(|r| r.state == v1::TaskState::Completed as i32)
+        .map(|r| r.task_id.as_str())
+        .collect();
+    let lost = (0..n)
+        .filter(|i| !completed.contains(format!("t{i}").as_str()))
+        .count();
+    let mut resumed: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for record in &records {
+        if let Some(group) = record.resumed_after_subtasks_group_id.as_deref() {
+            *resumed.entry(group).or_default() += 1;
+        }
+    }
+    let duplicate_resumes = resumed.values().filter(|&&k| k > 1).count();
+    coordinator.kill();
+    local.stop().await;
+    Ok(vec![
+        ("seconds", json!(round(seconds, 3))),
+        ("recovery_ms", json!(round(recovery_ms, 1))),
+        ("lost", json!(lost)),
+        ("duplicate_resumes", json!(duplicate_resumes)),
+    ])
+}
+
+/// A coordinator in a child process (`trellis coordinator`), so it can be killed for real.
+struct ChildCoordinator {
+    child: std::process::Child,
+    client: CoordinatorClient<Channel>,
+}
+
+impl ChildCoordinator {
+    async fn spawn(nats_url: &str, addr: std::net::SocketAddr) -> Result<Self, String> {
+        let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+        let child = std::process::Command::new(exe)
+            .args([
+                "coordinator",
+                "--nats-url",
+                nats_url,
+                "--id",
+                "bench-recovery",
+            ])
+            .args(["--listen", &addr.to_string(), "--lease-ttl", "3s"])
+            .env("RUST_LOG", "error")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start a coordinator process: {e}"))?;
+        let url = format!("http://{addr}");
+        for _ in 0..500 {
+            if let Ok(mut client) = CoordinatorClient::connect(url.clone()).await
+                && client
+                    .list_executions(v1::ListExecutionsRequest::default())
+                    .await
+                    .is_ok()
+            {
+                return Ok(Self { child, client });
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Err(format!("the coordinator process did not serve at {url}"))
+    }
+
+    /// SIGKILL: no goodbye, no lease released.
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ChildCoordinator {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn batch_last_sequence(payload: &[u8]) -> u64 {
+    use prost::Message as _;
+    v1::EventBatch::decode(payload)
+        .ok()
+        .and_then(|b| b.events.last().map(|e| e.sequence))
+        .unwrap_or(0)
+}
+
+fn first_completion_after(payload: &[u8], after: u64) -> bool {
+    use prost::Message as _;
+    v1::EventBatch::decode(payload).is_ok_and(|batch| {
+        batch.events.iter().any(|e| {
+            e.sequence > after && matches!(e.kind, Some(v1::event::Kind::TaskCompleted(_)))
+        })
+    })
+}
+
+async fn get(client: &mut CoordinatorClient<Channel>, id: &str) -> Result<v1::Execution, String> {
+    client
+        .get_execution(v1::GetExecutionRequest {
+            execution_id: id.to_owned(),
+        })
+        .await
+        .map_err(|s| s.message().to_owned())?
+        .into_inner()
+        .execution
+        .ok_or_else(|| "the coordinator answered without the execution".to_owned())
+}
+
+/// Placeholder until the local cluster runs a checkpoint-store.
+async fn checkpoint(_local: &local::Local, _n: usize) -> Result<Fields, String> {
+    Err("the checkpoint scenario needs the checkpoint-store".to_owned())
 }
 
 const ONE_TASK: &str = "name: bench-one\ntasks:\n- {id: t, type: noop}\n";

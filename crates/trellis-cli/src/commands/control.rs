@@ -1,10 +1,12 @@
-//! `trellis pause | resume | cancel | answer`: change the course of a running execution.
+//! `trellis pause | resume | cancel | retry | checkpoint | answer`: change the course of an
+//! execution.
 
 use std::io::{self, Write};
 
 use clap::Args;
 use trellis_proto::v1::{
-    AnswerQuestionRequest, CancelExecutionRequest, PauseExecutionRequest, ResumeExecutionRequest,
+    AnswerQuestionRequest, CancelExecutionRequest, CheckpointExecutionRequest,
+    PauseExecutionRequest, ResumeExecutionRequest, RetryExecutionRequest,
 };
 
 use super::Failure;
@@ -47,6 +49,36 @@ pub struct CancelArgs {
     /// Why, recorded in the event log.
     #[arg(long, default_value = "")]
     pub reason: String,
+}
+
+/// Run a failed or cancelled execution again: only what did not complete runs, as run N+1.
+#[derive(Debug, Args)]
+#[command(
+    long_about = "Run a failed or cancelled execution again as a new run (run N+1). Tasks that \
+        completed keep their results and do not run again; every other task runs with new \
+        instance ids. The earlier runs stay in the history: `trellis tree ID` shows them side by \
+        side.",
+    after_help = "Examples:\n  \
+        trellis retry 0190a5c4-7d1e-7000-8000-000000000001\n  \
+        trellis status 0190a5c4-7d1e-7000-8000-000000000001"
+)]
+pub struct RetryArgs {
+    /// The execution id.
+    pub execution_id: String,
+}
+
+/// Take a checkpoint of an execution now.
+#[derive(Debug, Args)]
+#[command(
+    long_about = "Take a checkpoint of an execution now: a snapshot of its state (or the events \
+        since the previous checkpoint), stored with a SHA-256 checksum by the checkpoint-store. \
+        Checkpoints are also taken on an interval and whenever an execution pauses; recovery \
+        starts from the latest good one.",
+    after_help = "Example:\n  trellis checkpoint 0190a5c4-7d1e-7000-8000-000000000001"
+)]
+pub struct CheckpointArgs {
+    /// The execution id.
+    pub execution_id: String,
 }
 
 /// Answer a question a task asked; the task continues with the answer.
@@ -126,6 +158,59 @@ pub async fn cancel(coordinator_url: &str, args: CancelArgs) -> Result<(), Failu
     say(&format!(
         "{what} is {}",
         render::execution_state_name(response.state)
+    ))
+}
+
+/// Runs `trellis retry`.
+pub async fn retry(coordinator_url: &str, args: RetryArgs) -> Result<(), Failure> {
+    let mut coordinator = Coordinator::connect(coordinator_url).await?;
+    let what = format!("execution {}", args.execution_id);
+    let response = coordinator
+        .client
+        .retry_execution(RetryExecutionRequest {
+            execution_id: args.execution_id.clone(),
+        })
+        .await
+        .map_err(|status| coordinator.status_failure(&status, &what))?
+        .into_inner();
+    say(&format!(
+        "{what} is running again as run {}: only what did not complete runs",
+        response.run_number
+    ))
+}
+
+/// Runs `trellis checkpoint`.
+pub async fn checkpoint(coordinator_url: &str, args: CheckpointArgs) -> Result<(), Failure> {
+    let mut coordinator = Coordinator::connect(coordinator_url).await?;
+    let what = format!("execution {}", args.execution_id);
+    let response = coordinator
+        .client
+        .checkpoint_execution(CheckpointExecutionRequest {
+            execution_id: args.execution_id.clone(),
+        })
+        .await
+        .map_err(|status| coordinator.status_failure(&status, &what))?
+        .into_inner();
+    let Some(checkpoint) = response.checkpoint else {
+        return say(&format!(
+            "{what}: the coordinator answered without a checkpoint"
+        ));
+    };
+    let kind = match trellis_proto::v1::CheckpointKind::try_from(checkpoint.kind) {
+        Ok(trellis_proto::v1::CheckpointKind::Full) => "full",
+        Ok(trellis_proto::v1::CheckpointKind::Delta) => "delta",
+        _ => "unknown kind",
+    };
+    say(&format!(
+        "checkpoint {} of {what}: {kind}, up to event {}, {} bytes, sha256 {}",
+        checkpoint.checkpoint_id,
+        checkpoint.event_sequence,
+        checkpoint.size_bytes,
+        checkpoint
+            .checksum_sha256
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
     ))
 }
 

@@ -32,6 +32,7 @@ pub async fn run(_args: DemoArgs) -> Result<(), Failure> {
             .map_err(|_| Failure::failed("bad listen address"))?,
         workers: 2,
         slots: 16,
+        coordinator: true,
     })
     .await?;
     let plan = std::env::temp_dir().join(format!("trellis-demo-{}.yaml", std::process::id()));

@@ -39,6 +39,7 @@ pub async fn run(args: DevArgs) -> Result<(), Failure> {
         listen: args.listen,
         workers: args.workers,
         slots: args.slots,
+        coordinator: true,
     })
     .await?;
     eprintln!(

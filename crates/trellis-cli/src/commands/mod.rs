@@ -7,6 +7,7 @@ pub mod demo;
 pub mod dev;
 pub mod inspect;
 pub mod plan;
+pub mod serve;
 pub mod submit;
 pub mod workers;
 

@@ -57,6 +57,7 @@ pub async fn start_with(workers: usize, registry: impl Fn() -> HandlerRegistry) 
     let config = trellis_coordinator::Config {
         nats_url: nats.url(),
         shards: 1,
+        ..trellis_coordinator::Config::default()
     };
     let token = shutdown.child_token();
     tokio::spawn(async move {

@@ -4,3 +4,4 @@
 mod cluster;
 mod engine;
 mod features;
+mod recovery;

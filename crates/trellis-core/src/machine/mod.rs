@@ -889,8 +889,7 @@ impl Execution {
             .iter()
             .zip(&self.slots)
             .map(|(task, slot)| {
-                !task.is_fallback_only
-                    && !matches!(slot.status, SlotStatus::Done { ok: true, .. })
+                !task.is_fallback_only && !matches!(slot.status, SlotStatus::Done { ok: true, .. })
             })
             .collect();
         // A static subtask runs again with its parent, and only with it.

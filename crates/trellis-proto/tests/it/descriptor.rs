@@ -43,6 +43,7 @@ fn services_have_their_rpcs() {
                 "GetExecutionGraph",
                 "AnswerQuestion",
                 "ListWorkers",
+                "CheckpointExecution",
             ],
         ),
         ("Planner", &["CompilePlan", "AnalyzePlan"]),
@@ -55,6 +56,8 @@ fn services_have_their_rpcs() {
                 "ListCheckpoints",
                 "PruneCheckpoints",
                 "QueryTaskInstances",
+                "GetExecutionRecord",
+                "ListExecutionRecords",
             ],
         ),
     ];

@@ -1,0 +1,777 @@
+//! The read model's writer: consumes the event log (`TRELLIS_EVENTS`) with a durable pull
+//! consumer and writes executions, task instances, events and questions.
+//!
+//! Task instance ids are derived inside the state machine, so the store keeps a replica
+//! [`Execution`] per unfinished execution: built from `ExecutionStarted` (the plan is compiled
+//! again from its spec), fed every later event, and asked after each run of messages which records
+//! changed. A replica is dropped when its execution finishes. After a restart, an execution whose
+//! next event is not the first gets its replica rebuilt from its own log on JetStream (an ordered
+//! consumer filtered on its subject), up to what the read model already holds; so is the replica
+//! of a finished execution when a new run (`RunStarted`) arrives.
+//!
+//! Writes are idempotent by event sequence: the read model keeps `last_sequence` per execution,
+//! events at or below it are skipped, and each run of messages (many of them, for speed) is written
+//! with the new sequences in one transaction before the messages are acknowledged. Events of a kind
+//! this store does not know are stored as `unknown` and skipped, with a warning.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer};
+use futures::StreamExt;
+use prost::Message as _;
+use tokio_util::sync::CancellationToken;
+use trellis_core::ids::{ExecutionId, TaskInstanceId};
+use trellis_core::machine::{Event, EventBody, Execution};
+use trellis_core::plan::{Limits, compile_str};
+use trellis_core::record::TaskStatusRecord;
+use trellis_proto::convert::{self, LogEntry, Started};
+use trellis_proto::{subjects, v1};
+
+use crate::store::{
+    EventRow, ExecutionRow, ExecutionWrite, ProgressRow, QuestionResolved, QuestionRow,
+    ReadModelBatch, Resolution, Store,
+};
+
+/// Name of the store's durable consumer of `TRELLIS_EVENTS`.
+pub const CONSUMER_NAME: &str = "checkpoint-store";
+
+/// Most messages written in one transaction.
+const MAX_RUN_MESSAGES: usize = 2_000;
+/// Most payload bytes written in one transaction.
+const MAX_RUN_BYTES: usize = 16 * 1024 * 1024;
+/// How long an unacknowledged message waits before JetStream delivers it again; a slow database
+/// only causes redeliveries, which sequences make harmless.
+const ACK_WAIT: Duration = Duration::from_secs(60);
+/// Longest wait for the next message of an execution's log while rebuilding its replica.
+const LOG_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest pause between two tries of a failed write.
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
+
+/// What the store knows about one execution between runs of messages.
+#[derive(Debug, Default)]
+struct Tracked {
+    /// Every event at or below it has been taken into the read model (or the run being built).
+    last_sequence: u64,
+    replica: Option<Replica>,
+    /// When the latest event happened.
+    last_event_at_ms: u64,
+    /// No replica can be built (the plan does not compile, or the log is incomplete): only
+    /// events and sequences are recorded, and no rebuild is tried again.
+    no_replica: bool,
+}
+
+#[derive(Debug)]
+struct Replica {
+    machine: Execution,
+    started: Started,
+    /// The labels are written with the first row of the execution this process writes.
+    labels_written: bool,
+    /// The current run, from its root record.
+    run: RunTimes,
+}
+
+/// The current run of an execution, as its root record says.
+#[derive(Debug, Clone, Copy)]
+struct RunTimes {
+    run_number: u32,
+    started_at_ms: Option<u64>,
+    ended_at_ms: Option<u64>,
+}
+
+/// One decoded message of the log: its events, in sequence order.
+#[derive(Debug)]
+struct LogMessage {
+    execution_id: ExecutionId,
+    events: Vec<v1::Event>,
+}
+
+/// Decodes an `EventBatch` message. Unlike `convert::decode_event_batch`, events of unknown
+/// kinds are kept (to be stored and skipped); only the envelope is checked here.
+fn decode_message(payload: &[u8]) -> Result<LogMessage, String> {
+    let batch =
+        v1::EventBatch::decode(payload).map_err(|err| format!("invalid protobuf: {err}"))?;
+    let first = batch
+        .events
+        .first()
+        .ok_or("an event batch without events")?;
+    let execution_id: ExecutionId = first
+        .execution_id
+        .parse()
+        .map_err(|_| format!("invalid execution id {:?}", first.execution_id))?;
+    for (event, expected) in batch.events.iter().zip(first.sequence..) {
+        if event.execution_id != first.execution_id {
+            return Err("events of several executions in one batch".to_owned());
+        }
+        if event.sequence != expected {
+            return Err(format!(
+                "sequence {} where {expected} was expected",
+                event.sequence
+            ));
+        }
+    }
+    if first.sequence == 0 {
+        return Err("sequence 0 (sequences start at 1)".to_owned());
+    }
+    Ok(LogMessage {
+        execution_id,
+        events: batch.events,
+    })
+}
+
+/// Returns the `oneof` member name of an event's kind, and the instance it is about.
+fn describe(event: &v1::Event) -> (&'static str, Option<&str>) {
+    use v1::event::Kind;
+    match &event.kind {
+        None => ("unknown", None),
+        Some(kind) => match kind {
+            Kind::ExecutionStarted(_) => ("execution_started", None),
+            Kind::TaskStarted(e) => ("task_started", Some(e.task_instance_id.as_str())),
+            Kind::TaskCompleted(e) => ("task_completed", Some(e.task_instance_id.as_str())),
+            Kind::TaskFailed(e) => ("task_failed", Some(e.task_instance_id.as_str())),
+            Kind::SubtasksSpawned(e) => ("subtasks_spawned", Some(e.task_instance_id.as_str())),
+            Kind::QuestionAsked(e) => ("question_asked", Some(e.task_instance_id.as_str())),
+            Kind::StepCheckpointed(e) => ("step_checkpointed", Some(e.task_instance_id.as_str())),
+            Kind::TaskLost(e) => ("task_lost", Some(e.task_instance_id.as_str())),
+            Kind::PauseRequested(_) => ("pause_requested", None),
+            Kind::ResumeRequested(_) => ("resume_requested", None),
+            Kind::CancelRequested(_) => ("cancel_requested", None),
+            Kind::QuestionAnswered(_) => ("question_answered", None),
+            Kind::TaskDispatched(e) => ("task_dispatched", Some(e.task_instance_id.as_str())),
+            Kind::TaskTimedOut(e) => ("task_timed_out", Some(e.task_instance_id.as_str())),
+            Kind::QuestionExpired(_) => ("question_expired", None),
+            Kind::BudgetExhausted(_) => ("budget_exhausted", None),
+            Kind::ExecutionTimedOut(_) => ("execution_timed_out", None),
+            Kind::ExecutionFinished(_) => ("execution_finished", None),
+            Kind::RunStarted(_) => ("run_started", None),
+        },
+    }
+}
+
+fn instant(unix_ms: i64) -> u64 {
+    u64::try_from(unix_ms).unwrap_or(0)
+}
+
+/// Builds [`ReadModelBatch`]es from log messages, holding the replicas. No I/O: rebuilding a
+/// replica from the log is done by the caller ([`Ingest`]) through [`Applier::needs_log`] and
+/// [`Applier::rebuild`].
+#[derive(Debug, Default)]
+pub(crate) struct Applier {
+    executions: HashMap<ExecutionId, Tracked>,
+}
+
+/// What one run of messages changed, being built.
+#[derive(Debug, Default)]
+struct Run {
+    touched: Vec<ExecutionId>,
+    events: Vec<EventRow>,
+    asked: Vec<QuestionRow>,
+    resolved: Vec<QuestionResolved>,
+}
+
+impl Applier {
+    /// Returns the executions of `messages` this applier holds nothing about.
+    fn unknown(&self, messages: &[LogMessage]) -> Vec<ExecutionId> {
+        let mut res: Vec<ExecutionId> = messages
+            .iter()
+            .map(|message| message.execution_id)
+            .filter(|id| !self.executions.contains_key(id))
+            .collect();
+        res.sort_unstable();
+        res.dedup();
+        res
+    }
+
+    /// Records what the read model holds of an execution (0 when it holds nothing).
+    fn track(&mut self, execution_id: ExecutionId, last_sequence: u64) {
+        self.executions.entry(execution_id).or_insert(Tracked {
+            last_sequence,
+            ..Tracked::default()
+        });
+    }
+
+    /// Returns the executions of `messages` with new events but no replica, and the sequence up
+    /// to which each one's log must be read to rebuild it (the event before its first new one).
+    fn needs_log(&self, messages: &[LogMessage]) -> Vec<(ExecutionId, u64)> {
+        let mut first_new: BTreeMap<ExecutionId, u64> = BTreeMap::new();
+        for message in messages {
+            let Some(tracked) = self.executions.get(&message.execution_id) else {
+                continue;
+            };
+            if tracked.replica.is_some() || tracked.no_replica {
+                continue;
+            }
+            let new = message
+                .events
+                .iter()
+                .find(|event| event.sequence > tracked.last_sequence && event.kind.is_some());
+            if let Some(event) = new {
+                first_new
+                    .entry(message.execution_id)
+                    .and_modify(|seq| *seq = (*seq).min(event.sequence))
+                    .or_insert(event.sequence);
+            }
+        }
+        first_new
+            .into_iter()
+            .filter(|(_, first)| *first > 1)
+            .map(|(id, first)| (id, first - 1))
+            .collect()
+    }
+
+    /// Rebuilds an execution's replica from its log's first events (`log` holds sequences 1..n
+    /// in order). Events the read model already holds are applied silently; later ones are
+    /// applied and written as if they had just arrived (they were missing from the read model).
+    fn rebuild(&mut self, execution_id: ExecutionId, log: Vec<v1::Event>, run: &mut Run) {
+        let Some(tracked) = self.executions.get_mut(&execution_id) else {
+            return;
+        };
+        let held = tracked.last_sequence;
+        tracked.last_sequence = 0;
+        for event in log {
+            let silent = event.sequence <= held;
+            self.apply_event(execution_id, event, silent, run);
+        }
+        if let Some(tracked) = self.executions.get_mut(&execution_id) {
+            tracked.last_sequence = tracked.last_sequence.max(held);
+            if tracked.replica.is_some() {
+                tracing::info!(%execution_id, last_sequence = tracked.last_sequence, "replica rebuilt from the log");
+            }
+        }
+    }
+
+    /// Records that an execution's replica cannot be rebuilt.
+    fn give_up_replica(&mut self, execution_id: ExecutionId) {
+        if let Some(tracked) = self.executions.get_mut(&execution_id) {
+            tracked.no_replica = true;
+        }
+    }
+
+    /// Applies the messages (already tracked, replicas rebuilt where possible).
+    fn apply_messages(&mut self, messages: Vec<LogMessage>, run: &mut Run) {
+        for message in messages {
+            for event in message.events {
+                self.apply_event(message.execution_id, event, false, run);
+            }
+        }
+    }
+
+    /// Applies one event: skipped when at or below the execution's `last_sequence`; otherwise the
+    /// replica takes it and, unless `silent`, its rows go into `run`.
+    fn apply_event(
+        &mut self,
+        execution_id: ExecutionId,
+        event: v1::Event,
+        silent: bool,
+        run: &mut Run,
+    ) {
+        let tracked = self.executions.entry(execution_id).or_default();
+        if event.sequence <= tracked.last_sequence {
+            return;
+        }
+        if event.sequence > tracked.last_sequence + 1 && !silent {
+            tracing::warn!(
+                %execution_id,
+                expected = tracked.last_sequence + 1,
+                got = event.sequence,
+                "events missing from the log; the read model of this execution has a gap"
+            );
+        }
+        let sequence = event.sequence;
+        let at_ms = instant(event.timestamp_unix_ms);
+        tracked.last_sequence = sequence;
+        tracked.last_event_at_ms = at_ms;
+        let (kind, instance) = describe(&event);
+        if !silent {
+            if !run.touched.contains(&execution_id) {
+                run.touched.push(execution_id);
+            }
+            run.events.push(EventRow {
+                execution_id,
+                sequence,
+                at_ms,
+                kind,
+                task_instance_id: instance.and_then(|text| text.parse().ok()),
+                payload: event.encode_to_vec(),
+            });
+        }
+        if event.kind.is_none() {
+            tracing::warn!(%execution_id, sequence, "event of an unknown kind skipped");
+            return;
+        }
+        let entry = match convert::event_from_proto(&event) {
+            Ok(entry) => entry,
+            Err(err) => {
+                tracing::warn!(%execution_id, sequence, %err, "invalid event skipped");
+                return;
+            }
+        };
+        match entry {
+            LogEntry::Started(started) => {
+                if sequence != 1 {
+                    tracing::warn!(%execution_id, sequence, "ExecutionStarted after sequence 1 ignored");
+                    return;
+                }
+                tracked.replica = start_replica(execution_id, started);
+                tracked.no_replica = tracked.replica.is_none();
+            }
+            LogEntry::Event(event) => {
+                if !silent {
+                    collect_questions(execution_id, &event, run);
+                }
+                let Some(replica) = tracked.replica.as_mut() else {
+                    return;
+                };
+                if let Err(err) = replica.machine.apply(&event) {
+                    tracing::warn!(%execution_id, sequence, %err, "the replica refused an event the coordinator logged");
+                }
+            }
+        }
+    }
+
+    /// Returns the batch to write for this run, and forgets replicas whose execution finished.
+    fn finish(&mut self, run: Run) -> ReadModelBatch {
+        let mut batch = ReadModelBatch {
+            events: run.events,
+            questions_resolved: run.resolved,
+            ..ReadModelBatch::default()
+        };
+        let mut instances: HashMap<TaskInstanceId, TaskStatusRecord> = HashMap::new();
+        for execution_id in run.touched {
+            let Some(tracked) = self.executions.get_mut(&execution_id) else {
+                continue;
+            };
+            let Some(replica) = tracked.replica.as_mut() else {
+                batch.executions.push(ExecutionWrite::Sequence {
+                    execution_id,
+                    last_sequence: tracked.last_sequence,
+                    first_event_at_ms: tracked.last_event_at_ms,
+                });
+                continue;
+            };
+            let records = replica.machine.take_changed_records();
+            let root_id = replica.machine.root_instance_id();
+            if let Some(root) = records
+                .iter()
+                .find(|record| record.task_instance_id == root_id)
+            {
+                replica.run = RunTimes {
+                    run_number: root.run_number,
+                    started_at_ms: root.started_at_ms,
+                    ended_at_ms: root.ended_at_ms,
+                };
+            }
+            for record in records {
+                instances.insert(record.task_instance_id, record);
+            }
+            let progress = replica.machine.progress(tracked.last_event_at_ms);
+            let labels = if replica.labels_written {
+                BTreeMap::new()
+            } else {
+                replica.labels_written = true;
+                replica.started.labels.clone()
+            };
+            batch
+                .executions
+                .push(ExecutionWrite::Row(Box::new(ExecutionRow {
+                    execution_id,
+                    name: replica.started.plan_name.clone(),
+                    state: replica.machine.state(),
+                    run_number: replica.run.run_number,
+                    created_at_ms: replica.started.started_at_ms,
+                    started_at_ms: replica.run.started_at_ms,
+                    ended_at_ms: replica.run.ended_at_ms,
+                    reason: replica.machine.reason().unwrap_or_default().to_owned(),
+                    idempotency_key: replica.started.idempotency_key.clone(),
+                    labels,
+                    last_sequence: tracked.last_sequence,
+                    usage: replica.machine.usage(),
+                    progress: ProgressRow {
+                        counts: progress.counts,
+                        total: progress.total,
+                        done: progress.done,
+                        percent: progress.percent,
+                        wave: progress.wave,
+                        waves: progress.waves,
+                    },
+                })));
+            if replica.machine.state().is_terminal() {
+                tracing::debug!(%execution_id, "execution finished; replica dropped");
+                tracked.replica = None;
+            }
+        }
+        for mut asked in run.asked {
+            // The asking instance changed state with the question, so its record is here.
+            if let Some(record) = instances.get(&asked.task_instance_id) {
+                asked.task_id = record.task_id.clone();
+            }
+            batch.questions_asked.push(asked);
+        }
+        batch.instances = instances.into_values().collect();
+        batch
+            .instances
+            .sort_unstable_by_key(|record| (record.correlation_id, record.task_instance_id));
+        batch
+    }
+
+    /// Forgets executions without a replica (finished ones): what they need is in the read
+    /// model. Keeps memory bounded by the unfinished executions.
+    fn forget_finished(&mut self) {
+        self.executions
+            .retain(|_, tracked| tracked.replica.is_some() || tracked.no_replica);
+    }
+}
+
+fn start_replica(execution_id: ExecutionId, started: Started) -> Option<Replica> {
+    match compile_str(&started.spec, &Limits::default()) {
+        Ok(plan) => Some(Replica {
+            machine: Execution::start(
+                execution_id,
+                Arc::new(plan),
+                started.run_number,
+                started.started_at_ms,
+            ),
+            run: RunTimes {
+                run_number: started.run_number,
+                started_at_ms: Some(started.started_at_ms),
+                ended_at_ms: None,
+            },
+            started,
+            labels_written: false,
+        }),
+        Err(errors) => {
+            tracing::warn!(%execution_id, %errors, "the plan of an execution does not compile; its task instances are not recorded");
+            None
+        }
+    }
+}
+
+fn collect_questions(execution_id: ExecutionId, event: &Event, run: &mut Run) {
+    match &event.body {
+        EventBody::QuestionAsked {
+            instance,
+            attempt,
+            question,
+        } => run.asked.push(QuestionRow {
+            execution_id,
+            task_instance_id: *instance,
+            task_id: String::new(),
+            attempt: *attempt,
+            question: question.clone(),
+            asked_at_ms: event.at_ms,
+        }),
+        EventBody::QuestionAnswered { question, answer } => run.resolved.push(QuestionResolved {
+            question_id: *question,
+            resolution: Resolution::Answered(answer.clone()),
+            at_ms: event.at_ms,
+        }),
+        EventBody::QuestionExpired { question } => run.resolved.push(QuestionResolved {
+            question_id: *question,
+            resolution: Resolution::Expired,
+            at_ms: event.at_ms,
+        }),
+        _ => {}
+    }
+}
+
+/// The consumer loop: the [`Applier`] plus the NATS and database I/O around it.
+pub(crate) struct Ingest {
+    store: Arc<dyn Store>,
+    events: jetstream::stream::Stream,
+    applier: Applier,
+}
+
+impl Ingest {
+    /// Waits for the coordinator to create the streams (logging while it waits), then consumes the
+    /// event log until `shutdown`.
+    pub(crate) async fn run(
+        store: Arc<dyn Store>,
+        nats: async_nats::Client,
+        shutdown: CancellationToken,
+    ) {
+        let js = jetstream::new(nats);
+        let streams = loop {
+            let waited = tokio::select! {
+                () = shutdown.cancelled() => return,
+                streams = trellis_bus::wait_for_streams(&js, Duration::from_secs(60)) => streams,
+            };
+            match waited {
+                Ok(streams) => break streams,
+                Err(err) => tracing::warn!(%err, "the read model waits for the event stream"),
+            }
+        };
+        let mut ingest = Ingest {
+            store,
+            events: streams.events,
+            applier: Applier::default(),
+        };
+        let mut delay = Duration::from_millis(100);
+        loop {
+            match ingest.consume(&shutdown).await {
+                Ok(()) => return,
+                Err(err) => {
+                    tracing::warn!(%err, "event consumer stopped; starting it again");
+                    tokio::select! {
+                        () = shutdown.cancelled() => return,
+                        () = tokio::time::sleep(delay) => {}
+                    }
+                    delay = (delay * 2).min(MAX_RETRY_DELAY);
+                }
+            }
+        }
+    }
+
+    async fn consume(&mut self, shutdown: &CancellationToken) -> Result<(), String> {
+        let consumer: consumer::PullConsumer = self
+            .events
+            .get_or_create_consumer(
+                CONSUMER_NAME,
+                consumer::pull::Config {
+                    durable_name: Some(CONSUMER_NAME.to_owned()),
+                    filter_subject: subjects::EVENTS_WILDCARD.to_owned(),
+                    deliver_policy: consumer::DeliverPolicy::All,
+                    // A run of messages is acknowledged by its last one, once written.
+                    ack_policy: consumer::AckPolicy::All,
+                    ack_wait: ACK_WAIT,
+                    max_ack_pending: 100_000,
+                    max_deliver: -1,
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|err| format!("cannot create consumer {CONSUMER_NAME}: {err}"))?;
+        let mut messages = consumer
+            .stream()
+            .max_messages_per_batch(1_000)
+            .messages()
+            .await
+            .map_err(|err| format!("cannot consume the event log: {err}"))?;
+        tracing::info!("read model consuming the event log");
+        loop {
+            let first = tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                next = messages.next() => next,
+            };
+            let Some(first) = first else {
+                return Err("the event consumer ended".to_owned());
+            };
+            let mut received = Vec::with_capacity(64);
+            let mut bytes = 0;
+            let mut next = Some(first);
+            // Take whatever else is already buffered, without waiting.
+            while let Some(item) = next.take() {
+                match item {
+                    Ok(message) => {
+                        bytes += message.payload.len();
+                        received.push(message);
+                    }
+                    Err(err) => tracing::warn!(%err, "event consumer"),
+                }
+                if received.len() >= MAX_RUN_MESSAGES || bytes >= MAX_RUN_BYTES {
+                    break;
+                }
+                next = futures::FutureExt::now_or_never(messages.next()).flatten();
+            }
+            let Some(last) = received.last() else {
+                continue;
+            };
+            let decoded: Vec<LogMessage> = received
+                .iter()
+                .filter_map(|message| match decode_message(&message.payload) {
+                    Ok(decoded) => Some(decoded),
+                    Err(err) => {
+                        tracing::warn!(subject = %message.subject, %err, "corrupt event log message skipped");
+                        None
+                    }
+                })
+                .collect();
+            let Some(batch) = self.take(decoded, shutdown).await else {
+                return Ok(());
+            };
+            if !self.write(batch, shutdown).await {
+                // Shutting down before the write landed: the messages are delivered again later.
+                return Ok(());
+            }
+            if let Err(err) = last.ack().await {
+                tracing::warn!(%err, "failed to acknowledge event log messages (they come again and are skipped)");
+            }
+            self.applier.forget_finished();
+        }
+    }
+
+    /// Turns decoded messages into a batch: looks up unknown executions, rebuilds missing
+    /// replicas from the log, applies the events.
+    /// Returns `None` when shut down first.
+    async fn take(
+        &mut self,
+        messages: Vec<LogMessage>,
+        shutdown: &CancellationToken,
+    ) -> Option<ReadModelBatch> {
+        let unknown = self.applier.unknown(&messages);
+        if !unknown.is_empty() {
+            let mut delay = Duration::from_millis(50);
+            let known = loop {
+                match self.store.last_sequences(&unknown).await {
+                    Ok(known) => break known,
+                    Err(err) => {
+                        tracing::error!(%err, "failed to read the executions' last sequences; trying again")
+                    }
+                }
+                tokio::select! {
+                    () = shutdown.cancelled() => return None,
+                    () = tokio::time::sleep(delay) => {}
+                }
+                delay = (delay * 2).min(MAX_RETRY_DELAY);
+            };
+            for execution_id in unknown {
+                let last_sequence = known.get(&execution_id).copied().unwrap_or(0);
+                self.applier.track(execution_id, last_sequence);
+            }
+        }
+        let mut run = Run::default();
+        for (execution_id, up_to) in self.applier.needs_log(&messages) {
+            match read_log(&self.events, execution_id, up_to).await {
+                Ok(log) => self.applier.rebuild(execution_id, log, &mut run),
+                Err(err) => {
+                    tracing::warn!(
+                        %execution_id,
+                        %err,
+                        "cannot rebuild the replica from the log; its task instances are not recorded"
+                    );
+                    self.applier.give_up_replica(execution_id);
+                }
+            }
+        }
+        self.applier.apply_messages(messages, &mut run);
+        Some(self.applier.finish(run))
+    }
+
+    /// Writes the batch, trying again until it lands; returns false when shut down first.
+    async fn write(&self, batch: ReadModelBatch, shutdown: &CancellationToken) -> bool {
+        let mut delay = Duration::from_millis(50);
+        loop {
+            match self.store.write_read_model(&batch).await {
+                Ok(()) => return true,
+                Err(err) => {
+                    tracing::error!(%err, events = batch.events.len(), "read model write failed; trying again");
+                }
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return false,
+                () = tokio::time::sleep(delay) => {}
+            }
+            delay = (delay * 2).min(MAX_RETRY_DELAY);
+        }
+    }
+}
+
+/// Reads an execution's log from its first event up to `up_to` (inclusive) with an ordered
+/// consumer filtered on its subject.
+async fn read_log(
+    events: &jetstream::stream::Stream,
+    execution_id: ExecutionId,
+    up_to: u64,
+) -> Result<Vec<v1::Event>, String> {
+    let consumer = events
+        .create_consumer(consumer::pull::OrderedConfig {
+            filter_subject: subjects::events(execution_id),
+            deliver_policy: consumer::DeliverPolicy::All,
+            ..Default::default()
+        })
+        .await
+        .map_err(|err| format!("cannot read the log: {err}"))?;
+    let mut messages = consumer
+        .messages()
+        .await
+        .map_err(|err| format!("cannot read the log: {err}"))?;
+    let mut log: Vec<v1::Event> = Vec::new();
+    while (log.len() as u64) < up_to {
+        let message = tokio::time::timeout(LOG_READ_TIMEOUT, messages.next())
+            .await
+            .map_err(|_| format!("the log ends at sequence {}", log.len()))?
+            .ok_or("the log reader stopped")?
+            .map_err(|err| format!("cannot read the log: {err}"))?;
+        let pending = message.info().map(|info| info.pending).unwrap_or(1);
+        match decode_message(&message.payload) {
+            Ok(decoded) => {
+                for event in decoded.events {
+                    let expected = log.len() as u64 + 1;
+                    if event.sequence < expected || event.sequence > up_to {
+                        continue;
+                    }
+                    if event.sequence > expected {
+                        return Err(format!(
+                            "the log jumps from sequence {} to {}",
+                            expected - 1,
+                            event.sequence
+                        ));
+                    }
+                    log.push(event);
+                }
+            }
+            Err(err) => tracing::warn!(%execution_id, %err, "corrupt event log message skipped"),
+        }
+        if pending == 0 && (log.len() as u64) < up_to {
+            return Err(format!(
+                "the log ends at sequence {} before {up_to}",
+                log.len()
+            ));
+        }
+    }
+    Ok(log)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(events: Vec<v1::Event>) -> Vec<u8> {
+        v1::EventBatch { events }.encode_to_vec()
+    }
+
+    fn event(execution_id: &str, sequence: u64) -> v1::Event {
+        v1::Event {
+            execution_id: execution_id.to_owned(),
+            sequence,
+            timestamp_unix_ms: 1,
+            kind: Some(v1::event::Kind::ResumeRequested(v1::ResumeRequested {})),
+        }
+    }
+
+    fn check_rejected(payload: &[u8], expected: &str) {
+        let err = decode_message(payload).err().unwrap_or_default();
+        assert!(
+            err.contains(expected),
+            "{err:?} does not contain {expected:?}"
+        );
+    }
+
+    #[test]
+    fn messages_are_checked() {
+        let id = uuid::Uuid::now_v7().to_string();
+        let other = uuid::Uuid::now_v7().to_string();
+        assert!(decode_message(&batch(vec![event(&id, 3), event(&id, 4)])).is_ok());
+        check_rejected(b"\xff\xff", "invalid protobuf");
+        check_rejected(&batch(vec![]), "without events");
+        check_rejected(&batch(vec![event("x", 1)]), "invalid execution id");
+        check_rejected(
+            &batch(vec![event(&id, 1), event(&other, 2)]),
+            "several executions",
+        );
+        check_rejected(
+            &batch(vec![event(&id, 1), event(&id, 3)]),
+            "sequence 3 where 2",
+        );
+        check_rejected(&batch(vec![event(&id, 0)]), "sequence 0");
+    }
+
+    #[test]
+    fn unknown_kinds_are_kept_as_unknown() {
+        let id = uuid::Uuid::now_v7().to_string();
+        let mut unknown = event(&id, 1);
+        unknown.kind = None;
+        let decoded = decode_message(&batch(vec![unknown])).map(|m| m.events.len());
+        assert_eq!(decoded, Ok(1));
+    }
+}

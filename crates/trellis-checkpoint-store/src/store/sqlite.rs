@@ -1,0 +1,96 @@
+//! The SQLite backend (the embedded default): a file or in-memory database, the migrations of
+//! `migrations/sqlite`, and the shared SQL of `sql.rs`.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use tokio::sync::{Mutex, MutexGuard};
+
+// `Error` and `ErrorKind` come with the imports of `sql.rs`.
+use super::{Backend as BackendKind, redact};
+
+type Db = sqlx::Sqlite;
+type StoreImpl = SqliteStore;
+
+const BACKEND: BackendKind = BackendKind::Sqlite;
+const CONTAINS_FN: &str = "instr";
+
+/// Connections in the pool of a file database: readers run alongside the writer (WAL).
+const MAX_CONNECTIONS: u32 = 4;
+
+/// A [`super::Store`] on SQLite.
+#[derive(Debug)]
+pub struct SqliteStore {
+    pool: sqlx::SqlitePool,
+    /// SQLite has one writer at a time; a transaction that reads first and writes later can fail
+    /// at once (`SQLITE_BUSY`) when another took the write lock meanwhile. The store is the only
+    /// writer of its file, so it queues its write transactions here instead.
+    writes: Mutex<()>,
+}
+
+impl SqliteStore {
+    /// Opens the database of `url` (`sqlite://path?mode=rwc` creates the file when missing,
+    /// `sqlite::memory:` lives as long as the store) and applies the migrations.
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        let options = SqliteConnectOptions::from_str(url)
+            .map_err(|source| {
+                Error::database(format!("invalid SQLite URL {url:?}"), source)
+                    .with_kind(ErrorKind::InvalidArgument)
+            })?
+            .foreign_keys(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(Duration::from_secs(10));
+        let in_memory = url.contains(":memory:") || url.contains("mode=memory");
+        let pool_options = if in_memory {
+            // An in-memory database lives in its connections: keep exactly one, forever.
+            SqlitePoolOptions::new()
+                .max_connections(1)
+                .min_connections(1)
+                .idle_timeout(None)
+                .max_lifetime(None)
+        } else {
+            SqlitePoolOptions::new().max_connections(MAX_CONNECTIONS)
+        };
+        let pool = pool_options
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(options)
+            .await
+            .map_err(|source| {
+                Error::database(format!("cannot open SQLite database {url}"), source)
+                    .with_kind(ErrorKind::Unavailable)
+            })?;
+        sqlx::migrate!("./migrations/sqlite")
+            .run(&pool)
+            .await
+            .map_err(|source| {
+                Error::new(
+                    ErrorKind::Internal,
+                    format!(
+                        "failed to apply the migrations to {}: {source}",
+                        redact(url)
+                    ),
+                )
+            })?;
+        Ok(Self {
+            pool,
+            writes: Mutex::new(()),
+        })
+    }
+
+    fn pool(&self) -> &sqlx::SqlitePool {
+        &self.pool
+    }
+
+    async fn lock_writes(&self) -> Option<MutexGuard<'_, ()>> {
+        Some(self.writes.lock().await)
+    }
+}
+
+/// SQLite stores any string as is.
+fn text(value: &str) -> String {
+    value.to_owned()
+}
+
+include!("sql.rs");

@@ -1,0 +1,213 @@
+//! Checkpoints (DESIGN.md §2, §4): the coordinator snapshots an execution on an interval, when it
+//! is paused and on demand, and hands the bytes to the checkpoint-store. Every `FULL_EVERY`-th
+//! checkpoint is a full snapshot of the state machine; the ones between are deltas holding only
+//! the events since the previous checkpoint (an encoded `EventBatch`), so storage grows with the
+//! work done. Restoring verifies every checksum here too, not only in the store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prost::Message as _;
+use tonic::transport::{Channel, Endpoint};
+use trellis_core::checksum;
+use trellis_core::ids::ExecutionId;
+use trellis_core::machine::{Execution, SNAPSHOT_FORMAT_VERSION};
+use trellis_core::plan::Plan;
+use trellis_proto::convert::{self, LogEntry};
+use trellis_proto::v1;
+use trellis_proto::v1::checkpoint_store_client::CheckpointStoreClient;
+
+/// A full snapshot every this many checkpoints; deltas in between.
+pub(crate) const FULL_EVERY: u32 = 8;
+/// Full checkpoints kept per execution (with their deltas) when pruning.
+pub(crate) const KEEP_FULL: u32 = 2;
+/// Longest wait for the store on any call: recovery falls back to the log rather than hang.
+const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// A checkpoint restored and verified: the state, and where in the log it stands.
+#[derive(Debug)]
+pub(crate) struct Restored {
+    pub(crate) machine: Execution,
+    pub(crate) sequence: u64,
+    pub(crate) stream_sequence: u64,
+    pub(crate) checkpoint_id: String,
+    /// Deltas applied on top of the full snapshot.
+    pub(crate) deltas: u32,
+}
+
+/// A client of the checkpoint-store; cheap to clone.
+#[derive(Clone, Debug)]
+pub(crate) struct StoreClient {
+    client: CheckpointStoreClient<Channel>,
+}
+
+impl StoreClient {
+    /// Prepares a client; the connection is made on first use, so a store that is down does not
+    /// stop the coordinator from starting.
+    pub(crate) fn new(url: &str) -> Result<Self, String> {
+        let endpoint = Endpoint::from_shared(url.to_owned())
+            .map_err(|err| format!("checkpoint-store address {url:?}: {err}"))?
+            .connect_timeout(Duration::from_secs(1))
+            .timeout(CALL_TIMEOUT)
+            .tcp_nodelay(true);
+        Ok(Self {
+            client: CheckpointStoreClient::new(endpoint.connect_lazy()),
+        })
+    }
+
+    /// Stores a checkpoint (its checksum is computed here) and returns its metadata.
+    pub(crate) async fn create(
+        &self,
+        mut checkpoint: v1::Checkpoint,
+    ) -> Result<v1::CheckpointMetadata, String> {
+        if let Some(metadata) = checkpoint.metadata.as_mut() {
+            metadata.checksum_sha256 = checksum::sha256(&checkpoint.state).to_vec();
+            metadata.size_bytes = checkpoint.state.len() as u64;
+        }
+        let response = self
+            .client
+            .clone()
+            .create_checkpoint(v1::CreateCheckpointRequest {
+                checkpoint: Some(checkpoint),
+            })
+            .await
+            .map_err(|status| status.message().to_owned())?;
+        response
+            .into_inner()
+            .metadata
+            .ok_or_else(|| "the store answered without metadata".to_owned())
+    }
+
+    /// Deletes all but the newest `keep` full checkpoints of an execution (with their deltas).
+    pub(crate) async fn prune(&self, id: ExecutionId, keep: u32) -> Result<u64, String> {
+        let response = self
+            .client
+            .clone()
+            .prune_checkpoints(v1::PruneCheckpointsRequest {
+                execution_id: id.to_string(),
+                keep,
+            })
+            .await
+            .map_err(|status| status.message().to_owned())?;
+        Ok(response.into_inner().freed_bytes)
+    }
+
+    /// Restores the latest good checkpoint of an execution; `None` when it has none.
+    pub(crate) async fn restore(
+        &self,
+        id: ExecutionId,
+        plan: Arc<Plan>,
+    ) -> Result<Option<Restored>, String> {
+        let response = match self
+            .client
+            .clone()
+            .restore_checkpoint(v1::RestoreCheckpointRequest {
+                execution_id: id.to_string(),
+                checkpoint_id: String::new(),
+            })
+            .await
+        {
+            Ok(response) => response.into_inner(),
+            Err(status) if status.code() == tonic::Code::NotFound => return Ok(None),
+            Err(status) => return Err(status.message().to_owned()),
+        };
+        restore_chain(id, plan, &response.chain).map(Some)
+    }
+}
+
+/// Applies a checkpoint chain (a full snapshot, then deltas), checking every checksum.
+pub(crate) fn restore_chain(
+    id: ExecutionId,
+    plan: Arc<Plan>,
+    chain: &[v1::Checkpoint],
+) -> Result<Restored, String> {
+    let (full, deltas) = chain
+        .split_first()
+        .ok_or_else(|| "the store returned an empty chain".to_owned())?;
+    let (full_meta, full_state) = verified(full)?;
+    if full_meta.kind() != v1::CheckpointKind::Full {
+        return Err(format!(
+            "checkpoint {} starts the chain but is not full",
+            full_meta.checkpoint_id
+        ));
+    }
+    if full_meta.state_format_version != SNAPSHOT_FORMAT_VERSION {
+        return Err(format!(
+            "checkpoint {} has snapshot format {}, this build reads {SNAPSHOT_FORMAT_VERSION}",
+            full_meta.checkpoint_id, full_meta.state_format_version
+        ));
+    }
+    let mut machine = Execution::restore(plan, full_state)
+        .map_err(|err| format!("checkpoint {}: {err}", full_meta.checkpoint_id))?;
+    if machine.id() != id {
+        return Err(format!(
+            "checkpoint {} holds execution {}, not {id}",
+            full_meta.checkpoint_id,
+            machine.id()
+        ));
+    }
+    let mut sequence = full_meta.event_sequence;
+    let mut last = full_meta;
+    for delta in deltas {
+        let (meta, state) = verified(delta)?;
+        let batch = convert::decode_event_batch(state)
+            .map_err(|err| format!("delta {}: {err}", meta.checkpoint_id))?;
+        for (offset, entry) in batch.entries.into_iter().enumerate() {
+            let at = batch.first_sequence + offset as u64;
+            if at <= sequence {
+                continue;
+            }
+            if at != sequence + 1 {
+                return Err(format!(
+                    "delta {} jumps from sequence {sequence} to {at}",
+                    meta.checkpoint_id
+                ));
+            }
+            if let LogEntry::Event(event) = entry
+                && let Err(err) = machine.apply(&event)
+            {
+                tracing::warn!(%id, at, %err, "event in a delta refused on restore");
+            }
+            sequence = at;
+        }
+        last = meta;
+    }
+    Ok(Restored {
+        machine,
+        sequence,
+        stream_sequence: last.stream_sequence,
+        checkpoint_id: last.checkpoint_id.clone(),
+        deltas: deltas.len() as u32,
+    })
+}
+
+fn verified(checkpoint: &v1::Checkpoint) -> Result<(&v1::CheckpointMetadata, &[u8]), String> {
+    let metadata = checkpoint
+        .metadata
+        .as_ref()
+        .ok_or_else(|| "a checkpoint without metadata".to_owned())?;
+    if !checksum::verify(&checkpoint.state, &metadata.checksum_sha256) {
+        return Err(format!(
+            "checkpoint {} does not match its checksum",
+            metadata.checkpoint_id
+        ));
+    }
+    Ok((metadata, &checkpoint.state))
+}
+
+/// Encodes the events after `after` held in the in-memory log as one `EventBatch`: a delta.
+pub(crate) fn delta_state(log: &[(u64, bytes::Bytes)], after: u64) -> Option<Vec<u8>> {
+    // The first batch holding `after + 1` is the last one starting at or before it.
+    let start = log
+        .partition_point(|(first, _)| *first <= after + 1)
+        .saturating_sub(1);
+    let mut events = Vec::new();
+    for (_, bytes) in &log[start..] {
+        let batch = v1::EventBatch::decode(bytes.clone()).ok()?;
+        events.extend(batch.events.into_iter().filter(|e| e.sequence > after));
+    }
+    if events.first().is_none_or(|e| e.sequence != after + 1) {
+        return None;
+    }
+    Some(v1::EventBatch { events }.encode_to_vec())
+}

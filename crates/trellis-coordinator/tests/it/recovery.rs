@@ -1,0 +1,390 @@
+//! Recovery, failover and runs, end to end: coordinators are stopped mid-execution and others
+//! (or the same one again) finish the work from the event log.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+use trellis_agent_worker::HandlerRegistry;
+use trellis_proto::v1::coordinator_client::CoordinatorClient;
+use trellis_proto::v1::{self, ExecutionState};
+use trellis_testkit::NatsServer;
+
+/// Shards of the coordinators here: more than one, so results are routed per shard.
+const SHARDS: u32 = 4;
+
+/// Starts one in-process worker that knows the shard count (workers that honour the assignment's
+/// shard do not need it).
+fn spawn_worker(
+    nats_url: &str,
+    worker_id: &str,
+    registry: HandlerRegistry,
+    token: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let mut config = trellis_agent_worker::Config::new(nats_url.to_owned());
+    config.worker_id = Some(worker_id.to_owned());
+    config.slots = 64;
+    config.shards = SHARDS;
+    config.queues = registry.task_types();
+    tokio::spawn(async move {
+        if let Err(err) = trellis_agent_worker::run(config, registry, token).await {
+            panic!("worker failed: {err}");
+        }
+    })
+}
+
+/// One coordinator process stand-in: its own token, so it can be stopped alone.
+struct Coordinator {
+    token: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+    client: CoordinatorClient<Channel>,
+}
+
+impl Coordinator {
+    async fn start(nats_url: &str, id: &str, lease_ttl: Duration) -> Coordinator {
+        let _ = tracing_subscriber::fmt()
+            .with_test_writer()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "warn".into()),
+            )
+            .try_init();
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a free port");
+        let addr = listener.local_addr().expect("bound address");
+        let config = trellis_coordinator::Config {
+            nats_url: nats_url.to_owned(),
+            shards: SHARDS,
+            id: id.to_owned(),
+            lease_ttl,
+            ..trellis_coordinator::Config::default()
+        };
+        let token = CancellationToken::new();
+        let run_token = token.clone();
+        let task = tokio::spawn(async move {
+            if let Err(err) = trellis_coordinator::run(config, listener, run_token).await {
+                panic!("coordinator failed: {err}");
+            }
+        });
+        let url = format!("http://{addr}");
+        for _ in 0..200 {
+            if let Ok(mut client) = CoordinatorClient::connect(url.clone()).await {
+                // Any answer means it serves, which it does once its first lease round is done.
+                let answered = client
+                    .list_executions(v1::ListExecutionsRequest::default())
+                    .await
+                    .is_ok();
+                if answered {
+                    return Coordinator {
+                        token,
+                        task,
+                        client,
+                    };
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("coordinator {id} did not come up at {url}");
+    }
+
+    /// Stops it the hard way for an in-process service: its tasks are aborted, nothing is
+    /// released (leases lapse on their own).
+    fn crash(self) {
+        self.task.abort();
+        // The engine and lease tasks were spawned by `run`; cancelling the token stops them
+        // without the graceful release a SIGTERM would do, because `run` is already gone.
+        self.token.cancel();
+    }
+}
+
+fn plan_request(yaml: &str) -> v1::StartExecutionRequest {
+    v1::StartExecutionRequest {
+        plan_source: Some(v1::start_execution_request::PlanSource::Spec(
+            v1::PlanSpec {
+                text: yaml.to_owned(),
+                format: v1::PlanFormat::Yaml as i32,
+                source_name: "recovery.yaml".to_owned(),
+            },
+        )),
+        options: None,
+    }
+}
+
+async fn get(client: &mut CoordinatorClient<Channel>, id: &str) -> Option<v1::Execution> {
+    client
+        .get_execution(v1::GetExecutionRequest {
+            execution_id: id.to_owned(),
+        })
+        .await
+        .ok()
+        .and_then(|r| r.into_inner().execution)
+}
+
+async fn wait_for(
+    client: &mut CoordinatorClient<Channel>,
+    id: &str,
+    what: &str,
+    condition: impl Fn(&v1::Execution) -> bool,
+) -> v1::Execution {
+    for _ in 0..1200 {
+        if let Some(execution) = get(client, id).await
+            && condition(&execution)
+        {
+            return execution;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("execution {id}: {what} did not happen within 60 s");
+}
+
+fn terminal(e: &v1::Execution) -> bool {
+    matches!(
+        ExecutionState::try_from(e.state),
+        Ok(ExecutionState::Completed | ExecutionState::Failed | ExecutionState::Cancelled)
+    )
+}
+
+fn completed_count(e: &v1::Execution) -> u64 {
+    e.progress.as_ref().map_or(0, |p| p.done)
+}
+
+/// Checks the finished tree: every instance completed, and every group resumed its parent
+/// exactly once.
+async fn check_tree(client: &mut CoordinatorClient<Channel>, id: &str, expected: usize) {
+    let graph = client
+        .get_execution_graph(v1::GetExecutionGraphRequest {
+            execution_id: id.to_owned(),
+            run_number: 0,
+        })
+        .await
+        .expect("graph")
+        .into_inner()
+        .graph
+        .expect("graph");
+    let records: Vec<_> = graph
+        .nodes
+        .iter()
+        .filter_map(|n| n.record.as_ref())
+        .collect();
+    let completed = records
+        .iter()
+        .filter(|r| r.state == v1::TaskState::Completed as i32)
+        .count();
+    assert_eq!(
+        completed, expected,
+        "every task instance (and the root) completed, none lost"
+    );
+    let mut resumed: HashMap<&str, usize> = HashMap::new();
+    for record in &records {
+        if let Some(group) = record.resumed_after_subtasks_group_id.as_deref() {
+            *resumed.entry(group).or_default() += 1;
+        }
+    }
+    assert!(!resumed.is_empty(), "the plan has groups");
+    for (group, n) in resumed {
+        assert_eq!(n, 1, "group {group} resumed its parent {n} times");
+    }
+}
+
+/// 8 parents × 250 subtasks, each parent resumed after its group: 2,017 instances with the root.
+const FANOUT_PLAN: &str = "name: fan\ntasks:\n\
+- {id: p1, type: fanout, input: {count: 250, child: {type: sleep, input: {ms: 2}}}}\n\
+- {id: p2, type: fanout, input: {count: 250, child: {type: sleep, input: {ms: 2}}}}\n\
+- {id: p3, type: fanout, input: {count: 250, child: {type: sleep, input: {ms: 2}}}}\n\
+- {id: p4, type: fanout, input: {count: 250, child: {type: sleep, input: {ms: 2}}}}\n\
+- {id: p5, type: fanout, input: {count: 250, child: {type: sleep, input: {ms: 2}}}}\n\
+- {id: p6, type: fanout, input: {count: 250, child: {type: sleep, input: {ms: 2}}}}\n\
+- {id: p7, type: fanout, input: {count: 250, child: {type: sleep, input: {ms: 2}}}}\n\
+- {id: p8, type: fanout, input: {count: 250, child: {type: sleep, input: {ms: 2}}}}\n";
+const FANOUT_INSTANCES: usize = 1 + 8 + 8 * 250 + 8;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_coordinator_recovers_its_executions_from_the_log() {
+    let nats =
+        NatsServer::start().expect("a nats-server for the test (apt-get install nats-server)");
+    let shutdown = CancellationToken::new();
+    let _guard = shutdown.clone().drop_guard();
+    for i in 0..2 {
+        spawn_worker(
+            &nats.url(),
+            &format!("worker-{i}"),
+            HandlerRegistry::with_builtins(),
+            shutdown.child_token(),
+        );
+    }
+    let mut first = Coordinator::start(&nats.url(), "coordinator-a", Duration::from_secs(2)).await;
+    let id = first
+        .client
+        .start_execution(plan_request(FANOUT_PLAN))
+        .await
+        .expect("execution starts")
+        .into_inner()
+        .execution_id;
+    wait_for(&mut first.client, &id, "a third of the work", |e| {
+        completed_count(e) > (FANOUT_INSTANCES / 3) as u64
+    })
+    .await;
+    first.crash();
+
+    // The same coordinator comes back: it takes its leases back at once and recovers.
+    let mut second = Coordinator::start(&nats.url(), "coordinator-a", Duration::from_secs(2)).await;
+    let done = wait_for(&mut second.client, &id, "the end", terminal).await;
+    assert_eq!(
+        ExecutionState::try_from(done.state),
+        Ok(ExecutionState::Completed),
+        "{}",
+        done.reason
+    );
+    check_tree(&mut second.client, &id, FANOUT_INSTANCES).await;
+    second.token.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_takes_the_shards_over_and_finishes_the_execution() {
+    let nats =
+        NatsServer::start().expect("a nats-server for the test (apt-get install nats-server)");
+    let shutdown = CancellationToken::new();
+    let _guard = shutdown.clone().drop_guard();
+    for i in 0..2 {
+        spawn_worker(
+            &nats.url(),
+            &format!("worker-{i}"),
+            HandlerRegistry::with_builtins(),
+            shutdown.child_token(),
+        );
+    }
+    let ttl = Duration::from_millis(1500);
+    let mut active = Coordinator::start(&nats.url(), "active", ttl).await;
+    let mut standby = Coordinator::start(&nats.url(), "standby", ttl).await;
+    // The standby owns nothing while the active one renews its leases.
+    let refused = standby
+        .client
+        .start_execution(plan_request(FANOUT_PLAN))
+        .await
+        .expect_err("a standby starts nothing");
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+
+    let id = active
+        .client
+        .start_execution(plan_request(FANOUT_PLAN))
+        .await
+        .expect("execution starts")
+        .into_inner()
+        .execution_id;
+    wait_for(&mut active.client, &id, "a third of the work", |e| {
+        completed_count(e) > (FANOUT_INSTANCES / 3) as u64
+    })
+    .await;
+    active.crash();
+
+    let done = wait_for(&mut standby.client, &id, "the end on the standby", terminal).await;
+    assert_eq!(
+        ExecutionState::try_from(done.state),
+        Ok(ExecutionState::Completed),
+        "{}",
+        done.reason
+    );
+    check_tree(&mut standby.client, &id, FANOUT_INSTANCES).await;
+    standby.token.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_runs_again_only_what_did_not_complete() {
+    let nats =
+        NatsServer::start().expect("a nats-server for the test (apt-get install nats-server)");
+    let shutdown = CancellationToken::new();
+    let _guard = shutdown.clone().drop_guard();
+    spawn_worker(
+        &nats.url(),
+        "worker-0",
+        HandlerRegistry::with_builtins(),
+        shutdown.child_token(),
+    );
+    let mut coordinator = Coordinator::start(&nats.url(), "solo", Duration::from_secs(2)).await;
+    let plan = "name: runs\ntasks:\n\
+- {id: quick, type: noop}\n\
+- {id: slow, type: sleep, input: {ms: 400}, depends_on: [quick]}\n";
+    let id = coordinator
+        .client
+        .start_execution(plan_request(plan))
+        .await
+        .expect("execution starts")
+        .into_inner()
+        .execution_id;
+    wait_for(&mut coordinator.client, &id, "quick done", |e| {
+        completed_count(e) >= 1
+    })
+    .await;
+    coordinator
+        .client
+        .cancel_execution(v1::CancelExecutionRequest {
+            execution_id: id.clone(),
+            reason: "test".to_owned(),
+        })
+        .await
+        .expect("cancel");
+    wait_for(&mut coordinator.client, &id, "cancelled", terminal).await;
+
+    let run = coordinator
+        .client
+        .retry_execution(v1::RetryExecutionRequest {
+            execution_id: id.clone(),
+        })
+        .await
+        .expect("retry")
+        .into_inner()
+        .run_number;
+    assert_eq!(run, 2);
+    let done = wait_for(&mut coordinator.client, &id, "run 2 ends", terminal).await;
+    assert_eq!(
+        ExecutionState::try_from(done.state),
+        Ok(ExecutionState::Completed),
+        "{}",
+        done.reason
+    );
+    assert_eq!(done.run_number, 2);
+
+    // `quick` ran once, in run 1; `slow` was cancelled in run 1 and completed in run 2.
+    let graph = coordinator
+        .client
+        .get_execution_graph(v1::GetExecutionGraphRequest {
+            execution_id: id.clone(),
+            run_number: 0,
+        })
+        .await
+        .expect("graph")
+        .into_inner()
+        .graph
+        .expect("graph");
+    let runs_of = |task: &str| -> Vec<(u32, i32)> {
+        let mut runs: Vec<_> = graph
+            .nodes
+            .iter()
+            .filter_map(|n| n.record.as_ref())
+            .filter(|r| r.task_id == task)
+            .map(|r| (r.run_number, r.state))
+            .collect();
+        runs.sort();
+        runs
+    };
+    assert_eq!(runs_of("quick"), [(1, v1::TaskState::Completed as i32)]);
+    assert_eq!(
+        runs_of("slow"),
+        [
+            (1, v1::TaskState::Cancelled as i32),
+            (2, v1::TaskState::Completed as i32)
+        ]
+    );
+
+    // A completed execution has nothing to run again.
+    let refused = coordinator
+        .client
+        .retry_execution(v1::RetryExecutionRequest {
+            execution_id: id.clone(),
+        })
+        .await
+        .expect_err("nothing to retry");
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    coordinator.token.cancel();
+}
