@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::system::{
     FanoutPlan, Fault, Options, System, check_outcome, completed, describe, is_terminal,
+    start_request,
 };
 
 /// The size: 10 plan tasks of type `fanout`, each spawning a group of 1,000 subtasks.
@@ -111,6 +112,17 @@ async fn a_standby_coordinator_takes_over_the_shards_of_a_killed_one_and_finishe
             const STANDBY: usize = 1;
             let plan = STANDBY_PLAN;
             let deadline = tokio::time::Instant::now() + STANDBY_DEADLINE;
+            // A coordinator that owns no shard refuses new executions: this one really stands by.
+            let refused = system
+                .client(STANDBY)?
+                .start_execution(start_request("name: probe\ntasks:\n- {id: t, type: noop}\n"))
+                .await;
+            match refused {
+                Err(status) if status.code() == tonic::Code::Unavailable => {}
+                other => anyhow::bail!(
+                    "the standby should refuse StartExecution with UNAVAILABLE while the other coordinator holds every shard, got {other:?}"
+                ),
+            }
             let execution_id = system.start_plan(ACTIVE, &plan.yaml()).await?;
             let threshold = (plan.n_completed() as f64 * KILL_ACTIVE_AT) as u64;
             let execution = system

@@ -266,19 +266,9 @@ impl System {
 
     /// Starts an execution of `yaml` through the coordinator at `idx`; returns its id.
     pub async fn start_plan(&self, idx: usize, yaml: &str) -> anyhow::Result<String> {
-        let request = v1::StartExecutionRequest {
-            plan_source: Some(v1::start_execution_request::PlanSource::Spec(
-                v1::PlanSpec {
-                    text: yaml.to_owned(),
-                    format: v1::PlanFormat::Yaml as i32,
-                    source_name: "system-test.yaml".to_owned(),
-                },
-            )),
-            options: None,
-        };
         let response = self
             .client(idx)?
-            .start_execution(request)
+            .start_execution(start_request(yaml))
             .await
             .context("StartExecution failed")?;
         Ok(response.into_inner().execution_id)
@@ -432,6 +422,20 @@ fn service_spec(name: &str, binary: &str) -> Spec {
     Spec::new(name, binary).env("RUST_LOG", log_level)
 }
 
+/// Returns a `StartExecution` request for the plan `yaml`.
+pub fn start_request(yaml: &str) -> v1::StartExecutionRequest {
+    v1::StartExecutionRequest {
+        plan_source: Some(v1::start_execution_request::PlanSource::Spec(
+            v1::PlanSpec {
+                text: yaml.to_owned(),
+                format: v1::PlanFormat::Yaml as i32,
+                source_name: "system-test.yaml".to_owned(),
+            },
+        )),
+        options: None,
+    }
+}
+
 /// One line about an execution for failure messages.
 pub fn describe(execution: &v1::Execution) -> String {
     let counts = execution.counts.unwrap_or_default();
@@ -501,7 +505,8 @@ impl FanoutPlan {
 
 /// Checks a finished execution of `plan` lost nothing and doubled nothing: from the graph, every
 /// member and every resumed parent completed and each group resumed its parent exactly once; from
-/// the event log, no gaps or repeats in the sequence and at most one `TaskCompleted` per instance.
+/// the event log, no gaps or repeats in the sequence, and exactly one `TaskCompleted` for each
+/// member and resumed parent of the graph and for nothing else.
 /// Reports every violation at once.
 pub fn check_outcome(
     plan: &FanoutPlan,
@@ -517,8 +522,21 @@ pub fn check_outcome(
         ));
     }
 
-    // The graph: node 0 is the root record standing for the execution.
+    // The graph. Its root record stands for the execution; the root's group holds the plan
+    // tasks' first instances (here the fanout parents), the other groups are the spawned ones.
     let root_idx = graph.root_indices.first().copied();
+    let root_group = root_idx
+        .and_then(|idx| graph.nodes.get(idx as usize))
+        .and_then(|root| match root.next {
+            Some(v1::graph_node::Next::GroupIndex(group_idx)) => {
+                graph.groups.get(group_idx as usize)
+            }
+            _ => None,
+        })
+        .map(|group| group.group_id.as_str());
+    if root_group.is_none() {
+        problems.push("the graph has no root whose group holds the plan tasks".to_owned());
+    }
     let records: Vec<&v1::TaskInstance> = graph
         .nodes
         .iter()
@@ -526,21 +544,37 @@ pub fn check_outcome(
         .filter(|(idx, _)| Some(*idx as u32) != root_idx)
         .filter_map(|(_, node)| node.record.as_ref())
         .collect();
+    let mut n_plan_tasks = 0;
     let mut members_by_group: HashMap<&str, usize> = HashMap::new();
     let mut resumed_by_group: HashMap<&str, usize> = HashMap::new();
     let mut not_completed: BTreeMap<String, usize> = BTreeMap::new();
+    // Members and resumed parents end with a `TaskCompleted` of their own; a parent that spawned
+    // a group completes through its resumed instance instead.
+    let mut completed_by_a_worker: HashSet<&str> = HashSet::new();
     for record in &records {
-        if let Some(group) = record.subtask_group_id.as_deref() {
-            *members_by_group.entry(group).or_default() += 1;
+        match record.subtask_group_id.as_deref() {
+            Some(group) if Some(group) == root_group => n_plan_tasks += 1,
+            Some(group) => {
+                *members_by_group.entry(group).or_default() += 1;
+                completed_by_a_worker.insert(&record.task_instance_id);
+            }
+            None => {}
         }
         if let Some(group) = record.resumed_after_subtasks_group_id.as_deref() {
             *resumed_by_group.entry(group).or_default() += 1;
+            completed_by_a_worker.insert(&record.task_instance_id);
         }
         if record.state() != TaskState::Completed {
             *not_completed
                 .entry(format!("{:?}", record.state()))
                 .or_default() += 1;
         }
+    }
+    if n_plan_tasks != plan.parents {
+        problems.push(format!(
+            "the graph has {n_plan_tasks} plan task instances, the plan has {}",
+            plan.parents
+        ));
     }
     let n_members: usize = members_by_group.values().sum();
     if n_members != plan.n_members() {
@@ -634,13 +668,13 @@ pub fn check_outcome(
         ));
     }
     let logged: HashSet<&str> = completions.keys().copied().collect();
-    if logged != completed_in_graph {
+    if logged != completed_by_a_worker {
         problems.push(format!(
-            "the log completes {} instances, the graph shows {} completed ({} only in the log, {} only in the graph)",
+            "the log completes {} instances, the graph has {} members and resumed parents ({} only in the log, {} only in the graph)",
             logged.len(),
-            completed_in_graph.len(),
-            logged.difference(&completed_in_graph).count(),
-            completed_in_graph.difference(&logged).count()
+            completed_by_a_worker.len(),
+            logged.difference(&completed_by_a_worker).count(),
+            completed_by_a_worker.difference(&logged).count()
         ));
     }
     if spawns.len() != plan.parents || spawns.values().any(|n| *n != 1) {
@@ -665,5 +699,182 @@ pub fn check_outcome(
             "the execution lost or doubled work:\n- {}",
             problems.join("\n- ")
         )
+    }
+}
+
+mod tests {
+    use super::*;
+
+    /// What the check reads: the execution, its graph and its log.
+    type Run = (v1::Execution, v1::ExecutionGraph, Vec<v1::Event>);
+
+    const PLAN: FanoutPlan = FanoutPlan {
+        parents: 2,
+        members: 3,
+        member_ms: 0,
+    };
+
+    fn record(id: String, state: TaskState) -> v1::TaskInstance {
+        v1::TaskInstance {
+            task_instance_id: id,
+            state: state as i32,
+            ..v1::TaskInstance::default()
+        }
+    }
+
+    fn node(record: v1::TaskInstance, next: Option<v1::graph_node::Next>) -> v1::GraphNode {
+        v1::GraphNode {
+            record: Some(record),
+            next,
+        }
+    }
+
+    fn event(kind: event::Kind) -> v1::Event {
+        v1::Event {
+            kind: Some(kind),
+            ..v1::Event::default()
+        }
+    }
+
+    fn completed_event(id: &str) -> v1::Event {
+        event(event::Kind::TaskCompleted(v1::TaskCompleted {
+            task_instance_id: id.to_owned(),
+            ..v1::TaskCompleted::default()
+        }))
+    }
+
+    /// A good run of `PLAN`: its execution, graph and log.
+    fn good_run() -> Run {
+        let mut nodes = vec![node(
+            record("root".to_owned(), TaskState::Completed),
+            Some(v1::graph_node::Next::GroupIndex(0)),
+        )];
+        let mut groups = vec![v1::GraphGroup {
+            group_id: "plan".to_owned(),
+            ..v1::GraphGroup::default()
+        }];
+        let mut events = vec![event(event::Kind::ExecutionStarted(
+            v1::ExecutionStarted::default(),
+        ))];
+        for parent in 0..PLAN.parents {
+            let group = format!("g{parent}");
+            let group_idx = groups.len() as u32;
+            groups[0].node_indices.push(nodes.len() as u32);
+            let mut parent_record = record(format!("p{parent}"), TaskState::Completed);
+            parent_record.subtask_group_id = Some("plan".to_owned());
+            nodes.push(node(
+                parent_record,
+                Some(v1::graph_node::Next::GroupIndex(group_idx)),
+            ));
+            events.push(event(event::Kind::SubtasksSpawned(v1::SubtasksSpawned {
+                task_instance_id: format!("p{parent}"),
+                ..v1::SubtasksSpawned::default()
+            })));
+            let mut spawned = v1::GraphGroup {
+                group_id: group.clone(),
+                ..v1::GraphGroup::default()
+            };
+            for member in 0..PLAN.members {
+                let id = format!("m{parent}-{member}");
+                let mut member_record = record(id.clone(), TaskState::Completed);
+                member_record.subtask_group_id = Some(group.clone());
+                spawned.node_indices.push(nodes.len() as u32);
+                nodes.push(node(member_record, None));
+                events.push(completed_event(&id));
+            }
+            let mut resumed = record(format!("r{parent}"), TaskState::Completed);
+            resumed.resumed_after_subtasks_group_id = Some(group);
+            spawned.next_node_index = Some(nodes.len() as u32);
+            nodes.push(node(resumed, None));
+            events.push(completed_event(&format!("r{parent}")));
+            groups.push(spawned);
+        }
+        events.push(event(event::Kind::ExecutionFinished(
+            v1::ExecutionFinished::default(),
+        )));
+        for (idx, event) in events.iter_mut().enumerate() {
+            event.sequence = idx as u64 + 1;
+        }
+        let execution = v1::Execution {
+            state: ExecutionState::Completed as i32,
+            ..v1::Execution::default()
+        };
+        let graph = v1::ExecutionGraph {
+            nodes,
+            groups,
+            root_indices: vec![0],
+        };
+        (execution, graph, events)
+    }
+
+    /// Runs the check and returns its complaint, empty when it found none.
+    fn complaint(run: &Run) -> String {
+        check_outcome(&PLAN, &run.0, &run.1, &run.2)
+            .err()
+            .map(|error| error.to_string())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_good_run_passes_the_check() {
+        assert_eq!(complaint(&good_run()), "");
+    }
+
+    #[test]
+    fn the_check_catches_lost_and_doubled_work() {
+        let check = |what: &str, spoil: &dyn Fn(&mut Run), expected: &str| {
+            let mut run = good_run();
+            spoil(&mut run);
+            let complaint = complaint(&run);
+            assert!(complaint.contains(expected), "{what}: {complaint:?}");
+        };
+        check(
+            "a second resumed parent",
+            &|run| {
+                let mut again = record("r0-again".to_owned(), TaskState::Completed);
+                again.resumed_after_subtasks_group_id = Some("g0".to_owned());
+                run.1.nodes.push(node(again, None));
+                run.2.push(completed_event("r0-again"));
+            },
+            "resumed its parent 2 times",
+        );
+        check(
+            "a lost member",
+            &|run| {
+                let lost = run.1.nodes.iter_mut().find_map(|node| {
+                    node.record
+                        .as_mut()
+                        .filter(|record| record.task_instance_id == "m1-2")
+                });
+                if let Some(lost) = lost {
+                    lost.state = TaskState::Running as i32;
+                }
+                run.2.retain(|event| match &event.kind {
+                    Some(event::Kind::TaskCompleted(completed)) => {
+                        completed.task_instance_id != "m1-2"
+                    }
+                    _ => true,
+                });
+            },
+            "instances not completed",
+        );
+        check(
+            "a completion logged twice",
+            &|run| {
+                let last = run.2.len() - 1;
+                run.2.insert(last, completed_event("m0-0"));
+            },
+            "more than one TaskCompleted",
+        );
+        check(
+            "a repeated sequence",
+            &|run| run.2[3].sequence = 3,
+            "gaps or repeats",
+        );
+        check(
+            "an execution that failed",
+            &|run| run.0.state = ExecutionState::Failed as i32,
+            "did not complete",
+        );
     }
 }
