@@ -1,6 +1,7 @@
 //! Every Trellis service in this process (DESIGN.md §1, the embedded default): the NATS server at
 //! `NATS_URL` when one is given, otherwise a `nats-server -js` child on a free loopback port with
-//! its store in a temporary directory; a coordinator; and agent-workers with the built-in handlers.
+//! its store in a temporary directory; the checkpoint-store on a SQLite file in the temporary
+//! directory; a coordinator; and agent-workers with the built-in handlers.
 
 use std::net::{SocketAddr, TcpListener as StdListener, TcpStream};
 use std::path::PathBuf;
@@ -32,6 +33,10 @@ pub struct Options {
 pub struct Local {
     pub coordinator_url: String,
     pub nats_url: String,
+    /// The checkpoint-store's gRPC address.
+    pub store_url: String,
+    /// Its SQLite file, removed on drop.
+    store_file: PathBuf,
     pub shutdown: CancellationToken,
     nats: Option<NatsChild>,
 }
@@ -48,6 +53,11 @@ impl Local {
 impl Drop for Local {
     fn drop(&mut self) {
         self.shutdown.cancel();
+        for suffix in ["", "-wal", "-shm"] {
+            let mut path = self.store_file.clone().into_os_string();
+            path.push(suffix);
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 
@@ -61,6 +71,31 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         }
     };
     let shutdown = CancellationToken::new();
+    // The checkpoint-store, on SQLite (the embedded default).
+    let store_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| Failure::failed(format!("cannot listen for the checkpoint-store: {e}")))?;
+    let store_addr = store_listener
+        .local_addr()
+        .map_err(|e| Failure::failed(format!("cannot read the listen address: {e}")))?;
+    let store_file = std::env::temp_dir().join(format!(
+        "trellis-store-{}-{}.db",
+        std::process::id(),
+        store_addr.port()
+    ));
+    let store_config = trellis_checkpoint_store::Config {
+        database_url: format!("sqlite://{}?mode=rwc", store_file.display()),
+        nats_url: nats_url.clone(),
+    };
+    let store_token = shutdown.child_token();
+    tokio::spawn(async move {
+        if let Err(err) =
+            trellis_checkpoint_store::run(store_config, store_listener, store_token).await
+        {
+            eprintln!("trellis: checkpoint-store stopped: {err}");
+        }
+    });
+    let store_url = format!("http://{store_addr}");
     let listener = tokio::net::TcpListener::bind(options.listen)
         .await
         .map_err(|e| Failure::failed(format!("cannot listen on {}: {e}", options.listen)))?;
@@ -70,6 +105,7 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
     let config = trellis_coordinator::Config {
         nats_url: nats_url.clone(),
         shards: 1,
+        checkpoint_store: Some(store_url.clone()),
         ..trellis_coordinator::Config::default()
     };
     let token = shutdown.child_token();
@@ -102,6 +138,8 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
     Ok(Local {
         coordinator_url,
         nats_url,
+        store_url,
+        store_file,
         shutdown,
         nats,
     })

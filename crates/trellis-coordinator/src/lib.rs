@@ -139,6 +139,8 @@ pub async fn run(
     let js = async_nats::jetstream::new(nats.clone());
     let streams = trellis_bus::ensure_streams(&js).await?;
     let (leases, index) = shards::buckets(&js, config.lease_ttl).await?;
+    // Workers keep durable steps here; creating it with the streams saves each worker the race.
+    trellis_bus::ensure_steps_bucket(&js).await?;
     let registry = workers::Registry::start(&nats, shutdown.clone()).await?;
     let events = streams.events.clone();
     let (handle, inputs) = engine::Engine::spawn(
