@@ -33,6 +33,7 @@
 //! context, progress, usage, durable steps) and [`Outcome`].
 
 mod builtins;
+mod cli;
 mod config;
 mod publish;
 pub mod sdk;
@@ -40,6 +41,7 @@ mod steps;
 mod sysinfo;
 mod worker;
 
+pub use cli::main_entry;
 pub use config::{Config, DEFAULT_QUEUES};
 pub use sdk::{
     GroupRule, HandlerRegistry, Outcome, Question, StepError, Subtask, TaskContext, TaskHandler,

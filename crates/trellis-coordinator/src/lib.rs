@@ -8,6 +8,7 @@
 //! trip per task.
 
 mod checkpoints;
+mod cli;
 mod engine;
 mod grpc;
 mod recovery;
@@ -21,6 +22,8 @@ use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use trellis_proto::v1::coordinator_server::CoordinatorServer;
+
+pub use cli::main_entry;
 
 /// Coordinator settings.
 #[derive(Clone, Debug, Deserialize)]

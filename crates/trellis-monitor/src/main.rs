@@ -1,8 +1,6 @@
-//! Entry point of the `trellis-monitor` binary.
+//! Entry point of the `trellis-monitor` binary; everything is in the library
+//! ([`trellis_monitor::main_entry`]) so other packages can host the same binary.
 
 fn main() -> std::process::ExitCode {
-    eprintln!(
-        "trellis-monitor: this service is not available yet; use `trellis plan validate|analyze`"
-    );
-    std::process::ExitCode::from(2)
+    trellis_monitor::main_entry()
 }

@@ -1,8 +1,13 @@
-//! Test support shared by Trellis tests: a real `nats-server -js` per test ([`NatsServer`]) and
-//! small polling helpers ([`wait_for`]).
+//! Test support shared by Trellis tests: a real `nats-server -js` per test ([`NatsServer`]), a
+//! private PostgreSQL cluster per test ([`Postgres`]) and small polling helpers ([`wait_for`]).
 //!
-//! Tests that need NATS fail loudly when the server cannot start; they never skip, so a machine
-//! without `nats-server` shows up as a red test run with the command that fixes it.
+//! Tests that need NATS or PostgreSQL fail loudly when the server cannot start; they never skip,
+//! so a machine without `nats-server` or PostgreSQL shows up as a red test run with the command
+//! that fixes it.
+
+mod postgres;
+
+pub use postgres::Postgres;
 
 use std::future::Future;
 use std::io::Read;
@@ -110,7 +115,8 @@ impl NatsServer {
         self.wait_until_ready()
     }
 
-    fn log_path(&self) -> PathBuf {
+    /// Returns the server's log file (kept across restarts), to show when a test fails.
+    pub fn log_path(&self) -> PathBuf {
         self.dir.path().join("nats-server.log")
     }
 
@@ -165,8 +171,9 @@ fn greets(addr: SocketAddr) -> bool {
     stream.read_exact(&mut greeting).is_ok() && &greeting == b"INFO"
 }
 
-/// Returns a port that was free a moment ago (the OS picks it; the listener is closed at once).
-fn free_port() -> anyhow::Result<u16> {
+/// Returns a loopback port that was free a moment ago (the OS picks it; the listener is closed at
+/// once), for a server a test starts as a separate process.
+pub fn free_port() -> anyhow::Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0").context("failed to find a free port")?;
     Ok(listener
         .local_addr()

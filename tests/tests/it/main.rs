@@ -1,0 +1,7 @@
+//! System tests: every Trellis service runs as its own process (the `sys-*` binaries of this
+//! package) against a private `nats-server` and a private PostgreSQL, and the tests kill and
+//! restart them while an execution runs.
+
+mod faults;
+mod harness;
+mod system;
