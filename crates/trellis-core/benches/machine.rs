@@ -128,6 +128,45 @@ fn benches(c: &mut Criterion) {
     c.bench_function("machine/decide_100k_ready", |b| {
         b.iter(|| black_box(exec.decide(T0 + 1)).len())
     });
+
+    // The state a checkpoint of the `checkpoint` scenario holds: 10,000 tasks, half completed
+    // with a small output, half running.
+    let tasks = plan(10_000, false);
+    let mut exec = Execution::start(ExecutionId::v7(T0, [1; 10]), Arc::clone(&tasks), 1, T0);
+    let queued: Vec<_> = exec.instances_in(TaskState::Queued).collect();
+    for (k, instance) in queued.into_iter().enumerate() {
+        let mut apply = |body| exec.apply(&Event { at_ms: T0 + 1, body }).expect("valid event");
+        apply(EventBody::TaskDispatched {
+            instance,
+            attempt: 1,
+        });
+        apply(EventBody::TaskStarted {
+            instance,
+            attempt: 1,
+            worker: "bench-worker".into(),
+        });
+        if k % 2 == 0 {
+            apply(EventBody::TaskCompleted {
+                instance,
+                attempt: 1,
+                output: serde_json::json!({ "k": k }),
+                usage: Usage::default(),
+            });
+        }
+    }
+    let bytes = exec.snapshot();
+    let mut group = c.benchmark_group("snapshot");
+    group.throughput(Throughput::Bytes(bytes.len() as u64));
+    group.bench_function("create_10k_half_done", |b| {
+        b.iter(|| black_box(exec.snapshot()))
+    });
+    group.bench_function("sha256_10k_half_done", |b| {
+        b.iter(|| black_box(trellis_core::checksum::sha256(&bytes)))
+    });
+    group.bench_function("restore_10k_half_done", |b| {
+        b.iter(|| Execution::restore(Arc::clone(&tasks), black_box(&bytes)).expect("restores"))
+    });
+    group.finish();
 }
 
 criterion_group!(machine, benches);

@@ -430,6 +430,7 @@ pub fn start_request(yaml: &str) -> v1::StartExecutionRequest {
                 text: yaml.to_owned(),
                 format: v1::PlanFormat::Yaml as i32,
                 source_name: "system-test.yaml".to_owned(),
+                params: Default::default(),
             },
         )),
         options: None,

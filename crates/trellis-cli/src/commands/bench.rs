@@ -578,6 +578,7 @@ async fn start_plan(
                 text,
                 format: v1::PlanFormat::Yaml as i32,
                 source_name: "bench".to_owned(),
+                params: Default::default(),
             },
         )),
         options: None,

@@ -74,6 +74,7 @@ pub async fn run_with_id(coordinator_url: &str, args: SubmitArgs) -> Result<Stri
             text,
             format: format as i32,
             source_name: display_name(&args.file),
+            params: Default::default(),
         })),
         options: Some(ExecutionOptions {
             idempotency_key: args.idempotency_key.clone().unwrap_or_default(),

@@ -187,6 +187,7 @@ impl Cluster {
                     text: yaml.to_owned(),
                     format: v1::PlanFormat::Yaml as i32,
                     source_name: "test.yaml".to_owned(),
+                    params: Default::default(),
                 },
             )),
             options: None,

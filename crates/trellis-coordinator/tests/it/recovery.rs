@@ -105,6 +105,7 @@ fn plan_request(yaml: &str) -> v1::StartExecutionRequest {
                 text: yaml.to_owned(),
                 format: v1::PlanFormat::Yaml as i32,
                 source_name: "recovery.yaml".to_owned(),
+                params: Default::default(),
             },
         )),
         options: None,

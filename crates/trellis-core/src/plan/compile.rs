@@ -99,6 +99,10 @@ pub struct PlanError {
     pub message: String,
     /// Where in the text, when the parser knows.
     pub location: Option<Location>,
+    /// How to fix it, when there is something better to say than the message (`did you mean
+    /// "schema"?`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hint: Option<String>,
 }
 
 impl PlanError {
@@ -108,7 +112,15 @@ impl PlanError {
             path: path.into(),
             message: message.into(),
             location: None,
+            hint: None,
         }
+    }
+
+    /// Adds a hint on how to fix the problem.
+    #[must_use]
+    pub fn with_hint(mut self, hint: impl Into<String>) -> Self {
+        self.hint = Some(hint.into());
+        self
     }
 }
 
