@@ -8,6 +8,7 @@ use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 use trellis_proto::v1::coordinator_client::CoordinatorClient;
+use trellis_proto::v1::planner_client::PlannerClient;
 use trellis_proto::v1::{ObserveExecutionRequest, ObserveExecutionResponse};
 
 use crate::commands::Failure;
@@ -134,6 +135,32 @@ impl Coordinator {
 }
 
 /// The message for a coordinator that cannot be reached, naming the fix.
+/// Connects to the planner at `url`.
+///
+/// # Errors
+///
+/// Bad input (exit 2) for a URL that cannot be parsed; a failure naming `trellis planner` when
+/// nothing answers there.
+pub async fn planner(url: &str) -> Result<PlannerClient<Channel>, Failure> {
+    let endpoint = Endpoint::from_shared(url.to_owned())
+        .map_err(|_| {
+            Failure::bad_input(format!(
+                "invalid planner address {url:?}: expected a URL such as http://127.0.0.1:7600"
+            ))
+        })?
+        .connect_timeout(CONNECT_TIMEOUT);
+    let channel = endpoint.connect().await.map_err(|e| {
+        Failure::failed(format!(
+            "no planner at {url}: start one with `trellis planner`, or drop --planner to compile \
+             here ({})",
+            root_cause(&e).to_lowercase()
+        ))
+    })?;
+    Ok(PlannerClient::new(channel)
+        .max_decoding_message_size(trellis_planner::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(trellis_planner::MAX_MESSAGE_BYTES))
+}
+
 fn not_running(url: &str) -> String {
     format!("no coordinator at {url}: start one with `trellis dev`, or pass --coordinator URL")
 }

@@ -1,7 +1,7 @@
 //! Every Trellis service in this process (DESIGN.md §1, the embedded default): the NATS server at
 //! `NATS_URL` when one is given, otherwise a `nats-server -js` child on a free loopback port with
 //! its store in a temporary directory; the checkpoint-store on a SQLite file in the temporary
-//! directory; a coordinator; and agent-workers with the built-in handlers.
+//! directory; the planner; a coordinator; and agent-workers with the built-in handlers.
 
 use std::net::{SocketAddr, TcpListener as StdListener, TcpStream};
 use std::path::PathBuf;
@@ -35,6 +35,8 @@ pub struct Local {
     pub nats_url: String,
     /// The checkpoint-store's gRPC address.
     pub store_url: String,
+    /// The planner's gRPC address.
+    pub planner_url: String,
     /// Its SQLite file, removed on drop.
     store_file: PathBuf,
     pub shutdown: CancellationToken,
@@ -96,6 +98,21 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         }
     });
     let store_url = format!("http://{store_addr}");
+    // The planner: stateless, any free port.
+    let planner_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| Failure::failed(format!("cannot listen for the planner: {e}")))?;
+    let planner_addr = planner_listener
+        .local_addr()
+        .map_err(|e| Failure::failed(format!("cannot read the listen address: {e}")))?;
+    let planner_token = shutdown.child_token();
+    tokio::spawn(async move {
+        let limits = trellis_core::plan::Limits::default();
+        if let Err(err) = trellis_planner::run(planner_listener, limits, planner_token).await {
+            eprintln!("trellis: planner stopped: {err}");
+        }
+    });
+    let planner_url = format!("http://{planner_addr}");
     let listener = tokio::net::TcpListener::bind(options.listen)
         .await
         .map_err(|e| Failure::failed(format!("cannot listen on {}: {e}", options.listen)))?;
@@ -139,6 +156,7 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         coordinator_url,
         nats_url,
         store_url,
+        planner_url,
         store_file,
         shutdown,
         nats,

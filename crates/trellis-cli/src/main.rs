@@ -69,6 +69,7 @@ enum Command {
     Workers(commands::workers::WorkersArgs),
     Dev(commands::dev::DevArgs),
     Coordinator(commands::serve::CoordinatorArgs),
+    Planner(commands::serve::PlannerArgs),
     Demo(commands::demo::DemoArgs),
     Bench(commands::bench::BenchArgs),
 }
@@ -104,6 +105,7 @@ fn main() -> ExitCode {
         Command::Workers(args) => run_remote(workers::run(url, args)),
         Command::Dev(args) => local::run_local(commands::dev::run(args)),
         Command::Coordinator(args) => local::run_local(commands::serve::coordinator(args)),
+        Command::Planner(args) => local::run_local(commands::serve::planner(args)),
         Command::Demo(args) => local::run_local(commands::demo::run(args)),
         Command::Bench(args) => local::run_local(commands::bench::run(args)),
     }

@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 use trellis_core::ids::{ExecutionId, QuestionId, TaskInstanceId};
 use trellis_core::machine::{Applied, Event, EventBody, Execution, ExecutionState};
-use trellis_core::plan::{Limits, compile_str};
+use trellis_core::plan::{Limits, PlanErrors, compile_str};
 use trellis_core::record::TaskState;
 use trellis_proto::{convert, subjects, v1};
 
@@ -89,7 +89,8 @@ type Reply<T> = oneshot::Sender<Result<T, Status>>;
 /// Requests from the gRPC layer.
 pub(crate) enum Request {
     Start {
-        spec: v1::PlanSpec,
+        /// Boxed: a compiled plan is far larger than the other requests.
+        source: Box<v1::start_execution_request::PlanSource>,
         options: v1::ExecutionOptions,
         reply: Reply<(ExecutionId, bool)>,
     },
@@ -793,11 +794,11 @@ impl Engine {
         let now = now_ms();
         match request {
             Request::Start {
-                spec,
+                source,
                 options,
                 reply,
             } => {
-                let result = self.start(spec, options, now);
+                let result = self.start(*source, options, now);
                 if let Ok((id, _)) = &result {
                     self.mark(*id);
                 }
@@ -913,10 +914,11 @@ impl Engine {
 
     fn start(
         &mut self,
-        spec: v1::PlanSpec,
+        source: v1::start_execution_request::PlanSource,
         options: v1::ExecutionOptions,
         now: u64,
     ) -> Result<(ExecutionId, bool), Status> {
+        use v1::start_execution_request::PlanSource;
         if !options.idempotency_key.is_empty()
             && let Some(id) = self.by_key.get(&options.idempotency_key)
         {
@@ -928,15 +930,40 @@ impl Engine {
                  start executions on the active coordinator",
             ));
         }
-        let plan = compile_str(&spec.text, &Limits::default()).map_err(|errors| {
-            let source = if spec.source_name.is_empty() {
-                "plan"
-            } else {
-                spec.source_name.as_str()
-            };
+        let limits = Limits::default();
+        let invalid = |source: &str, errors: PlanErrors| {
             let lines: Vec<String> = errors.iter().map(|e| format!("{source}: {e}")).collect();
             Status::invalid_argument(lines.join("\n"))
-        })?;
+        };
+        // The log records text that compiles to the same plan on recovery: spec text as sent
+        // when it needs nothing else, otherwise the plan's canonical flat JSON spec.
+        let (plan, text, format) = match source {
+            PlanSource::Spec(spec) => {
+                let source = if spec.source_name.is_empty() {
+                    "plan"
+                } else {
+                    spec.source_name.as_str()
+                };
+                if spec.params.is_empty() {
+                    let plan =
+                        compile_str(&spec.text, &limits).map_err(|e| invalid(source, e))?;
+                    let format =
+                        v1::PlanFormat::try_from(spec.format).unwrap_or(v1::PlanFormat::Yaml);
+                    (plan, spec.text, format)
+                } else {
+                    let plan = convert::compile_wire_spec(&spec, &limits)
+                        .map_err(|e| invalid(source, e))?;
+                    let text = convert::canonical_spec_json(&plan);
+                    (plan, text, v1::PlanFormat::Json)
+                }
+            }
+            PlanSource::Plan(plan) => {
+                let plan = convert::compile_wire_plan(&plan, &limits)
+                    .map_err(|e| invalid("plan_source.plan", e))?;
+                let text = convert::canonical_spec_json(&plan);
+                (plan, text, v1::PlanFormat::Json)
+            }
+        };
         // An id whose shard this coordinator owns: expected tries = shards / owned shards.
         let (id, shard) = loop {
             let id = ExecutionId(uuid::Uuid::now_v7());
@@ -947,13 +974,12 @@ impl Engine {
         };
         let plan_name = plan.name.clone();
         let machine = Execution::start(id, Arc::new(plan), 1, now);
-        let format = v1::PlanFormat::try_from(spec.format).unwrap_or(v1::PlanFormat::Yaml);
         let started = convert::started_to_proto(
             id,
             &convert::Started {
                 plan_name,
                 run_number: 1,
-                spec: spec.text,
+                spec: text,
                 format,
                 started_at_ms: now,
                 idempotency_key: options.idempotency_key.clone(),

@@ -69,24 +69,16 @@ impl Coordinator for CoordinatorService {
         request: Request<v1::StartExecutionRequest>,
     ) -> Result<Response<v1::StartExecutionResponse>, Status> {
         let request = request.into_inner();
-        let spec = match request.plan_source {
-            Some(v1::start_execution_request::PlanSource::Spec(spec)) => spec,
-            Some(v1::start_execution_request::PlanSource::Plan(_)) => {
-                return Err(Status::unimplemented(
-                    "plan_source.plan: send the spec text (plan_source.spec)",
-                ));
-            }
-            None => {
-                return Err(Status::invalid_argument(
-                    "plan_source: missing (send plan_source.spec)",
-                ));
-            }
+        let Some(source) = request.plan_source else {
+            return Err(Status::invalid_argument(
+                "plan_source: missing (send plan_source.spec or a compiled plan_source.plan)",
+            ));
         };
         let options = request.options.unwrap_or_default();
         let (id, created) = self
             .engine
             .request(|reply| engine::Request::Start {
-                spec,
+                source: Box::new(source),
                 options,
                 reply,
             })

@@ -114,6 +114,10 @@ pub const DEFAULT_ADDR: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
     7400,
 ));
 
+/// Largest gRPC message the coordinator accepts or sends: a compiled 100,000-task plan in
+/// `StartExecution` is tens of MiB.
+pub const MAX_MESSAGE_BYTES: usize = 80 * 1024 * 1024;
+
 /// Runs the coordinator until `shutdown` is cancelled: connects to NATS, creates the streams if
 /// needed, consumes results, and serves the `Coordinator` gRPC API on `listener`.
 pub async fn run(
@@ -199,7 +203,11 @@ pub async fn run(
     tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(CoordinatorServer::new(service))
+        .add_service(
+            CoordinatorServer::new(service)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        )
         .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
         .await?;
     Ok(())

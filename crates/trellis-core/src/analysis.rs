@@ -30,6 +30,18 @@ pub struct Analysis {
     pub conflict_pairs: Vec<ConflictPair>,
     pub critical_path: CriticalPath,
     pub max_parallelism: Parallelism,
+    /// Tasks that wait for a conflicting task of their own wave: scanning each wave in
+    /// declaration order, a task that conflicts with one taken before it is blocked by those.
+    /// Ordered by wave, then declaration.
+    pub blocked: Vec<Blocked>,
+}
+
+/// A task held back in its wave by conflicting tasks declared before it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Blocked {
+    pub task: TaskIdx,
+    /// The tasks of the same wave, taken before it, that it conflicts with (declaration order).
+    pub by: Vec<TaskIdx>,
 }
 
 /// Two tasks that may not run at the same time, and why.
@@ -91,10 +103,12 @@ pub fn analyze(plan: &Plan) -> Analysis {
         fallback_only,
         subtasks,
     } = waves_in_order(plan, &order);
+    let (max_parallelism, blocked) = parallelism(plan, &waves);
     Analysis {
         conflict_pairs: conflict_pairs(plan),
         critical_path: critical_path(plan, &order, &apart),
-        max_parallelism: parallelism(plan, &waves),
+        max_parallelism,
+        blocked,
         waves,
         wave_of,
         fallback_only,
@@ -319,8 +333,9 @@ fn critical_path(plan: &Plan, order: &[TaskIdx], apart: &dyn Fn(TaskIdx) -> bool
     }
 }
 
-fn parallelism(plan: &Plan, waves: &[Vec<TaskIdx>]) -> Parallelism {
+fn parallelism(plan: &Plan, waves: &[Vec<TaskIdx>]) -> (Parallelism, Vec<Blocked>) {
     let mut res = Parallelism::default();
+    let mut blocked = Vec::new();
     // taken[t] == w + 1 when task t was taken in wave w: no clearing between waves.
     let mut taken = vec![0usize; plan.tasks.len()];
     for (w, wave) in waves.iter().enumerate() {
@@ -330,9 +345,17 @@ fn parallelism(plan: &Plan, waves: &[Vec<TaskIdx>]) -> Parallelism {
         }
         let mut n_taken = 0;
         for &t in wave {
-            if plan.conflicts[t].iter().all(|&c| taken[c] != w + 1) {
+            let mut by: Vec<TaskIdx> = plan.conflicts[t]
+                .iter()
+                .copied()
+                .filter(|&c| taken[c] == w + 1)
+                .collect();
+            if by.is_empty() {
                 taken[t] = w + 1;
                 n_taken += 1;
+            } else {
+                by.sort_unstable();
+                blocked.push(Blocked { task: t, by });
             }
         }
         if n_taken > res.without_conflicts {
@@ -340,7 +363,7 @@ fn parallelism(plan: &Plan, waves: &[Vec<TaskIdx>]) -> Parallelism {
             res.without_conflicts_wave_idx = w;
         }
     }
-    res
+    (res, blocked)
 }
 
 /// The serialisable form of an [`Analysis`], naming tasks by id.
@@ -354,6 +377,15 @@ pub struct Report<'a> {
     pub conflicts: Vec<ConflictReport<'a>>,
     pub critical_path: CriticalPathReport<'a>,
     pub max_parallelism: ParallelismReport,
+    /// Tasks held back in their wave by conflicting tasks declared before them.
+    pub blocked: Vec<BlockedReport<'a>>,
+}
+
+/// A blocked task and the tasks it waits for.
+#[derive(Clone, Debug, Serialize)]
+pub struct BlockedReport<'a> {
+    pub task: &'a str,
+    pub by: Vec<&'a str>,
 }
 
 /// A subtask and its parent.
@@ -473,6 +505,14 @@ impl Analysis {
                 without_conflicts: self.max_parallelism.without_conflicts,
                 without_conflicts_wave_number: self.max_parallelism.without_conflicts_wave_idx + 1,
             },
+            blocked: self
+                .blocked
+                .iter()
+                .map(|b| BlockedReport {
+                    task: id(b.task),
+                    by: b.by.iter().map(|&t| id(t)).collect(),
+                })
+                .collect(),
         }
     }
 }

@@ -1,8 +1,6 @@
-//! Entry point of the `trellis-planner` binary.
+//! Entry point of the `trellis-planner` binary; everything is in the library
+//! ([`trellis_planner::main_entry`]).
 
 fn main() -> std::process::ExitCode {
-    eprintln!(
-        "trellis-planner: this service is not available yet; use `trellis plan validate|analyze`"
-    );
-    std::process::ExitCode::from(2)
+    trellis_planner::main_entry()
 }

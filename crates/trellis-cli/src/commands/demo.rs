@@ -2,7 +2,7 @@
 
 use clap::Args;
 
-use super::{Failure, inspect, submit};
+use super::{Failure, inspect, plan, submit};
 use crate::local;
 
 /// The demo plan: dependencies, a subtask group whose parent is resumed, a retried failure.
@@ -44,7 +44,11 @@ pub async fn run(_args: DemoArgs) -> Result<(), Failure> {
     let submitted = submit::run_with_id(
         &local.coordinator_url,
         submit::SubmitArgs {
-            file: plan.clone(),
+            plan: plan::PlanArgs {
+                file: plan.clone(),
+                params: Vec::new(),
+                planner: Some(local.planner_url.clone()),
+            },
             wait: true,
             json: false,
             labels: Vec::new(),

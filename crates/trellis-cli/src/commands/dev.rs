@@ -43,8 +43,10 @@ pub async fn run(args: DevArgs) -> Result<(), Failure> {
     })
     .await?;
     eprintln!(
-        "trellis dev: coordinator at {}, NATS at {}, {} workers\n  try: trellis submit --wait examples/demo.yaml\n  Ctrl-C stops",
-        local.coordinator_url, local.nats_url, args.workers
+        "trellis dev: coordinator at {}, planner at {}, NATS at {}, {} workers\n  \
+         try: trellis submit --wait examples/demo.yaml\n  \
+         or:  TRELLIS_PLANNER={} trellis submit --wait examples/demo.yaml\n  Ctrl-C stops",
+        local.coordinator_url, local.planner_url, local.nats_url, args.workers, local.planner_url
     );
     let _ = tokio::signal::ctrl_c().await;
     eprintln!("trellis dev: stopping");

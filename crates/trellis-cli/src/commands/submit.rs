@@ -3,19 +3,18 @@
 
 use std::io::{self, BufWriter, IsTerminal, Write};
 use std::ops::ControlFlow;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
 use trellis_proto::v1::start_execution_request::PlanSource;
+use trellis_proto::convert;
 use trellis_proto::v1::{
-    ExecutionOptions, ExecutionState, GetExecutionRequest, PlanFormat, PlanSpec, Progress,
-    StartExecutionRequest,
+    ExecutionOptions, ExecutionState, GetExecutionRequest, Progress, StartExecutionRequest,
 };
 
-use super::{Failure, display_name, plan};
+use super::{Failure, plan};
 use crate::client::Coordinator;
 use crate::render::{self, events, progress};
 
@@ -23,19 +22,21 @@ use crate::render::{self, events, progress};
 #[derive(Debug, Args)]
 #[command(
     long_about = "Start an execution of a plan.\n\n\
-        The plan is checked locally first: an invalid plan prints every error and exits 2 without \
-        contacting the coordinator. Otherwise the execution starts and its id is printed. With \
+        The plan is compiled first (here, or by the planner service given with --planner, whose \
+        compiled plan is then what the coordinator runs): an invalid plan prints every error and \
+        exits 2 without contacting the coordinator. --param gives values to the plan's params. Otherwise the execution starts and its id is printed. With \
         --wait, follow it to the end with a live progress bar (counts by state, percent, ETA, \
         \"wave k of n\") and exit 0 if it completed, 1 if it failed or was cancelled.",
     after_help = "Examples:\n  \
         trellis submit examples/feature-x.yaml\n  \
         trellis submit --wait examples/seed-001.yaml\n  \
+        trellis submit --planner http://127.0.0.1:7600 --param env=prod examples/services.yaml\n  \
         trellis submit --wait --json --label team=infra plan.yaml | jq -c 'select(.kind == \"task_failed\")'\n  \
         cat plan.json | trellis submit -"
 )]
 pub struct SubmitArgs {
-    /// The plan file (YAML or JSON), or `-` for stdin.
-    pub file: PathBuf,
+    #[command(flatten)]
+    pub plan: plan::PlanArgs,
     /// Follow the execution until it ends; exit 0 if it completed, 1 otherwise.
     #[arg(long)]
     pub wait: bool,
@@ -58,24 +59,23 @@ pub async fn run(coordinator_url: &str, args: SubmitArgs) -> Result<(), Failure>
 
 /// Runs `trellis submit` and returns the execution id.
 pub async fn run_with_id(coordinator_url: &str, args: SubmitArgs) -> Result<String, Failure> {
-    let (bytes, plan) = plan::load(&args.file)?;
-    // The compiler accepted the bytes, so they are UTF-8; the check costs nothing.
-    let text = String::from_utf8(bytes)
-        .map_err(|_| Failure::bad_input(format!("{}: not UTF-8", display_name(&args.file))))?;
-    let format = if serde_json::from_str::<serde_json::Value>(&text).is_ok() {
-        PlanFormat::Json
+    let (spec, plan) = plan::load(
+        &args.plan.file,
+        &args.plan.params,
+        args.plan.planner.as_deref(),
+    )
+    .await?;
+    // Through a planner the coordinator gets the compiled plan; otherwise the spec, which it
+    // compiles itself.
+    let plan_source = if args.plan.planner.is_some() {
+        PlanSource::Plan(convert::plan_to_proto(&plan))
     } else {
-        PlanFormat::Yaml
+        PlanSource::Spec(spec)
     };
 
     let mut coordinator = Coordinator::connect(coordinator_url).await?;
     let request = StartExecutionRequest {
-        plan_source: Some(PlanSource::Spec(PlanSpec {
-            text,
-            format: format as i32,
-            source_name: display_name(&args.file),
-            params: Default::default(),
-        })),
+        plan_source: Some(plan_source),
         options: Some(ExecutionOptions {
             idempotency_key: args.idempotency_key.clone().unwrap_or_default(),
             labels: args.labels.iter().cloned().collect(),

@@ -4,8 +4,10 @@
 //! - [`events`] is the only module that knows the kinds of `Event`.
 //! - [`progress`] shows the coordinator's progress snapshots ("wave 3 of 7").
 //! - [`tree`] draws the execution graph.
+//! - [`plan_graph`] draws a plan as Mermaid or DOT.
 
 pub mod events;
+pub mod plan_graph;
 pub mod progress;
 pub mod tree;
 

@@ -106,7 +106,8 @@ pub struct PlanError {
 }
 
 impl PlanError {
-    fn new(kind: PlanErrorKind, path: impl Into<String>, message: impl Into<String>) -> Self {
+    /// Returns an error of `kind` at `path`, with no location or hint.
+    pub fn new(kind: PlanErrorKind, path: impl Into<String>, message: impl Into<String>) -> Self {
         Self {
             kind,
             path: path.into(),
@@ -150,7 +151,8 @@ impl std::error::Error for PlanError {}
 pub struct PlanErrors(Vec<PlanError>);
 
 impl PlanErrors {
-    fn one(error: PlanError) -> Self {
+    /// Returns a list of exactly this error.
+    pub fn one(error: PlanError) -> Self {
         Self(vec![error])
     }
 

@@ -4,4 +4,5 @@
 mod convert;
 mod descriptor;
 mod generated;
+mod plan;
 mod round_trip;
