@@ -325,8 +325,10 @@ fn parse_error(path: String, mut message: String, location: Option<Location>) ->
     {
         message = rest.to_owned();
     }
+    let hint = super::suggest::unknown_name_hint(&message);
     PlanError {
         location,
+        hint,
         ..PlanError::new(PlanErrorKind::Parse, path, message)
     }
 }
@@ -371,21 +373,45 @@ struct Compiler<'a> {
     limits: &'a Limits,
     errors: Vec<PlanError>,
     index: HashMap<String, TaskIdx>,
+    /// Task ids in declaration order, the candidates of "did you mean" hints.
+    ids: Vec<&'a str>,
+    /// Hints still to be given: each costs a pass over the ids, so a plan with thousands of
+    /// unknown references gets hints for the first few only.
+    hints_left: usize,
 }
+
+/// Most "did you mean" hints computed for one plan.
+const MAX_HINTS: usize = 100;
 
 impl Compiler<'_> {
     fn error(&mut self, kind: PlanErrorKind, path: impl Into<String>, message: impl Into<String>) {
         self.errors.push(PlanError::new(kind, path, message));
     }
 
+    fn error_with_hint(
+        &mut self,
+        kind: PlanErrorKind,
+        path: impl Into<String>,
+        message: impl Into<String>,
+        hint: impl Into<String>,
+    ) {
+        self.errors
+            .push(PlanError::new(kind, path, message).with_hint(hint));
+    }
+
     fn resolve(&mut self, id: &str, path: impl FnOnce() -> String) -> Option<TaskIdx> {
         let found = self.index.get(id).copied();
         if found.is_none() {
-            self.error(
+            let mut error = PlanError::new(
                 PlanErrorKind::UnknownTask,
                 path(),
                 format!("unknown task {id:?}"),
             );
+            if self.hints_left > 0 {
+                self.hints_left -= 1;
+                error.hint = super::suggest::did_you_mean(id, self.ids.iter().copied());
+            }
+            self.errors.push(error);
         }
         found
     }
@@ -403,10 +429,11 @@ impl Compiler<'_> {
             Ok(d) => Some(d),
             Err(e) => {
                 let reason = e.to_string().to_lowercase();
-                self.error(
+                self.error_with_hint(
                     PlanErrorKind::InvalidValue,
                     path(),
                     format!("invalid duration {text:?}: {reason} (use e.g. 500ms, 30s, 5m, 1h)"),
+                    "a duration is a number and a unit: ms, s, m, h, d; parts add up (1h 30m)",
                 );
                 None
             }
@@ -493,10 +520,11 @@ impl Compiler<'_> {
                 None => FailureAction::Fallback { task: OWN_FALLBACK },
                 Some(Some(task)) => FailureAction::Fallback { task },
                 Some(None) => {
-                    self.error(
+                    self.error_with_hint(
                         PlanErrorKind::Contradiction,
                         path(),
                         "fallback action without a target, and the task declares no fallback",
+                        "name the target ({fallback: task-id}) or give the task `fallback: task-id`",
                     );
                     return None;
                 }
@@ -541,6 +569,8 @@ pub fn compile(spec: PlanSpec, limits: &Limits) -> Result<Plan, PlanErrors> {
         limits,
         errors: Vec::new(),
         index: HashMap::with_capacity(spec.tasks.len()),
+        ids: Vec::new(),
+        hints_left: MAX_HINTS,
     };
     let n_tasks = spec.tasks.len();
     if spec.name.trim().is_empty() {
@@ -567,16 +597,18 @@ pub fn compile(spec: PlanSpec, limits: &Limits) -> Result<Plan, PlanErrors> {
     }
 
     // Ids first: every reference below resolves through the index.
+    c.ids = spec.tasks.iter().map(|t| t.id.as_str()).collect();
     for (i, task) in spec.tasks.iter().enumerate() {
         c.check_id(i, &task.id);
         if let Some(&first) = c.index.get(&task.id) {
-            c.error(
+            c.error_with_hint(
                 PlanErrorKind::DuplicateId,
                 format!("tasks[{i}].id"),
                 format!(
                     "duplicate task id {:?} (first declared at tasks[{first}])",
                     task.id
                 ),
+                "task ids are unique in a plan: rename one of the two",
             );
         } else {
             c.index.insert(task.id.clone(), i);
@@ -641,22 +673,24 @@ pub fn compile(spec: PlanSpec, limits: &Limits) -> Result<Plan, PlanErrors> {
         } = *edge;
         let id = &tasks[dependent].id;
         if let Some(parent) = tasks[dependent].subtask_of {
-            c.error(
+            c.error_with_hint(
                 PlanErrorKind::Contradiction,
                 origin.path(),
                 format!(
                     "task {id:?} is a subtask of {:?} and cannot have dependencies (it runs in its parent's subtask group)",
                     tasks[parent].id
                 ),
+                "declare the dependencies on the parent task instead",
             );
         } else if let Some(owner) = fallback_of[dependent] {
-            c.error(
+            c.error_with_hint(
                 PlanErrorKind::Contradiction,
                 origin.path(),
                 format!(
                     "task {id:?} is the fallback of {:?} and cannot have dependencies (it runs only in that role)",
                     tasks[owner].id
                 ),
+                "declare the dependencies on the task it stands in for",
             );
         }
     }
@@ -993,13 +1027,14 @@ fn compile_task(
                 {
                     match fallback {
                         Some(f) => *task = f,
-                        None => c.error(
+                        None => c.error_with_hint(
                             PlanErrorKind::Contradiction,
                             format!("tasks[{i}]"),
                             format!(
                                 "the plan's failure policy falls back for tasks of type {:?}, but task {:?} declares no fallback",
                                 ts.task_type, ts.id
                             ),
+                            "give the task `fallback: task-id`, or its own `on_failure` chain",
                         ),
                     }
                 }
@@ -1067,10 +1102,11 @@ fn check_subtask_cycles(
             let cycle = &walk[pos..];
             let first = cycle.iter().copied().min().unwrap_or(v);
             let origin = subtask_of[first].map(|(_, o)| o.path()).unwrap_or_default();
-            c.error(
+            c.error_with_hint(
                 PlanErrorKind::Cycle,
                 origin,
                 format!("subtask cycle: {}", cycle_text(tasks, cycle, first)),
+                "a task cannot be (indirectly) a subtask of its own subtask",
             );
         }
         for w in walk {
@@ -1156,10 +1192,11 @@ fn check_cycles(
             let path = origins
                 .get(&(first, second))
                 .map_or_else(|| format!("tasks[{first}]"), |o| o.path());
-            c.error(
+            c.error_with_hint(
                 PlanErrorKind::Cycle,
                 path,
                 format!("dependency cycle: {}", cycle_text(tasks, cycle, first)),
+                "no task on a cycle can ever start: remove one of its dependencies",
             );
         }
     }

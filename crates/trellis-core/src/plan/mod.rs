@@ -6,6 +6,7 @@
 
 mod compile;
 pub mod spec;
+mod suggest;
 
 use std::collections::HashMap;
 use std::time::Duration;
