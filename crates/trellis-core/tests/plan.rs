@@ -2,6 +2,8 @@
 
 /// One module, so `cargo test -p trellis-core plan` selects every test here.
 mod plan {
+    #[path = "../plan/lang.rs"]
+    mod lang;
 
     use std::fmt::Write as _;
     use std::time::Duration;

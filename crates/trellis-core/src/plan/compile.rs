@@ -9,7 +9,7 @@
 //! iterative walk, file conflicts through a path index. Nothing recurses, so a 100,000-task chain
 //! compiles like any other plan.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::time::Duration;
 
@@ -77,6 +77,11 @@ pub enum PlanErrorKind {
     Cycle,
     /// A value is out of range or malformed (durations, counts, confidence, jitter, ...).
     InvalidValue,
+    /// A `${...}` reference or a `use:` names no declared param, template or item field, or a
+    /// value was given for a param the plan does not declare.
+    UnknownReference,
+    /// A required param (one without a default) was given no value.
+    MissingParam,
     /// Declarations contradict each other (a subtask with dependencies, a task superseded twice,
     /// a `fallback` action with nothing to fall back to, ...).
     Contradiction,
@@ -106,7 +111,11 @@ pub struct PlanError {
 }
 
 impl PlanError {
-    fn new(kind: PlanErrorKind, path: impl Into<String>, message: impl Into<String>) -> Self {
+    pub(crate) fn new(
+        kind: PlanErrorKind,
+        path: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
         Self {
             kind,
             path: path.into(),
@@ -152,6 +161,11 @@ pub struct PlanErrors(Vec<PlanError>);
 impl PlanErrors {
     fn one(error: PlanError) -> Self {
         Self(vec![error])
+    }
+
+    /// Wraps errors found elsewhere in the module; `errors` is never empty.
+    pub(crate) fn from_vec(errors: Vec<PlanError>) -> Self {
+        Self(errors)
     }
 
     /// Returns the errors.
@@ -563,8 +577,51 @@ impl Compiler<'_> {
     }
 }
 
-/// Compiles a spec into a plan, reporting every problem found.
+/// Compiles a spec into a plan, reporting every problem found: expands it (see
+/// [`super::expand`]) with no param values given, then validates the flat spec.
 pub fn compile(spec: PlanSpec, limits: &Limits) -> Result<Plan, PlanErrors> {
+    compile_with_params(spec, &BTreeMap::new(), limits)
+}
+
+/// Compiles a spec with values for its params (a param without a value takes its default).
+/// Errors point at the spec as written, also for tasks made by `for_each`.
+pub fn compile_with_params(
+    spec: PlanSpec,
+    params: &BTreeMap<String, serde_json::Value>,
+    limits: &Limits,
+) -> Result<Plan, PlanErrors> {
+    let (flat, source_map) = super::expand::expand_inner(spec, params, limits)?;
+    validate(flat, limits).map_err(|errors| source_map.rewrite(errors))
+}
+
+/// Reads `name=value` pairs given on a command line or in a request: each value is parsed as
+/// JSON (`3`, `true`, `["api","web"]`, `"quoted"`) and, when it is not JSON, taken as a plain
+/// string (so `env=prod` works). A name given twice is an error.
+pub fn parse_param_values(
+    pairs: &[(String, String)],
+) -> Result<BTreeMap<String, serde_json::Value>, PlanErrors> {
+    let mut res = BTreeMap::new();
+    let mut errors = Vec::new();
+    for (name, text) in pairs {
+        let value =
+            serde_json::from_str(text).unwrap_or_else(|_| serde_json::Value::String(text.clone()));
+        if res.insert(name.clone(), value).is_some() {
+            errors.push(PlanError::new(
+                PlanErrorKind::InvalidValue,
+                format!("params.{name}"),
+                format!("param {name:?} is given more than once"),
+            ));
+        }
+    }
+    if errors.is_empty() {
+        Ok(res)
+    } else {
+        Err(PlanErrors(errors))
+    }
+}
+
+/// Validates a flat spec (one [`super::expand`] returned) and lowers it into a plan.
+fn validate(spec: PlanSpec, limits: &Limits) -> Result<Plan, PlanErrors> {
     let mut c = Compiler {
         limits,
         errors: Vec::new(),
@@ -821,10 +878,11 @@ fn compile_task(
 ) -> Task {
     let ts = &all[i];
     if ts.task_type.trim().is_empty() {
-        c.error(
+        c.error_with_hint(
             PlanErrorKind::InvalidValue,
             format!("tasks[{i}].type"),
             "task type must not be empty",
+            "give the task `type:` (a handler such as shell, http, noop), or `use:` a template that has one",
         );
     }
     let queue = match &ts.queue {

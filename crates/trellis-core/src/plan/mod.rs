@@ -5,6 +5,7 @@
 //! DAG, and relationship semantics are already lowered to edges, so later code never re-checks them.
 
 mod compile;
+mod expand;
 pub mod spec;
 mod suggest;
 
@@ -15,8 +16,9 @@ use serde::{Deserialize, Serialize};
 
 pub use compile::{
     Limits, Location, OWN_FALLBACK, PlanError, PlanErrorKind, PlanErrors, compile, compile_bytes,
-    compile_str, parse_spec, parse_spec_bytes,
+    compile_str, compile_with_params, parse_param_values, parse_spec, parse_spec_bytes,
 };
+pub use expand::{expand, expand_with_limits};
 pub use spec::PlanSpec;
 
 use crate::policy::{EscalationChain, FailurePolicy};

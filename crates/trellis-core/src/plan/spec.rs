@@ -13,13 +13,75 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
 /// The plan spec as written.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+///
+/// `params`, `templates` and the tasks' `use` and `for_each` are the plan language's shorthands:
+/// [`super::expand`] rewrites them away into a flat spec, which is what [`super::compile`]
+/// validates.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PlanSpec {
     pub name: String,
+    /// Values the plan is parameterised by, referenced as `${params.<name>}` in task strings.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub params: BTreeMap<String, ParamSpec>,
     #[serde(default)]
     pub options: OptionsSpec,
     pub tasks: Vec<TaskSpec>,
+}
+
+/// `params.<name>:` — one declared parameter.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParamSpec {
+    /// The JSON type a value must have; absent = any.
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub param_type: Option<ParamType>,
+    /// The value used when none is given; absent (or `null`) = the param is required.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+/// The JSON type of a param.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ParamType {
+    String,
+    /// Any JSON number.
+    Number,
+    /// A whole number.
+    Integer,
+    Boolean,
+    List,
+    Object,
+}
+
+impl ParamType {
+    /// Returns the name used in plans.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::String => "string",
+            Self::Number => "number",
+            Self::Integer => "integer",
+            Self::Boolean => "boolean",
+            Self::List => "list",
+            Self::Object => "object",
+        }
+    }
+
+    /// Returns true when `value` has this type.
+    pub fn accepts(self, value: &serde_json::Value) -> bool {
+        use serde_json::Value;
+        match self {
+            Self::String => value.is_string(),
+            Self::Number => value.is_number(),
+            Self::Integer => value.is_i64() || value.is_u64(),
+            Self::Boolean => value.is_boolean(),
+            Self::List => value.is_array(),
+            Self::Object => matches!(value, Value::Object(_)),
+        }
+    }
 }
 
 /// `options:` — execution-wide settings, all optional.
@@ -83,7 +145,8 @@ pub enum BudgetActionSpec {
 #[serde(deny_unknown_fields)]
 pub struct TaskSpec {
     pub id: String,
-    #[serde(rename = "type")]
+    /// The handler type; required, but it may come from a template (`use`).
+    #[serde(rename = "type", default, skip_serializing_if = "String::is_empty")]
     pub task_type: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<String>,
@@ -104,6 +167,24 @@ pub struct TaskSpec {
     pub on_failure: Option<Vec<ActionSpec>>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub relationships: Vec<RelationshipSpec>,
+}
+
+impl Default for TaskSpec {
+    /// Returns a task with an empty id and type and an empty input object.
+    fn default() -> Self {
+        Self {
+            id: String::new(),
+            task_type: String::new(),
+            queue: None,
+            input: empty_object(),
+            files: Vec::new(),
+            depends_on: Vec::new(),
+            timeout: None,
+            fallback: None,
+            on_failure: None,
+            relationships: Vec::new(),
+        }
+    }
 }
 
 fn empty_object() -> serde_json::Value {

@@ -8,32 +8,35 @@ const MAX_CANDIDATES: usize = 50_000;
 const MIN_SIMILARITY: f64 = 0.8;
 
 /// Returns the candidate closest to `name`, if one is close enough to be a likely misspelling:
-/// the same name in another case, or a Jaro-Winkler similarity of at least 0.8 (ties go to the
-/// smaller edit distance, then to the first candidate).
+/// the same name in another case, a few edits away (a quarter of the length, at least one; a
+/// swap of two neighbours is one edit), or a Jaro-Winkler similarity of at least 0.8. The fewest
+/// edits win, then the highest similarity, then the first candidate.
 pub(crate) fn closest<'a>(
     name: &str,
     candidates: impl IntoIterator<Item = &'a str>,
 ) -> Option<&'a str> {
     let lower = name.to_lowercase();
-    let mut best: Option<(f64, usize, &'a str)> = None;
+    let max_edits = (name.chars().count() / 4).max(1);
+    let mut best: Option<(usize, f64, &'a str)> = None;
     for candidate in candidates.into_iter().take(MAX_CANDIDATES) {
         if candidate == name {
             continue;
         }
-        if candidate.to_lowercase() == lower {
+        let candidate_lower = candidate.to_lowercase();
+        if candidate_lower == lower {
             return Some(candidate);
         }
-        let similarity = strsim::jaro_winkler(&lower, &candidate.to_lowercase());
-        if similarity < MIN_SIMILARITY {
+        let edits = strsim::osa_distance(&lower, &candidate_lower);
+        let similarity = strsim::jaro_winkler(&lower, &candidate_lower);
+        if edits > max_edits && similarity < MIN_SIMILARITY {
             continue;
         }
-        let distance = strsim::levenshtein(name, candidate);
         let better = match best {
             None => true,
-            Some((s, d, _)) => similarity > s || (similarity == s && distance < d),
+            Some((e, s, _)) => edits < e || (edits == e && similarity > s),
         };
         if better {
-            best = Some((similarity, distance, candidate));
+            best = Some((edits, similarity, candidate));
         }
     }
     best.map(|(_, _, candidate)| candidate)
@@ -72,6 +75,7 @@ mod tests {
         assert_eq!(closest("SCHEMA", ids), Some("schema"));
         assert_eq!(closest("ui-buidl", ids), Some("ui-build"));
         assert_eq!(closest("zzz", ids), None);
+        assert_eq!(closest("evn", ["env", "services"]), Some("env"));
         assert_eq!(closest("schema", ids), None, "an exact match is not a hint");
     }
 
