@@ -19,8 +19,8 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value};
 
 use super::compile::{Limits, PlanError, PlanErrorKind, PlanErrors};
-use super::spec::{ParamSpec, PlanSpec, TaskSpec};
-use super::suggest::did_you_mean;
+use super::spec::{ParamSpec, PlanSpec, TaskSpec, TemplateSpec};
+use super::suggest::{did_you_mean, unknown_name_hint};
 
 /// Expands `spec` with these param values into a flat spec (see the module docs), with the
 /// default [`Limits`].
@@ -46,6 +46,8 @@ pub(crate) struct TaskOrigin {
     source: usize,
     /// Set for a task made by `for_each`: the item's index and the generated id.
     item: Option<(usize, String)>,
+    /// Set when fan-in rewrote `depends_on`: the source position of each entry.
+    depends_on: Option<Vec<usize>>,
 }
 
 /// For each task of the flat spec, where it came from.
@@ -68,6 +70,11 @@ impl SourceMap {
             .into_iter()
             .map(|mut error| {
                 let first = leading_task(&error.path);
+                if let Some(origin) = first.and_then(|t| self.tasks.get(t))
+                    && let Some(positions) = &origin.depends_on
+                {
+                    error.path = rewrite_position(&error.path, ".depends_on[", positions);
+                }
                 error.path = self.rewrite_text(&error.path);
                 error.message = self.rewrite_text(&error.message);
                 if let Some(origin) = first.and_then(|t| self.tasks.get(t))
@@ -109,6 +116,21 @@ impl SourceMap {
     }
 }
 
+/// Replaces the index J in `<...>{field}J]...` by `positions[J]`.
+fn rewrite_position(path: &str, field: &str, positions: &[usize]) -> String {
+    let Some(at) = path.find(field) else {
+        return path.to_owned();
+    };
+    let after = &path[at + field.len()..];
+    let Some((j, rest)) = after.split_once(']') else {
+        return path.to_owned();
+    };
+    match j.parse::<usize>().ok().and_then(|j| positions.get(j)) {
+        Some(source) => format!("{}{source}]{rest}", &path[..at + field.len()]),
+        None => path.to_owned(),
+    }
+}
+
 /// Returns N when `path` starts with `tasks[N]`.
 fn leading_task(path: &str) -> Option<usize> {
     let after = path.strip_prefix("tasks[")?;
@@ -124,12 +146,11 @@ struct Scope<'a> {
 }
 
 /// Collects expansion errors.
-struct Expander<'a> {
-    limits: &'a Limits,
+struct Expander {
     errors: Vec<PlanError>,
 }
 
-impl Expander<'_> {
+impl Expander {
     fn error(&mut self, kind: PlanErrorKind, path: impl Into<String>, message: impl Into<String>) {
         self.errors.push(PlanError::new(kind, path, message));
     }
@@ -452,11 +473,9 @@ pub(crate) fn expand_inner(
     given: &BTreeMap<String, Value>,
     limits: &Limits,
 ) -> Result<(PlanSpec, SourceMap), PlanErrors> {
-    let mut x = Expander {
-        limits,
-        errors: Vec::new(),
-    };
+    let mut x = Expander { errors: Vec::new() };
     let params = x.params(&spec.params, given);
+    let templates = x.templates(&spec.templates);
     if !x.errors.is_empty() {
         return Err(PlanErrors::from_vec(x.errors));
     }
@@ -470,26 +489,132 @@ pub(crate) fn expand_inner(
     let mut options = to_map(&spec.options);
     x.substitute_task(&mut options, &scope, "options");
 
-    let mut tasks = Vec::with_capacity(spec.tasks.len());
+    let mut tasks: Vec<Map<String, Value>> = Vec::with_capacity(spec.tasks.len());
     let mut map = SourceMap {
         tasks: Vec::with_capacity(spec.tasks.len()),
         identity: true,
     };
+    // Generator id → the ids of the tasks it made, and where the generator was declared.
+    let mut generators: BTreeMap<String, (Vec<String>, usize)> = BTreeMap::new();
     for (i, task) in spec.tasks.into_iter().enumerate() {
         let path = format!("tasks[{i}]");
         let mut fields = to_map(&task);
-        x.substitute_task(&mut fields, &scope, &path);
-        tasks.push(fields);
-        map.tasks.push(TaskOrigin {
-            source: i,
-            item: None,
+        if let Some(Value::String(template)) = fields.remove("use") {
+            match templates.get(template.as_str()) {
+                Some(t) => merge_template(&mut fields, t),
+                None => x.error_with_hint(
+                    PlanErrorKind::UnknownReference,
+                    format!("{path}.use"),
+                    format!("unknown template {template:?}"),
+                    did_you_mean(&template, templates.keys().copied()).or_else(|| {
+                        Some(if templates.is_empty() {
+                            "declare it under `templates:`".to_owned()
+                        } else {
+                            let names: Vec<&str> = templates.keys().copied().collect();
+                            format!("declared templates: {}", names.join(", "))
+                        })
+                    }),
+                ),
+            }
+        }
+        let Some(mut list) = fields.remove("for_each") else {
+            x.substitute_task(&mut fields, &scope, &path);
+            tasks.push(fields);
+            map.tasks.push(TaskOrigin {
+                source: i,
+                item: None,
+                depends_on: None,
+            });
+            continue;
+        };
+        map.identity = false;
+        x.substitute_value(&mut list, &scope, true, &format!("{path}.for_each"));
+        let items = match list {
+            Value::Array(items) => items,
+            Value::String(_) if !x.errors.is_empty() => continue,
+            other => {
+                x.error_with_hint(
+                    PlanErrorKind::InvalidValue,
+                    format!("{path}.for_each"),
+                    format!("for_each must be a list, got {}", describe(&other)),
+                    Some(
+                        "give a list ([a, b]) or a reference to a list param (${params.x})"
+                            .to_owned(),
+                    ),
+                );
+                continue;
+            }
+        };
+        let raw_id = task.id.as_str();
+        let id_names_item = raw_id.contains("${item") || raw_id.contains("${index}");
+        let by_item = item_suffixes(&items);
+        let mut made = Vec::with_capacity(items.len());
+        let mut generator_id = None;
+        for (k, item) in items.iter().enumerate() {
+            let mut copy = fields.clone();
+            let item_scope = Scope {
+                params: &params,
+                item: Some((item, k)),
+            };
+            let n_errors = x.errors.len();
+            x.substitute_task(&mut copy, &item_scope, &path);
+            if x.errors.len() > n_errors {
+                // The same mistake would be reported once per item.
+                break;
+            }
+            let mut id = match copy.get("id") {
+                Some(Value::String(id)) => id.clone(),
+                _ => String::new(),
+            };
+            if !id_names_item {
+                generator_id.get_or_insert_with(|| id.clone());
+                let suffix = match &by_item {
+                    Some(suffixes) => suffixes[k].clone(),
+                    None => k.to_string(),
+                };
+                id = format!("{id}-{suffix}");
+                copy.insert("id".to_owned(), Value::String(id.clone()));
+            }
+            made.push(id.clone());
+            tasks.push(copy);
+            map.tasks.push(TaskOrigin {
+                source: i,
+                item: Some((k, id)),
+                depends_on: None,
+            });
+            if tasks.len() > limits.max_tasks {
+                break;
+            }
+        }
+        let generator_id = generator_id.unwrap_or_else(|| {
+            let mut id = Value::String(task.id.clone());
+            if !id_names_item {
+                x.substitute_value(&mut id, &scope, false, &format!("{path}.id"));
+            }
+            id.as_str().unwrap_or_default().to_owned()
         });
-        if tasks.len() > x.limits.max_tasks {
+        if !id_names_item {
+            generators.insert(generator_id, (made, i));
+        }
+        if tasks.len() > limits.max_tasks {
             break;
         }
     }
+    if !map.identity && tasks.len() > limits.max_tasks {
+        x.error(
+            PlanErrorKind::TooLarge,
+            "tasks",
+            format!(
+                "plan has more than {} tasks once for_each is expanded",
+                limits.max_tasks
+            ),
+        );
+    }
     if !x.errors.is_empty() {
         return Err(PlanErrors::from_vec(x.errors));
+    }
+    if !generators.is_empty() {
+        x.fan_in(&mut tasks, &mut map, &generators);
     }
 
     let mut flat = PlanSpec {
@@ -498,6 +623,7 @@ pub(crate) fn expand_inner(
             other => other.to_string(),
         },
         params: BTreeMap::new(),
+        templates: BTreeMap::new(),
         options: from_map(options, "options", &mut x.errors).unwrap_or_default(),
         tasks: Vec::with_capacity(tasks.len()),
     };
@@ -511,6 +637,157 @@ pub(crate) fn expand_inner(
         return Err(PlanErrors::from_vec(x.errors));
     }
     Ok((flat, map))
+}
+
+/// Returns the id suffix of each item when every item is a string or integer usable in an id
+/// and no two are the same; `None` means ids take the item's index instead.
+fn item_suffixes(items: &[Value]) -> Option<Vec<String>> {
+    let mut res = Vec::with_capacity(items.len());
+    let mut seen = std::collections::HashSet::with_capacity(items.len());
+    for item in items {
+        let text = match item {
+            Value::String(s) => s.clone(),
+            Value::Number(n) if n.is_i64() || n.is_u64() => n.to_string(),
+            _ => return None,
+        };
+        let usable = !text.is_empty()
+            && text
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+        if !usable || !seen.insert(text.clone()) {
+            return None;
+        }
+        res.push(text);
+    }
+    Some(res)
+}
+
+/// Starts a task from a template: fields the task does not give are taken from the template, and
+/// `input` objects merge (the task's keys win).
+fn merge_template(task: &mut Map<String, Value>, template: &Map<String, Value>) {
+    for (key, value) in template {
+        match task.get_mut(key) {
+            None => {
+                task.insert(key.clone(), value.clone());
+            }
+            Some(Value::Object(own)) if key == "input" => {
+                if let Value::Object(base) = value {
+                    for (k, v) in base {
+                        own.entry(k.clone()).or_insert_with(|| v.clone());
+                    }
+                }
+            }
+            Some(_) => {}
+        }
+    }
+}
+
+impl Expander {
+    /// Checks every template (fields it may not have, fields no task has) and returns them by
+    /// name.
+    fn templates<'t>(
+        &mut self,
+        templates: &'t BTreeMap<String, TemplateSpec>,
+    ) -> BTreeMap<&'t str, &'t Map<String, Value>> {
+        let mut res = BTreeMap::new();
+        for (name, template) in templates {
+            let path = format!("templates.{name}");
+            let mut ok = true;
+            for field in ["id", "use", "for_each"] {
+                if template.0.contains_key(field) {
+                    ok = false;
+                    self.error(
+                        PlanErrorKind::Parse,
+                        format!("{path}.{field}"),
+                        format!("a template cannot have `{field}` (give it on the tasks that use the template)"),
+                    );
+                }
+            }
+            if ok {
+                let mut probe = template.0.clone();
+                probe.insert("id".to_owned(), Value::String(name.clone()));
+                let n_errors = self.errors.len();
+                from_map::<TaskSpec>(probe, &path, &mut self.errors);
+                ok = self.errors.len() == n_errors;
+            }
+            if ok {
+                res.insert(name.as_str(), &template.0);
+            }
+        }
+        res
+    }
+
+    /// Makes references to a `for_each` task's id stand for every task it made: a dependency on
+    /// it becomes a dependency on each of them, a relationship to it a relationship to each.
+    fn fan_in(
+        &mut self,
+        tasks: &mut [Map<String, Value>],
+        map: &mut SourceMap,
+        generators: &BTreeMap<String, (Vec<String>, usize)>,
+    ) {
+        for (t, task) in tasks.iter_mut().enumerate() {
+            let path = format!("tasks[{}]", map.tasks[t].source);
+            if let Some(Value::String(id)) = task.get("id")
+                && let Some((_, at)) = generators.get(id)
+            {
+                self.error(
+                    PlanErrorKind::DuplicateId,
+                    format!("{path}.id"),
+                    format!("task id {id:?} is also the id of the for_each task at tasks[{at}]"),
+                );
+            }
+            if let Some(Value::Array(deps)) = task.get_mut("depends_on") {
+                let mut res = Vec::with_capacity(deps.len());
+                let mut positions = Vec::with_capacity(deps.len());
+                for (j, dep) in deps.drain(..).enumerate() {
+                    match dep.as_str().and_then(|d| generators.get(d)) {
+                        Some((made, _)) => {
+                            res.extend(made.iter().map(|id| Value::String(id.clone())));
+                            positions.extend(std::iter::repeat_n(j, made.len()));
+                        }
+                        None => {
+                            res.push(dep);
+                            positions.push(j);
+                        }
+                    }
+                }
+                *deps = res;
+                map.tasks[t].depends_on = Some(positions);
+            }
+            if let Some(Value::Array(relationships)) = task.get_mut("relationships") {
+                let mut res = Vec::with_capacity(relationships.len());
+                for rel in relationships.drain(..) {
+                    let made = rel
+                        .get("target")
+                        .and_then(Value::as_str)
+                        .and_then(|target| generators.get(target));
+                    match made {
+                        Some((made, _)) => {
+                            for id in made {
+                                let mut copy = rel.clone();
+                                copy["target"] = Value::String(id.clone());
+                                res.push(copy);
+                            }
+                        }
+                        None => res.push(rel),
+                    }
+                }
+                *relationships = res;
+            }
+            if let Some(Value::String(fallback)) = task.get("fallback")
+                && let Some((made, _)) = generators.get(fallback)
+            {
+                self.error(
+                    PlanErrorKind::Contradiction,
+                    format!("{path}.fallback"),
+                    format!(
+                        "fallback names the for_each task {fallback:?}, which stands for {} tasks",
+                        made.len()
+                    ),
+                );
+            }
+        }
+    }
 }
 
 fn to_map<T: serde::Serialize>(value: &T) -> Map<String, Value> {
@@ -535,11 +812,10 @@ fn from_map<T: serde::de::DeserializeOwned>(
             } else {
                 format!("{path}.{inner}")
             };
-            errors.push(PlanError::new(
-                PlanErrorKind::InvalidValue,
-                path,
-                format!("after substitution: {}", e.inner()),
-            ));
+            let message = e.inner().to_string();
+            let mut error = PlanError::new(PlanErrorKind::Parse, path, &message);
+            error.hint = unknown_name_hint(&message);
+            errors.push(error);
             None
         }
     }

@@ -24,6 +24,9 @@ pub struct PlanSpec {
     /// Values the plan is parameterised by, referenced as `${params.<name>}` in task strings.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub params: BTreeMap<String, ParamSpec>,
+    /// Partial tasks that tasks start from with `use: <name>`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub templates: BTreeMap<String, TemplateSpec>,
     #[serde(default)]
     pub options: OptionsSpec,
     pub tasks: Vec<TaskSpec>,
@@ -42,6 +45,15 @@ pub struct ParamSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
 }
+
+/// `templates.<name>:` — any task fields but `id`, `use` and `for_each`, checked when expanded.
+///
+/// A task that says `use: <name>` starts from these fields; its own fields replace them, except
+/// `input`, where the two objects merge (the task's keys win). A list field the task leaves empty
+/// (`depends_on`, `files`, `relationships`) is taken from the template.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct TemplateSpec(pub serde_json::Map<String, serde_json::Value>);
 
 /// The JSON type of a param.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -148,6 +160,13 @@ pub struct TaskSpec {
     /// The handler type; required, but it may come from a template (`use`).
     #[serde(rename = "type", default, skip_serializing_if = "String::is_empty")]
     pub task_type: String,
+    /// The template this task starts from.
+    #[serde(rename = "use", default, skip_serializing_if = "Option::is_none")]
+    pub use_template: Option<String>,
+    /// Makes this task a generator: one task per item of this list (or of the list a
+    /// `${params.x}` names). See [`super::expand`] for ids and references.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub for_each: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<String>,
     #[serde(default = "empty_object")]
@@ -175,6 +194,8 @@ impl Default for TaskSpec {
         Self {
             id: String::new(),
             task_type: String::new(),
+            use_template: None,
+            for_each: None,
             queue: None,
             input: empty_object(),
             files: Vec::new(),

@@ -222,3 +222,116 @@ proptest! {
         check_round_trip(&text, &params);
     }
 }
+
+const SERVICES: &str = r#"
+name: services
+params:
+  services: {type: list, default: [api, web]}
+templates:
+  deploy:
+    type: shell
+    queue: deployers
+    timeout: 10m
+    input: {command: [deploy], region: eu}
+tasks:
+  - {id: build, type: noop}
+  - id: deploy
+    use: deploy
+    for_each: ${params.services}
+    depends_on: [build]
+    input: {service: "${item}", slot: "slot-${index}", n: "${index}"}
+  - {id: smoke, use: deploy, input: {region: us}, depends_on: [deploy]}
+  - id: shard-${index}
+    type: noop
+    for_each: [{name: a, size: 1}, {name: b, size: 2}]
+    input: {name: "${item.name}", size: "${item.size}"}
+"#;
+
+#[test]
+fn templates_merge_and_for_each_generates_and_fans_in() {
+    let plan = compile_ok(SERVICES, &[]);
+    let ids: Vec<&str> = plan.tasks.iter().map(|t| t.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [
+            "build",
+            "deploy-api",
+            "deploy-web",
+            "smoke",
+            "shard-0",
+            "shard-1"
+        ]
+    );
+    let api = &plan.tasks[1];
+    assert_eq!(api.task_type, "shell");
+    assert_eq!(api.queue, "deployers");
+    assert_eq!(api.timeout, Some(std::time::Duration::from_secs(600)));
+    assert_eq!(
+        api.input,
+        json!({"command": ["deploy"], "region": "eu", "service": "api", "slot": "slot-0", "n": 0})
+    );
+    assert_eq!(plan.deps[1], vec![0]);
+    assert_eq!(
+        plan.tasks[3].input,
+        json!({"command": ["deploy"], "region": "us"})
+    );
+    assert_eq!(plan.deps[3], vec![1, 2], "smoke waits for every deploy");
+    assert_eq!(plan.tasks[5].input, json!({"name": "b", "size": 2}));
+
+    // Items that are not usable as ids (or repeat) give index suffixes.
+    let plan = compile_ok(SERVICES, &[("services", r#"["a b", "c"]"#)]);
+    assert_eq!(plan.tasks[1].id, "deploy-0");
+    assert_eq!(plan.tasks[2].input["service"], json!("c"));
+    // An empty list makes no task, and depending on it waits for nothing.
+    let plan = compile_ok(SERVICES, &[("services", "[]")]);
+    assert_eq!(plan.tasks[1].id, "smoke");
+    assert!(plan.deps[1].is_empty());
+    check_round_trip(SERVICES, &BTreeMap::new());
+}
+
+#[test]
+fn template_and_for_each_errors_point_at_the_source() {
+    let text = "name: p\ntemplates:\n  base: {type: noop, queu: q}\n  named: {id: x, type: noop}\ntasks:\n  - {id: a, use: bsae}\n";
+    assert_eq!(
+        errors_of(text, &[]),
+        vec![
+            "templates.base.queu: unknown field `queu`, expected one of `id`, `type`, `use`, `for_each`, `queue`, `input`, `files`, `depends_on`, `timeout`, `fallback`, `on_failure`, `relationships` [did you mean `queue`?]",
+            "templates.named.id: a template cannot have `id` (give it on the tasks that use the template)",
+        ]
+    );
+    let text = "name: p\ntemplates:\n  base: {type: noop}\ntasks:\n  - {id: a, use: bsae}\n";
+    assert_eq!(
+        errors_of(text, &[]),
+        vec![r#"tasks[0].use: unknown template "bsae" [did you mean "base"?]"#]
+    );
+    let text = "name: p\nparams: {n: {default: 3}}\ntasks:\n  - {id: a, type: noop, for_each: '${params.n}'}\n  - {id: b, type: noop, for_each: {x: 1}}\n";
+    assert_eq!(
+        errors_of(text, &[]),
+        vec![
+            "tasks[0].for_each: for_each must be a list, got number 3 [give a list ([a, b]) or a reference to a list param (${params.x})]",
+            "tasks[1].for_each: for_each must be a list, got an object [give a list ([a, b]) or a reference to a list param (${params.x})]",
+        ]
+    );
+    let text = "name: p\ntasks:\n  - {id: gen, type: noop, for_each: [a, b]}\n  - {id: x, type: noop, depends_on: [gen, nope]}\n  - {id: y, type: noop, for_each: [1], depends_on: [x, y]}\n";
+    assert_eq!(
+        errors_of(text, &[]),
+        vec![
+            r#"tasks[1].depends_on[1]: unknown task "nope""#,
+            r#"tasks[2].depends_on[1]: task "y-1" depends on itself (in task "y-1", made by for_each from item 0)"#,
+        ]
+    );
+}
+
+#[test]
+fn for_each_cannot_pass_the_task_limit() {
+    let limits = Limits {
+        max_tasks: 3,
+        ..Limits::default()
+    };
+    let text = "name: p\ntasks:\n  - {id: a, type: noop, for_each: [1, 2, 3, 4, 5]}\n";
+    let errors = compile(spec(text), &limits).expect_err("over the limit");
+    assert_eq!(
+        errors.to_string(),
+        "tasks: plan has more than 3 tasks once for_each is expanded"
+    );
+}
