@@ -20,8 +20,8 @@ use super::spec::{
     TaskSpec,
 };
 use super::{
-    Budget, BudgetAction, FileImpact, FileOp, NotRun, Plan, PlanOptions, Relationship,
-    RelationshipKind, Task, TaskIdx,
+    Budget, BudgetAction, Condition, FileImpact, FileOp, NotRun, Plan, PlanOptions, Relationship,
+    RelationshipKind, RouteCase, Task, TaskIdx,
 };
 use crate::policy::{Backoff, BackoffKind, EscalationChain, FailureAction, FailurePolicy};
 
@@ -358,6 +358,7 @@ struct Origin {
 enum OriginField {
     DependsOn,
     Relationship(usize),
+    Route,
 }
 
 impl Origin {
@@ -365,6 +366,7 @@ impl Origin {
         match self.field {
             OriginField::DependsOn => format!("tasks[{}].depends_on", self.task),
             OriginField::Relationship(k) => format!("tasks[{}].relationships[{k}]", self.task),
+            OriginField::Route => format!("tasks[{}].route", self.task),
         }
     }
 }
@@ -680,6 +682,7 @@ fn validate(spec: PlanSpec, limits: &Limits) -> Result<Plan, PlanErrors> {
     let mut subtask_of: Vec<Option<(TaskIdx, Origin)>> = vec![None; n_tasks];
     let mut fallback_of: Vec<Option<TaskIdx>> = vec![None; n_tasks];
     let mut tasks: Vec<Task> = Vec::with_capacity(n_tasks);
+    let conditions = compile_routes(&mut c, &spec.tasks, &mut edges);
 
     for i in 0..n_tasks {
         let task = compile_task(
@@ -716,6 +719,9 @@ fn validate(spec: PlanSpec, limits: &Limits) -> Result<Plan, PlanErrors> {
                 fallback_of[target] = Some(i);
             }
         }
+    }
+    for (task, condition) in tasks.iter_mut().zip(conditions) {
+        task.condition = condition;
     }
     for (i, task) in tasks.iter_mut().enumerate() {
         task.not_run = not_run[i].as_ref().map(|(n, _)| n.clone());
@@ -795,6 +801,96 @@ fn validate(spec: PlanSpec, limits: &Limits) -> Result<Plan, PlanErrors> {
         conflicts,
         index: c.index,
     })
+}
+
+/// Lowers every `route:` into conditions on the routed tasks and edges from the deciding task.
+fn compile_routes(
+    c: &mut Compiler<'_>,
+    all: &[TaskSpec],
+    edges: &mut Vec<Edge>,
+) -> Vec<Option<Condition>> {
+    let mut res: Vec<Option<Condition>> = vec![None; all.len()];
+    // Where each routed task was listed, for the error when it is listed twice.
+    let mut listed_at: HashMap<TaskIdx, String> = HashMap::new();
+    for (i, ts) in all.iter().enumerate() {
+        let Some(route) = &ts.route else {
+            continue;
+        };
+        let path = format!("tasks[{i}].route");
+        if route.cases.is_empty() && route.default.is_empty() {
+            c.error_with_hint(
+                PlanErrorKind::InvalidValue,
+                &path,
+                "route has no cases and no default",
+                "list the tasks each output value runs: {path: /kind, cases: {bug: [fix]}, default: [triage]}",
+            );
+            continue;
+        }
+        let pointer = match route.path.as_deref().map(str::trim) {
+            None | Some("") | Some("/") => String::new(),
+            Some(p) if p.starts_with('/') => p.to_owned(),
+            Some(p) => p
+                .split('.')
+                .map(|part| format!("/{}", part.replace('~', "~0").replace('/', "~1")))
+                .collect(),
+        };
+        let keys: Vec<String> = route.cases.keys().cloned().collect();
+        let arms = route
+            .cases
+            .iter()
+            .map(|(key, targets)| {
+                (
+                    format!("{path}.cases.{key}"),
+                    RouteCase::Case(key.clone()),
+                    targets,
+                )
+            })
+            .chain(std::iter::once((
+                format!("{path}.default"),
+                RouteCase::Default(keys),
+                &route.default,
+            )));
+        for (arm_path, case, targets) in arms {
+            for (k, id) in targets.iter().enumerate() {
+                let target_path = format!("{arm_path}[{k}]");
+                let Some(target) = c.resolve(id, || target_path.clone()) else {
+                    continue;
+                };
+                if target == i {
+                    c.error(
+                        PlanErrorKind::SelfReference,
+                        &target_path,
+                        format!("task {id:?} cannot route to itself"),
+                    );
+                    continue;
+                }
+                if let Some(first) = listed_at.get(&target) {
+                    c.error_with_hint(
+                        PlanErrorKind::Contradiction,
+                        &target_path,
+                        format!("task {id:?} is already routed at {first}"),
+                        "a task belongs to one case of one route; give the other case its own task",
+                    );
+                    continue;
+                }
+                listed_at.insert(target, target_path);
+                res[target] = Some(Condition {
+                    router: i,
+                    pointer: pointer.clone(),
+                    case: case.clone(),
+                });
+                edges.push(Edge {
+                    dependent: target,
+                    dep: i,
+                    origin: Origin {
+                        task: i,
+                        field: OriginField::Route,
+                    },
+                });
+            }
+        }
+    }
+    res
 }
 
 fn compile_options(c: &mut Compiler<'_>, spec: &PlanSpec) -> (PlanOptions, RetryDefaults) {
@@ -1115,6 +1211,7 @@ fn compile_task(
         subtask_of: None,
         tests,
         relationships,
+        condition: None,
     }
 }
 

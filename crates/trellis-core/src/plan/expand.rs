@@ -774,6 +774,30 @@ impl Expander {
                 }
                 *relationships = res;
             }
+            if let Some(Value::Object(route)) = task.get_mut("route") {
+                let mut lists: Vec<&mut Value> = Vec::new();
+                for (key, value) in route.iter_mut() {
+                    match (key.as_str(), value) {
+                        ("cases", Value::Object(cases)) => lists.extend(cases.values_mut()),
+                        ("default", default) => lists.push(default),
+                        _ => {}
+                    }
+                }
+                for list in lists {
+                    if let Value::Array(targets) = list {
+                        let mut res = Vec::with_capacity(targets.len());
+                        for target in targets.drain(..) {
+                            match target.as_str().and_then(|d| generators.get(d)) {
+                                Some((made, _)) => {
+                                    res.extend(made.iter().map(|id| Value::String(id.clone())));
+                                }
+                                None => res.push(target),
+                            }
+                        }
+                        *targets = res;
+                    }
+                }
+            }
             if let Some(Value::String(fallback)) = task.get("fallback")
                 && let Some((made, _)) = generators.get(fallback)
             {

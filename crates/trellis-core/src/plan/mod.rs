@@ -129,6 +129,56 @@ pub struct Task {
     pub tests: Vec<TaskIdx>,
     /// Every relationship as declared, for display.
     pub relationships: Vec<Relationship>,
+    /// Set for a task listed in another task's `route`: it runs only when the route picks it.
+    pub condition: Option<Condition>,
+}
+
+/// When a routed task runs: the deciding task's output, read at `pointer`, picks it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Condition {
+    /// The deciding task; always one of this task's dependencies.
+    pub router: TaskIdx,
+    /// A JSON pointer into the router's output (`""` = the whole output).
+    pub pointer: String,
+    pub case: RouteCase,
+}
+
+/// Which outputs pick a routed task.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RouteCase {
+    /// The value at the pointer matches this case key.
+    Case(String),
+    /// The value matches none of these case keys (the route's `default`).
+    Default(Vec<String>),
+}
+
+impl Condition {
+    /// Returns true when the router's output picks this task. A router that produced no output
+    /// (it did not complete) picks nothing, not even its default.
+    pub fn holds(&self, output: Option<&serde_json::Value>) -> bool {
+        let Some(output) = output else {
+            return false;
+        };
+        let value = output.pointer(&self.pointer);
+        match &self.case {
+            RouteCase::Case(key) => value.is_some_and(|v| case_matches(v, key)),
+            RouteCase::Default(keys) => !keys
+                .iter()
+                .any(|key| value.is_some_and(|v| case_matches(v, key))),
+        }
+    }
+}
+
+/// Returns true when `value` matches the case key: a string equal to it, or any other value whose
+/// JSON text equals it.
+pub fn case_matches(value: &serde_json::Value, key: &str) -> bool {
+    match value {
+        serde_json::Value::String(s) => s == key,
+        // Not `*other == key`: a `Value` equals a `str` only when it is that string, while here
+        // the JSON text of a number or boolean is compared.
+        #[allow(clippy::cmp_owned)]
+        other => other.to_string() == key,
+    }
 }
 
 impl Task {
@@ -150,6 +200,7 @@ impl Task {
             subtask_of: None,
             tests: Vec::new(),
             relationships: Vec::new(),
+            condition: None,
         }
     }
 }

@@ -186,6 +186,32 @@ pub struct TaskSpec {
     pub on_failure: Option<Vec<ActionSpec>>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub relationships: Vec<RelationshipSpec>,
+    /// Makes this task decide which of some later tasks run, by its output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<RouteSpec>,
+}
+
+/// `route:` on a deciding task: `{path: /kind, cases: {bug: [fix], feature: [build]}, default:
+/// [triage]}`.
+///
+/// When the task completes, the value at `path` in its output picks the case: the tasks listed
+/// under it run, the tasks of every other case (and of `default`) are skipped; when no case
+/// matches, the `default` tasks run instead. A case key matches a string output equal to it, or
+/// any other JSON value whose JSON text equals it (`true`, `3`). Every listed task waits for the
+/// deciding task (the dependency is implied). A task appears in at most one route.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteSpec {
+    /// Where in the output to look: a JSON pointer (`/kind`, `/a/0`) or a dotted path
+    /// (`kind`, `a.b`); absent = the whole output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Case value → the tasks that run when the output has it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub cases: BTreeMap<String, Vec<String>>,
+    /// The tasks that run when no case matches.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub default: Vec<String>,
 }
 
 impl Default for TaskSpec {
@@ -204,6 +230,7 @@ impl Default for TaskSpec {
             fallback: None,
             on_failure: None,
             relationships: Vec::new(),
+            route: None,
         }
     }
 }

@@ -295,7 +295,7 @@ fn template_and_for_each_errors_point_at_the_source() {
     assert_eq!(
         errors_of(text, &[]),
         vec![
-            "templates.base.queu: unknown field `queu`, expected one of `id`, `type`, `use`, `for_each`, `queue`, `input`, `files`, `depends_on`, `timeout`, `fallback`, `on_failure`, `relationships` [did you mean `queue`?]",
+            "templates.base.queu: unknown field `queu`, expected one of `id`, `type`, `use`, `for_each`, `queue`, `input`, `files`, `depends_on`, `timeout`, `fallback`, `on_failure`, `relationships`, `route` [did you mean `queue`?]",
             "templates.named.id: a template cannot have `id` (give it on the tasks that use the template)",
         ]
     );
@@ -333,5 +333,30 @@ fn for_each_cannot_pass_the_task_limit() {
     assert_eq!(
         errors.to_string(),
         "tasks: plan has more than 3 tasks once for_each is expanded"
+    );
+}
+
+#[test]
+fn routes_are_checked_and_imply_their_dependency() {
+    let text = "name: p\ntasks:\n  - {id: c, type: noop, route: {path: a.b, cases: {x: [t]}, default: [u]}}\n  - {id: t, type: noop}\n  - {id: u, type: noop}\n";
+    let plan = compile_ok(text, &[]);
+    assert_eq!(plan.deps[1], vec![0]);
+    assert_eq!(plan.deps[2], vec![0]);
+    let condition = plan.tasks[2].condition.as_ref().expect("u is routed");
+    assert_eq!(condition.pointer, "/a/b");
+    assert_eq!(
+        condition.case,
+        trellis_core::plan::RouteCase::Default(vec!["x".to_owned()])
+    );
+    let text = "name: p\ntasks:\n  - {id: c, type: noop, route: {cases: {x: [t, fxi, c], y: [t]}}}\n  - {id: t, type: noop}\n  - {id: fix, type: noop}\n  - {id: d, type: noop, depends_on: [e], route: {default: [e]}}\n  - {id: e, type: noop}\n  - {id: f, type: noop, route: {}}\n";
+    assert_eq!(
+        errors_of(text, &[]),
+        vec![
+            r#"tasks[0].route.cases.x[1]: unknown task "fxi" [did you mean "fix"?]"#,
+            r#"tasks[0].route.cases.x[2]: task "c" cannot route to itself"#,
+            r#"tasks[0].route.cases.y[0]: task "t" is already routed at tasks[0].route.cases.x[0] [a task belongs to one case of one route; give the other case its own task]"#,
+            "tasks[5].route: route has no cases and no default [list the tasks each output value runs: {path: /kind, cases: {bug: [fix]}, default: [triage]}]",
+            "tasks[3].depends_on: dependency cycle: d -> e -> d [no task on a cycle can ever start: remove one of its dependencies]",
+        ]
     );
 }
