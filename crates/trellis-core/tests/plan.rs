@@ -225,7 +225,7 @@ tasks:
     fn parse_errors_carry_path_and_location() {
         check_error(
             "name: p\ntasks:\n  - id: a\n    type: noop\n    depends: [b]\n",
-            "tasks[0].depends: unknown field `depends`, expected one of `id`, `type`, `use`, `for_each`, `queue`, `input`, `files`, `depends_on`, `timeout`, `fallback`, `on_failure`, `relationships`, `route` (line 5, column 5)",
+            "tasks[0].depends: unknown field `depends`, expected one of `id`, `type`, `use`, `for_each`, `queue`, `input`, `files`, `depends_on`, `timeout`, `fallback`, `on_failure`, `retry`, `relationships`, `route` (line 5, column 5)",
         );
         let errors =
             errors_of("name: p\ntasks:\n  - {id: a, type: noop}\n  - id: b\n    type: x: y\n");

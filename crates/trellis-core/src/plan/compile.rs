@@ -1160,8 +1160,39 @@ fn compile_task(
     }
     tests.dedup();
 
-    let on_failure = match &ts.on_failure {
-        Some(steps) => {
+    let plan_chain = |c: &mut Compiler<'_>| {
+        let mut chain = policy.chain_for(&ts.task_type);
+        for step in &mut chain.steps {
+            if let FailureAction::Fallback { task } = step
+                && *task == OWN_FALLBACK
+            {
+                match fallback {
+                    Some(f) => *task = f,
+                    None => c.error_with_hint(
+                        PlanErrorKind::Contradiction,
+                        format!("tasks[{i}]"),
+                        format!(
+                            "the plan's failure policy falls back for tasks of type {:?}, but task {:?} declares no fallback",
+                            ts.task_type, ts.id
+                        ),
+                        "give the task `fallback: task-id`, or its own `on_failure` chain",
+                    ),
+                }
+            }
+        }
+        chain
+    };
+    let on_failure = match (&ts.on_failure, &ts.retry) {
+        (Some(_), Some(_)) => {
+            c.error_with_hint(
+                PlanErrorKind::Contradiction,
+                format!("tasks[{i}].retry"),
+                "a task gives either `retry` or `on_failure`, not both",
+                "put the retry in the chain: on_failure: [{retry: {max: 3}}, ...]",
+            );
+            EscalationChain { steps: Vec::new() }
+        }
+        (Some(steps), None) => {
             let mut chain = EscalationChain {
                 steps: Vec::with_capacity(steps.len()),
             };
@@ -1173,28 +1204,22 @@ fn compile_task(
             }
             chain
         }
-        None => {
-            let mut chain = policy.chain_for(&ts.task_type);
-            for step in &mut chain.steps {
-                if let FailureAction::Fallback { task } = step
-                    && *task == OWN_FALLBACK
-                {
-                    match fallback {
-                        Some(f) => *task = f,
-                        None => c.error_with_hint(
-                            PlanErrorKind::Contradiction,
-                            format!("tasks[{i}]"),
-                            format!(
-                                "the plan's failure policy falls back for tasks of type {:?}, but task {:?} declares no fallback",
-                                ts.task_type, ts.id
-                            ),
-                            "give the task `fallback: task-id`, or its own `on_failure` chain",
-                        ),
-                    }
-                }
+        (None, Some(retry)) => {
+            let path = || format!("tasks[{i}]");
+            let mut chain = EscalationChain { steps: Vec::new() };
+            let spec = ActionSpec::Retry(retry.clone());
+            if let Some(action) = c.action(&spec, defaults, Some(fallback), &path) {
+                chain.steps.push(action);
             }
+            let then = plan_chain(c);
+            chain.steps.extend(
+                then.steps
+                    .into_iter()
+                    .filter(|step| !matches!(step, FailureAction::Retry { .. })),
+            );
             chain
         }
+        (None, None) => plan_chain(c),
     };
 
     Task {

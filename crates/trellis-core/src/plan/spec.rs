@@ -184,6 +184,10 @@ pub struct TaskSpec {
     /// This task's escalation chain; absent = the plan policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_failure: Option<Vec<ActionSpec>>,
+    /// Shorthand for `on_failure: [{retry: ...}]` followed by the plan policy's action for the
+    /// task's type (unless that action is itself a retry, which this one replaces).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetrySpec>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub relationships: Vec<RelationshipSpec>,
     /// Makes this task decide which of some later tasks run, by its output.
@@ -229,6 +233,7 @@ impl Default for TaskSpec {
             timeout: None,
             fallback: None,
             on_failure: None,
+            retry: None,
             relationships: Vec::new(),
             route: None,
         }

@@ -295,7 +295,7 @@ fn template_and_for_each_errors_point_at_the_source() {
     assert_eq!(
         errors_of(text, &[]),
         vec![
-            "templates.base.queu: unknown field `queu`, expected one of `id`, `type`, `use`, `for_each`, `queue`, `input`, `files`, `depends_on`, `timeout`, `fallback`, `on_failure`, `relationships`, `route` [did you mean `queue`?]",
+            "templates.base.queu: unknown field `queu`, expected one of `id`, `type`, `use`, `for_each`, `queue`, `input`, `files`, `depends_on`, `timeout`, `fallback`, `on_failure`, `retry`, `relationships`, `route` [did you mean `queue`?]",
             "templates.named.id: a template cannot have `id` (give it on the tasks that use the template)",
         ]
     );
@@ -357,6 +357,52 @@ fn routes_are_checked_and_imply_their_dependency() {
             r#"tasks[0].route.cases.y[0]: task "t" is already routed at tasks[0].route.cases.x[0] [a task belongs to one case of one route; give the other case its own task]"#,
             "tasks[5].route: route has no cases and no default [list the tasks each output value runs: {path: /kind, cases: {bug: [fix]}, default: [triage]}]",
             "tasks[3].depends_on: dependency cycle: d -> e -> d [no task on a cycle can ever start: remove one of its dependencies]",
+        ]
+    );
+}
+
+#[test]
+fn per_task_retry_queue_timeout_and_fallback() {
+    use trellis_core::policy::{BackoffKind, FailureAction};
+    let text = "
+name: p
+options: {failure: {default_action: skip, overrides: {flaky: retry}}}
+tasks:
+  - {id: a, type: shell, queue: gpu, timeout: 90s, fallback: b, retry: {max: 5, backoff: {kind: linear, base: 1s, cap: 10s}}}
+  - {id: b, type: noop}
+  - {id: c, type: flaky, retry: {max: 7}}
+  - {id: d, type: noop}
+";
+    let plan = compile_ok(text, &[]);
+    let a = &plan.tasks[0];
+    assert_eq!(a.queue, "gpu");
+    assert_eq!(a.timeout, Some(std::time::Duration::from_secs(90)));
+    assert_eq!(a.fallback, Some(1));
+    assert!(plan.tasks[1].is_fallback_only);
+    match a.on_failure.steps.as_slice() {
+        [
+            FailureAction::Retry { max: 5, backoff },
+            FailureAction::Skip,
+        ] => {
+            assert_eq!(backoff.kind, BackoffKind::Linear);
+            assert_eq!(backoff.cap, std::time::Duration::from_secs(10));
+        }
+        other => panic!("unexpected chain {other:?}"),
+    }
+    // The shorthand replaces a plan-level retry instead of retrying twice.
+    assert!(matches!(
+        plan.tasks[2].on_failure.steps.as_slice(),
+        [FailureAction::Retry { max: 7, .. }]
+    ));
+    assert_eq!(plan.tasks[3].on_failure.steps, vec![FailureAction::Skip]);
+    assert_eq!(plan.tasks[3].queue, "noop");
+
+    let text = "name: p\ntasks:\n  - {id: a, type: noop, retry: {max: 2, backoff: {base: soon}}, on_failure: [skip]}\n  - {id: b, type: noop, retry: {max: 2, backoff: {base: 2s, cap: 1s}}}\n";
+    assert_eq!(
+        errors_of(text, &[]),
+        vec![
+            "tasks[0].retry: a task gives either `retry` or `on_failure`, not both [put the retry in the chain: on_failure: [{retry: {max: 3}}, ...]]",
+            "tasks[1].retry.backoff.cap: cap 1s is less than base 2s",
         ]
     );
 }
