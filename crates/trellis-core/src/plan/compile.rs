@@ -776,7 +776,8 @@ fn validate(spec: PlanSpec, limits: &Limits) -> Result<Plan, PlanErrors> {
     check_cycles(&mut c, &tasks, &deps, &dependents, &edges);
 
     let mut conflicts: Vec<Vec<TaskIdx>> = vec![Vec::new(); n_tasks];
-    crate::analysis::for_each_file_conflict(&tasks, |a, _, b, _, _| {
+    let min_confidence = options.min_conflict_confidence;
+    crate::analysis::for_each_file_conflict(&tasks, min_confidence, |a, _, b, _, _| {
         conflicts[a].push(b);
         conflicts[b].push(a);
     });
@@ -909,6 +910,18 @@ fn compile_options(c: &mut Compiler<'_>, spec: &PlanSpec) -> (PlanOptions, Retry
     }
     if let Some(v) = o.pause_on_human_review {
         options.pause_on_human_review = v;
+    }
+    if let Some(v) = o.min_conflict_confidence {
+        if (0.0..=1.0).contains(&v) {
+            options.min_conflict_confidence = v;
+        } else {
+            c.error_with_hint(
+                PlanErrorKind::InvalidValue,
+                "options.min_conflict_confidence",
+                format!("min_conflict_confidence {v} is outside 0.0–1.0"),
+                "0.0 (the default) lets every file estimate count; 1.0 only certain ones",
+            );
+        }
     }
     let failure = o.failure.clone().unwrap_or_default();
     let mut defaults = RetryDefaults {

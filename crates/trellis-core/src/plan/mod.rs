@@ -71,6 +71,9 @@ pub struct PlanOptions {
     pub pause_on_human_review: bool,
     pub failure: FailurePolicy,
     pub budget: Budget,
+    /// File impacts with a confidence below this (0.0–1.0) create no conflicts: they neither
+    /// block parallelism nor show in the conflict analysis. 0.0 = every estimate counts.
+    pub min_conflict_confidence: f32,
 }
 
 impl Default for PlanOptions {
@@ -81,6 +84,7 @@ impl Default for PlanOptions {
             pause_on_human_review: true,
             failure: FailurePolicy::default(),
             budget: Budget::default(),
+            min_conflict_confidence: 0.0,
         }
     }
 }
@@ -219,7 +223,8 @@ pub enum NotRun {
 pub struct FileImpact {
     pub path: String,
     pub op: FileOp,
-    /// How sure the author is, 0.0–1.0 (informational).
+    /// How sure the author is, 0.0–1.0; below `options.min_conflict_confidence` the impact
+    /// creates no conflict.
     pub confidence: f32,
 }
 

@@ -107,6 +107,9 @@ pub struct OptionsSpec {
     pub global_timeout: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pause_on_human_review: Option<bool>,
+    /// File impacts less certain than this (0.0–1.0) create no conflicts; default 0.0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_conflict_confidence: Option<f32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<FailureSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -406,3 +406,43 @@ tasks:
         ]
     );
 }
+
+#[test]
+fn unsure_file_impacts_below_the_threshold_create_no_conflict() {
+    let text = "
+name: p
+options: {min_conflict_confidence: 0.5}
+tasks:
+  - {id: a, type: noop, files: [{path: x, op: UPDATE, confidence: 0.4}, {path: y, op: UPDATE}]}
+  - {id: b, type: noop, files: [{path: x, op: UPDATE}]}
+  - {id: c, type: noop, files: [{path: y, op: DELETE, confidence: 0.5}]}
+";
+    let plan = compile_ok(text, &[]);
+    assert_eq!(plan.options.min_conflict_confidence, 0.5);
+    assert!(
+        plan.conflicts[1].is_empty(),
+        "a guess about x blocks nothing"
+    );
+    assert_eq!(
+        plan.conflicts[0],
+        vec![2],
+        "0.5 is at the threshold and counts"
+    );
+    let pairs = trellis_core::analysis::analyze(&plan)
+        .report(&plan)
+        .conflicts;
+    assert_eq!(pairs.len(), 1);
+    // Without a threshold every estimate counts.
+    let plan = compile_ok(
+        &text.replace("options: {min_conflict_confidence: 0.5}\n", ""),
+        &[],
+    );
+    assert_eq!(plan.conflicts[0], vec![1, 2]);
+    let bad = "name: p\noptions: {min_conflict_confidence: 1.5}\ntasks: [{id: a, type: noop}]\n";
+    assert_eq!(
+        errors_of(bad, &[]),
+        vec![
+            "options.min_conflict_confidence: min_conflict_confidence 1.5 is outside 0.0–1.0 [0.0 (the default) lets every file estimate count; 1.0 only certain ones]"
+        ]
+    );
+}
