@@ -2,7 +2,9 @@
 
 /// One module, so `cargo test -p trellis-core plan` selects every test here.
 mod plan {
-    #[path = "../plan/lang.rs"]
+    #[path = "broken.rs"]
+    mod broken;
+    #[path = "lang.rs"]
     mod lang;
 
     use std::fmt::Write as _;

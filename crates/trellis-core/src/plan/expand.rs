@@ -208,8 +208,8 @@ impl Expander {
                     PlanErrorKind::InvalidValue,
                     format!("{path}.default"),
                     format!(
-                        "default of param {name:?} must be a {}, got {}",
-                        ty.as_str(),
+                        "default of param {name:?} must be {}, got {}",
+                        ty.with_article(),
                         describe(default)
                     ),
                 );
@@ -244,8 +244,8 @@ impl Expander {
                     PlanErrorKind::InvalidValue,
                     &path,
                     format!(
-                        "param {name:?} must be a {}, got {}",
-                        ty.as_str(),
+                        "param {name:?} must be {}, got {}",
+                        ty.with_article(),
                         describe(value)
                     ),
                     hint,
@@ -703,12 +703,15 @@ impl Expander {
                     );
                 }
             }
-            if ok {
+            {
                 let mut probe = template.0.clone();
+                for field in ["use", "for_each"] {
+                    probe.remove(field);
+                }
                 probe.insert("id".to_owned(), Value::String(name.clone()));
                 let n_errors = self.errors.len();
                 from_map::<TaskSpec>(probe, &path, &mut self.errors);
-                ok = self.errors.len() == n_errors;
+                ok &= self.errors.len() == n_errors;
             }
             if ok {
                 res.insert(name.as_str(), &template.0);

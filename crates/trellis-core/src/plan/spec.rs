@@ -82,6 +82,18 @@ impl ParamType {
         }
     }
 
+    /// Returns the name with its article, for messages ("an integer", "a list").
+    pub fn with_article(self) -> &'static str {
+        match self {
+            Self::String => "a string",
+            Self::Number => "a number",
+            Self::Integer => "an integer",
+            Self::Boolean => "a boolean",
+            Self::List => "a list",
+            Self::Object => "an object",
+        }
+    }
+
     /// Returns true when `value` has this type.
     pub fn accepts(self, value: &serde_json::Value) -> bool {
         use serde_json::Value;

@@ -136,7 +136,7 @@ fn param_errors_are_precise() {
         ),
         vec![
             r#"params.service: a value was given for "service", but the plan declares no such param [did you mean "services"?]"#,
-            r#"params.replicas: param "replicas" must be a integer, got string "two""#,
+            r#"params.replicas: param "replicas" must be an integer, got string "two""#,
         ]
     );
     assert_eq!(
