@@ -446,3 +446,33 @@ tasks:
         ]
     );
 }
+
+#[test]
+fn every_example_plan_compiles_and_round_trips() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let mut n_examples = 0;
+    for entry in std::fs::read_dir(&dir).expect("examples/ exists") {
+        let path = entry.expect("a readable directory entry").path();
+        if path.extension().is_none_or(|e| e != "yaml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("a readable example");
+        if let Err(errors) = compile(spec(&text), &Limits::default()) {
+            panic!("{} does not compile:\n{errors}", path.display());
+        }
+        check_round_trip(&text, &BTreeMap::new());
+        n_examples += 1;
+    }
+    assert!(n_examples >= 7, "only {n_examples} examples found");
+    let services = std::fs::read_to_string(dir.join("services.yaml")).expect("services.yaml");
+    let plan = compile_ok(
+        &services,
+        &[("env", "prod"), ("services", r#"["a","b","c"]"#)],
+    );
+    assert_eq!(plan.name, "services-prod");
+    assert_eq!(plan.deps[plan.task_idx("smoke").expect("smoke")].len(), 3);
+    assert_eq!(
+        plan.tasks[0].input["literal"],
+        json!("${HOME} is not a param")
+    );
+}
