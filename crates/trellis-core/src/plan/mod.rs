@@ -19,6 +19,13 @@ pub use compile::{
     compile_str, compile_with_params, parse_param_values, parse_spec, parse_spec_bytes,
 };
 pub use expand::{expand, expand_with_limits};
+
+/// Returns the JSON Schema (draft 2020-12) of the plan spec as written: what editors and other
+/// front ends can check a plan file against. The compiler checks more (ids resolve, no cycles,
+/// durations parse), so a plan that fits the schema may still be refused, never the reverse.
+pub fn json_schema() -> serde_json::Value {
+    schemars::schema_for!(PlanSpec).to_value()
+}
 pub use spec::PlanSpec;
 
 use crate::policy::{EscalationChain, FailurePolicy};
@@ -258,7 +265,19 @@ impl FileOp {
 }
 
 /// One of the 11 relationship types (DESIGN.md §4), written in snake_case in plans.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum RelationshipKind {
     DependsOn,

@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
@@ -17,7 +18,7 @@ use serde::{Deserialize, Serialize};
 /// `params`, `templates` and the tasks' `use` and `for_each` are the plan language's shorthands:
 /// [`super::expand`] rewrites them away into a flat spec, which is what [`super::compile`]
 /// validates.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PlanSpec {
     pub name: String,
@@ -33,7 +34,7 @@ pub struct PlanSpec {
 }
 
 /// `params.<name>:` — one declared parameter.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ParamSpec {
     /// The JSON type a value must have; absent = any.
@@ -51,12 +52,12 @@ pub struct ParamSpec {
 /// A task that says `use: <name>` starts from these fields; its own fields replace them, except
 /// `input`, where the two objects merge (the task's keys win). A list field the task leaves empty
 /// (`depends_on`, `files`, `relationships`) is taken from the template.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(transparent)]
 pub struct TemplateSpec(pub serde_json::Map<String, serde_json::Value>);
 
 /// The JSON type of a param.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ParamType {
     String,
@@ -109,7 +110,7 @@ impl ParamType {
 }
 
 /// `options:` — execution-wide settings, all optional.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OptionsSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -129,7 +130,7 @@ pub struct OptionsSpec {
 }
 
 /// `options.failure:` — the plan's failure policy (DESIGN.md §5).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FailureSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -148,7 +149,7 @@ pub struct FailureSpec {
 }
 
 /// `options.budget:` — resource limits of one execution.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BudgetSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -160,7 +161,7 @@ pub struct BudgetSpec {
 }
 
 /// `on_exhausted:` — `pause` or `fail`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum BudgetActionSpec {
     Pause,
@@ -168,7 +169,7 @@ pub enum BudgetActionSpec {
 }
 
 /// One task as written.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TaskSpec {
     pub id: String,
@@ -218,7 +219,7 @@ pub struct TaskSpec {
 /// matches, the `default` tasks run instead. A case key matches a string output equal to it, or
 /// any other JSON value whose JSON text equals it (`true`, `3`). Every listed task waits for the
 /// deciding task (the dependency is implied). A task appears in at most one route.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RouteSpec {
     /// Where in the output to look: a JSON pointer (`/kind`, `/a/0`) or a dotted path
@@ -260,7 +261,7 @@ fn empty_object() -> serde_json::Value {
 }
 
 /// One file a task touches.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FileSpec {
     pub path: String,
@@ -284,7 +285,7 @@ pub enum FileOpSpec {
 }
 
 /// `{type: conflicts_with, target: ui}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RelationshipSpec {
     #[serde(rename = "type")]
@@ -310,7 +311,7 @@ pub enum ActionSpec {
 }
 
 /// The arguments of `retry`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RetrySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -399,7 +400,7 @@ pub struct BackoffSpec {
 }
 
 /// How backoff delays grow.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum BackoffKindSpec {
     Constant,
@@ -495,5 +496,100 @@ impl<'de> Deserialize<'de> for JitterSpec {
         }
 
         deserializer.deserialize_any(JitterVisitor)
+    }
+}
+
+// Schemas of the types with hand-written deserialisers, saying what those accept.
+
+impl JsonSchema for FileOpSpec {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "FileOpSpec".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "description": "What a task does to a file; upper or lower case.",
+            "enum": ["CREATE", "UPDATE", "DELETE", "READ", "create", "update", "delete", "read"]
+        })
+    }
+}
+
+impl JsonSchema for ActionSpec {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "ActionSpec".into()
+    }
+
+    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+        let retry = generator.subschema_for::<Option<RetrySpec>>();
+        json_schema!({
+            "description": "A failure action: a bare name, or a one-key map with its argument.",
+            "oneOf": [
+                {"enum": ACTION_NAMES},
+                {
+                    "type": "object",
+                    "properties": {"retry": retry},
+                    "required": ["retry"],
+                    "additionalProperties": false
+                },
+                {
+                    "type": "object",
+                    "properties": {"fallback": {"type": ["string", "null"]}},
+                    "required": ["fallback"],
+                    "additionalProperties": false
+                },
+                {
+                    "type": "object",
+                    "properties": {
+                        "reassign": {"type": "null"},
+                        "skip": {"type": "null"},
+                        "pause": {"type": "null"},
+                        "abort": {"type": "null"}
+                    },
+                    "minProperties": 1,
+                    "maxProperties": 1,
+                    "additionalProperties": false
+                }
+            ]
+        })
+    }
+}
+
+impl JsonSchema for BackoffSpec {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "BackoffSpec".into()
+    }
+
+    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+        let kind = generator.subschema_for::<BackoffKindSpec>();
+        let jitter = generator.subschema_for::<JitterSpec>();
+        json_schema!({
+            "description": "A retry backoff: a kind name, or a map {kind, base, cap, jitter}.",
+            "oneOf": [
+                kind.clone(),
+                {
+                    "type": "object",
+                    "properties": {
+                        "kind": kind,
+                        "base": {"type": "string", "description": "a duration such as 100ms"},
+                        "cap": {"type": "string", "description": "a duration such as 1m"},
+                        "jitter": jitter
+                    },
+                    "additionalProperties": false
+                }
+            ]
+        })
+    }
+}
+
+impl JsonSchema for JitterSpec {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "JitterSpec".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "description": "A percentage such as \"20%\" or a ratio such as 0.2.",
+            "type": ["string", "number"]
+        })
     }
 }

@@ -476,3 +476,68 @@ fn every_example_plan_compiles_and_round_trips() {
         json!("${HOME} is not a param")
     );
 }
+
+/// Reads a YAML or JSON file into a JSON value.
+fn yaml_value(text: &str) -> Value {
+    serde_yaml_ng::from_str(text).expect("the file is YAML")
+}
+
+#[test]
+fn the_committed_json_schema_is_current() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../schema/plan.schema.json");
+    let mut generated = serde_json::to_string_pretty(&trellis_core::plan::json_schema())
+        .expect("the schema serialises");
+    generated.push('\n');
+    if std::env::var_os("TRELLIS_BLESS").is_some() {
+        std::fs::create_dir_all(path.parent().expect("a parent directory"))
+            .expect("schema/ can be created");
+        std::fs::write(&path, &generated).expect("the schema can be written");
+        return;
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == generated,
+        "schema/plan.schema.json is stale: regenerate it with TRELLIS_BLESS=1 cargo test -p trellis-core"
+    );
+}
+
+#[test]
+fn examples_fit_the_json_schema_and_broken_ones_can_fail_it() {
+    let schema = trellis_core::plan::json_schema();
+    let validator = jsonschema::validator_for(&schema).expect("the schema is a valid JSON Schema");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut n_examples = 0;
+    for entry in std::fs::read_dir(root.join("../../examples")).expect("examples/ exists") {
+        let path = entry.expect("a readable directory entry").path();
+        if path.extension().is_none_or(|e| e != "yaml") {
+            continue;
+        }
+        let plan = yaml_value(&std::fs::read_to_string(&path).expect("a readable example"));
+        let errors: Vec<String> = validator
+            .iter_errors(&plan)
+            .map(|e| format!("{}: {e}", e.instance_path))
+            .collect();
+        assert!(
+            errors.is_empty(),
+            "{} does not fit the schema: {errors:#?}",
+            path.display()
+        );
+        n_examples += 1;
+    }
+    assert!(n_examples >= 7);
+    // The schema is not a rubber stamp: shape errors are caught.
+    for bad in [
+        "name: p\ntasks: [{id: a, type: noop, depend_on: [b]}]\n",
+        "name: p\ntasks: [{id: a, type: noop, files: [{path: x, op: MOVE}]}]\n",
+        "name: p\ntasks: [{id: a, type: noop, on_failure: [{retry: 3}]}]\n",
+        "tasks: [{id: a, type: noop}]\n",
+    ] {
+        assert!(
+            !validator.is_valid(&yaml_value(bad)),
+            "schema accepts {bad}"
+        );
+    }
+    let good = "name: p\ntasks: [{id: a, type: noop, on_failure: [{retry: {max: 3, backoff: {kind: linear, jitter: 10%}}}, reassign, {fallback: b}, {pause: null}]}, {id: b, type: noop}]\n";
+    assert!(validator.is_valid(&yaml_value(good)));
+}
