@@ -135,7 +135,13 @@ fn benches(c: &mut Criterion) {
     let mut exec = Execution::start(ExecutionId::v7(T0, [1; 10]), Arc::clone(&tasks), 1, T0);
     let queued: Vec<_> = exec.instances_in(TaskState::Queued).collect();
     for (k, instance) in queued.into_iter().enumerate() {
-        let mut apply = |body| exec.apply(&Event { at_ms: T0 + 1, body }).expect("valid event");
+        let mut apply = |body| {
+            exec.apply(&Event {
+                at_ms: T0 + 1,
+                body,
+            })
+            .expect("valid event")
+        };
         apply(EventBody::TaskDispatched {
             instance,
             attempt: 1,

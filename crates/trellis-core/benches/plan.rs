@@ -9,7 +9,7 @@ use std::hint::black_box;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use trellis_core::analysis::analyze;
-use trellis_core::plan::spec::{FileOpSpec, FileSpec, OptionsSpec, PlanSpec, TaskSpec};
+use trellis_core::plan::spec::{FileOpSpec, FileSpec, PlanSpec, TaskSpec};
 use trellis_core::plan::{Limits, compile, compile_str};
 
 const N_TASKS: usize = 100_000;
@@ -56,16 +56,14 @@ fn generated_plan(n: usize) -> PlanSpec {
                 files,
                 depends_on,
                 timeout: None,
-                fallback: None,
-                on_failure: None,
-                relationships: Vec::new(),
+                ..TaskSpec::default()
             }
         })
         .collect();
     PlanSpec {
         name: "bench".to_owned(),
-        options: OptionsSpec::default(),
         tasks,
+        ..PlanSpec::default()
     }
 }
 

@@ -199,15 +199,17 @@ pub fn topological_order(plan: &Plan) -> Vec<TaskIdx> {
 /// conflict (seed 001's matrix), going through a path index so that tasks sharing no path are
 /// never compared and readers are never paired with each other.
 ///
-/// A pair is reported once per conflicting impact pair, so callers deduplicate.
+/// A pair is reported once per conflicting impact pair, so callers deduplicate. Impacts whose
+/// confidence is below `min_confidence` are ignored (`options.min_conflict_confidence`).
 pub fn for_each_file_conflict(
     tasks: &[Task],
+    min_confidence: f32,
     mut f: impl FnMut(TaskIdx, FileOp, TaskIdx, FileOp, &str),
 ) {
     // Path → the tasks touching it, one list per operation (CREATE, UPDATE, DELETE, READ).
     let mut by_path: HashMap<&str, [Vec<TaskIdx>; 4]> = HashMap::new();
     for (t, task) in tasks.iter().enumerate() {
-        for impact in &task.files {
+        for impact in task.files.iter().filter(|i| i.confidence >= min_confidence) {
             by_path.entry(impact.path.as_str()).or_default()[op_slot(impact.op)].push(t);
         }
     }
@@ -244,7 +246,8 @@ fn op_slot(op: FileOp) -> usize {
 
 fn conflict_pairs(plan: &Plan) -> Vec<ConflictPair> {
     let mut reasons: HashMap<(TaskIdx, TaskIdx), Vec<ConflictReason>> = HashMap::new();
-    for_each_file_conflict(&plan.tasks, |a, op_a, b, op_b, path| {
+    let min_confidence = plan.options.min_conflict_confidence;
+    for_each_file_conflict(&plan.tasks, min_confidence, |a, op_a, b, op_b, path| {
         let (a, op_a, b, op_b) = if a < b {
             (a, op_a, b, op_b)
         } else {

@@ -2,6 +2,10 @@
 
 /// One module, so `cargo test -p trellis-core plan` selects every test here.
 mod plan {
+    #[path = "broken.rs"]
+    mod broken;
+    #[path = "lang.rs"]
+    mod lang;
 
     use std::fmt::Write as _;
     use std::time::Duration;
@@ -173,11 +177,57 @@ tasks:
         );
     }
 
+    /// Compiles `text` and returns every error's Display and hint.
+    fn errors_with_hints(text: &str) -> Vec<(String, Option<String>)> {
+        match compile_str(text, &Limits::default()) {
+            Ok(_) => panic!("plan should not compile:\n{text}"),
+            Err(errors) => errors
+                .iter()
+                .map(|e| (e.to_string(), e.hint.clone()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn unknown_names_get_did_you_mean_hints() {
+        let errors = errors_with_hints(
+            "name: p\ntasks:\n  - {id: schema, type: noop}\n  - {id: api, type: noop, depends_on: [shcema], fallback: apifallback, relationships: [{type: related_to, target: SCHEMA}]}\n  - {id: api-fallback, type: noop}\n  - {id: c, type: noop, depends_on: [zzzzzz]}\n",
+        );
+        assert_eq!(
+            errors,
+            vec![
+                (
+                    r#"tasks[1].depends_on[0]: unknown task "shcema""#.to_owned(),
+                    Some(r#"did you mean "schema"?"#.to_owned())
+                ),
+                (
+                    r#"tasks[1].fallback: unknown task "apifallback""#.to_owned(),
+                    Some(r#"did you mean "api-fallback"?"#.to_owned())
+                ),
+                (
+                    r#"tasks[1].relationships[0].target: unknown task "SCHEMA""#.to_owned(),
+                    Some(r#"did you mean "schema"?"#.to_owned())
+                ),
+                (
+                    r#"tasks[3].depends_on[0]: unknown task "zzzzzz""#.to_owned(),
+                    None
+                ),
+            ]
+        );
+        let errors =
+            errors_with_hints("name: p\ntasks:\n  - id: a\n    type: noop\n    depend_on: [b]\n");
+        assert_eq!(errors[0].1.as_deref(), Some("did you mean `depends_on`?"));
+        let errors = errors_with_hints(
+            "name: p\ntasks:\n  - {id: a, type: noop, files: [{path: x, op: CRAETE}]}\n",
+        );
+        assert_eq!(errors[0].1.as_deref(), Some("did you mean `CREATE`?"));
+    }
+
     #[test]
     fn parse_errors_carry_path_and_location() {
         check_error(
             "name: p\ntasks:\n  - id: a\n    type: noop\n    depends: [b]\n",
-            "tasks[0].depends: unknown field `depends`, expected one of `id`, `type`, `queue`, `input`, `files`, `depends_on`, `timeout`, `fallback`, `on_failure`, `relationships` (line 5, column 5)",
+            "tasks[0].depends: unknown field `depends`, expected one of `id`, `type`, `use`, `for_each`, `queue`, `input`, `files`, `depends_on`, `timeout`, `fallback`, `on_failure`, `retry`, `relationships`, `route` (line 5, column 5)",
         );
         let errors =
             errors_of("name: p\ntasks:\n  - {id: a, type: noop}\n  - id: b\n    type: x: y\n");

@@ -1147,6 +1147,10 @@ impl Execution {
     /// Makes a plan task whose dependencies are met runnable; a task that is not to be run settles
     /// at once (and its dependents are pushed onto `settle`).
     fn make_ready(&mut self, task_idx: TaskIdx, at: u64, settle: &mut Vec<TaskIdx>) {
+        if self.route_skips(task_idx) {
+            self.mark_done(task_idx, TaskState::Skipped, true, settle);
+            return;
+        }
         if let Some(not_run) = &self.plan.tasks[task_idx].not_run {
             let (state, result) = match *not_run {
                 NotRun::DuplicateOf(original) => {
@@ -1193,7 +1197,11 @@ impl Execution {
                 // dependencies left to count down.
                 let unmet = &mut self.slots[dependent].unmet;
                 *unmet = unmet.saturating_sub(1);
-                if *unmet == 0 && plan.tasks[dependent].subtask_of.is_none() {
+                let routed_here = plan.tasks[dependent]
+                    .condition
+                    .as_ref()
+                    .is_some_and(|c| c.router == task_idx);
+                if (*unmet == 0 || routed_here) && plan.tasks[dependent].subtask_of.is_none() {
                     settle.push(dependent);
                 }
             } else {
@@ -1233,12 +1241,72 @@ impl Execution {
                 .any(|&dep| matches!(self.slots[dep].status, SlotStatus::Done { ok: false, .. }));
             if blocked {
                 self.mark_done(task_idx, TaskState::Skipped, false, &mut settle);
+            } else if self.route_skips(task_idx) {
+                // Not picked by its route: skipped at once, and its dependents go on as after
+                // any skipped task.
+                self.mark_done(task_idx, TaskState::Skipped, true, &mut settle);
             } else if self.slots[task_idx].unmet == 0
                 && self.plan.tasks[task_idx].subtask_of.is_none()
             {
                 self.make_ready(task_idx, at, &mut settle);
             }
         }
+    }
+
+    /// Returns true when the task is routed and its router has settled without picking it.
+    fn route_skips(&self, task_idx: TaskIdx) -> bool {
+        let Some(condition) = &self.plan.tasks[task_idx].condition else {
+            return false;
+        };
+        match self.slots[condition.router].status {
+            SlotStatus::Done { .. } => !condition.holds(self.task_output(condition.router)),
+            _ => false,
+        }
+    }
+
+    /// Returns the output standing for a plan task that completed.
+    fn task_output(&self, task_idx: TaskIdx) -> Option<&serde_json::Value> {
+        match self.slots[task_idx].status {
+            SlotStatus::Done {
+                state: TaskState::Completed,
+                ..
+            } => {
+                let result = self.slots[task_idx].result?;
+                self.instances[result as usize].output.as_ref()
+            }
+            _ => None,
+        }
+    }
+
+    /// Returns why a settled plan task was skipped without running, when a route decided it
+    /// (the route's deciding task and what its output held).
+    pub fn skip_reason(&self, task_idx: TaskIdx) -> Option<String> {
+        let condition = self.plan.tasks.get(task_idx)?.condition.as_ref()?;
+        if !matches!(
+            self.slots[task_idx].status,
+            SlotStatus::Done {
+                state: TaskState::Skipped,
+                ok: true
+            }
+        ) || !self.route_skips(task_idx)
+        {
+            return None;
+        }
+        let router = &self.plan.tasks[condition.router].id;
+        let pointer = if condition.pointer.is_empty() {
+            "its output".to_owned()
+        } else {
+            format!("output {}", condition.pointer)
+        };
+        Some(match self.task_output(condition.router) {
+            None => format!("not routed: route of {router:?} did not complete"),
+            Some(output) => {
+                let value = output
+                    .pointer(&condition.pointer)
+                    .map_or_else(|| "nothing".to_owned(), ToString::to_string);
+                format!("not routed: route of {router:?} chose by {pointer} = {value}")
+            }
+        })
     }
 
     fn complete(

@@ -9,7 +9,7 @@
 //! iterative walk, file conflicts through a path index. Nothing recurses, so a 100,000-task chain
 //! compiles like any other plan.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::time::Duration;
 
@@ -20,8 +20,8 @@ use super::spec::{
     TaskSpec,
 };
 use super::{
-    Budget, BudgetAction, FileImpact, FileOp, NotRun, Plan, PlanOptions, Relationship,
-    RelationshipKind, Task, TaskIdx,
+    Budget, BudgetAction, Condition, FileImpact, FileOp, NotRun, Plan, PlanOptions, Relationship,
+    RelationshipKind, RouteCase, Task, TaskIdx,
 };
 use crate::policy::{Backoff, BackoffKind, EscalationChain, FailureAction, FailurePolicy};
 
@@ -77,6 +77,11 @@ pub enum PlanErrorKind {
     Cycle,
     /// A value is out of range or malformed (durations, counts, confidence, jitter, ...).
     InvalidValue,
+    /// A `${...}` reference or a `use:` names no declared param, template or item field, or a
+    /// value was given for a param the plan does not declare.
+    UnknownReference,
+    /// A required param (one without a default) was given no value.
+    MissingParam,
     /// Declarations contradict each other (a subtask with dependencies, a task superseded twice,
     /// a `fallback` action with nothing to fall back to, ...).
     Contradiction,
@@ -154,6 +159,11 @@ impl PlanErrors {
     /// Returns a list of exactly this error.
     pub fn one(error: PlanError) -> Self {
         Self(vec![error])
+    }
+
+    /// Wraps errors found elsewhere in the module; `errors` is never empty.
+    pub(crate) fn from_vec(errors: Vec<PlanError>) -> Self {
+        Self(errors)
     }
 
     /// Returns the errors.
@@ -327,8 +337,10 @@ fn parse_error(path: String, mut message: String, location: Option<Location>) ->
     {
         message = rest.to_owned();
     }
+    let hint = super::suggest::unknown_name_hint(&message);
     PlanError {
         location,
+        hint,
         ..PlanError::new(PlanErrorKind::Parse, path, message)
     }
 }
@@ -344,6 +356,7 @@ struct Origin {
 enum OriginField {
     DependsOn,
     Relationship(usize),
+    Route,
 }
 
 impl Origin {
@@ -351,6 +364,7 @@ impl Origin {
         match self.field {
             OriginField::DependsOn => format!("tasks[{}].depends_on", self.task),
             OriginField::Relationship(k) => format!("tasks[{}].relationships[{k}]", self.task),
+            OriginField::Route => format!("tasks[{}].route", self.task),
         }
     }
 }
@@ -373,21 +387,45 @@ struct Compiler<'a> {
     limits: &'a Limits,
     errors: Vec<PlanError>,
     index: HashMap<String, TaskIdx>,
+    /// Task ids in declaration order, the candidates of "did you mean" hints.
+    ids: Vec<&'a str>,
+    /// Hints still to be given: each costs a pass over the ids, so a plan with thousands of
+    /// unknown references gets hints for the first few only.
+    hints_left: usize,
 }
+
+/// Most "did you mean" hints computed for one plan.
+const MAX_HINTS: usize = 100;
 
 impl Compiler<'_> {
     fn error(&mut self, kind: PlanErrorKind, path: impl Into<String>, message: impl Into<String>) {
         self.errors.push(PlanError::new(kind, path, message));
     }
 
+    fn error_with_hint(
+        &mut self,
+        kind: PlanErrorKind,
+        path: impl Into<String>,
+        message: impl Into<String>,
+        hint: impl Into<String>,
+    ) {
+        self.errors
+            .push(PlanError::new(kind, path, message).with_hint(hint));
+    }
+
     fn resolve(&mut self, id: &str, path: impl FnOnce() -> String) -> Option<TaskIdx> {
         let found = self.index.get(id).copied();
         if found.is_none() {
-            self.error(
+            let mut error = PlanError::new(
                 PlanErrorKind::UnknownTask,
                 path(),
                 format!("unknown task {id:?}"),
             );
+            if self.hints_left > 0 {
+                self.hints_left -= 1;
+                error.hint = super::suggest::did_you_mean(id, self.ids.iter().copied());
+            }
+            self.errors.push(error);
         }
         found
     }
@@ -405,10 +443,11 @@ impl Compiler<'_> {
             Ok(d) => Some(d),
             Err(e) => {
                 let reason = e.to_string().to_lowercase();
-                self.error(
+                self.error_with_hint(
                     PlanErrorKind::InvalidValue,
                     path(),
                     format!("invalid duration {text:?}: {reason} (use e.g. 500ms, 30s, 5m, 1h)"),
+                    "a duration is a number and a unit: ms, s, m, h, d; parts add up (1h 30m)",
                 );
                 None
             }
@@ -495,10 +534,11 @@ impl Compiler<'_> {
                 None => FailureAction::Fallback { task: OWN_FALLBACK },
                 Some(Some(task)) => FailureAction::Fallback { task },
                 Some(None) => {
-                    self.error(
+                    self.error_with_hint(
                         PlanErrorKind::Contradiction,
                         path(),
                         "fallback action without a target, and the task declares no fallback",
+                        "name the target ({fallback: task-id}) or give the task `fallback: task-id`",
                     );
                     return None;
                 }
@@ -537,12 +577,57 @@ impl Compiler<'_> {
     }
 }
 
-/// Compiles a spec into a plan, reporting every problem found.
+/// Compiles a spec into a plan, reporting every problem found: expands it (see
+/// [`super::expand`]) with no param values given, then validates the flat spec.
 pub fn compile(spec: PlanSpec, limits: &Limits) -> Result<Plan, PlanErrors> {
+    compile_with_params(spec, &BTreeMap::new(), limits)
+}
+
+/// Compiles a spec with values for its params (a param without a value takes its default).
+/// Errors point at the spec as written, also for tasks made by `for_each`.
+pub fn compile_with_params(
+    spec: PlanSpec,
+    params: &BTreeMap<String, serde_json::Value>,
+    limits: &Limits,
+) -> Result<Plan, PlanErrors> {
+    let (flat, source_map) = super::expand::expand_inner(spec, params, limits)?;
+    validate(flat, limits).map_err(|errors| source_map.rewrite(errors))
+}
+
+/// Reads `name=value` pairs given on a command line or in a request: each value is parsed as
+/// JSON (`3`, `true`, `["api","web"]`, `"quoted"`) and, when it is not JSON, taken as a plain
+/// string (so `env=prod` works). A name given twice is an error.
+pub fn parse_param_values(
+    pairs: &[(String, String)],
+) -> Result<BTreeMap<String, serde_json::Value>, PlanErrors> {
+    let mut res = BTreeMap::new();
+    let mut errors = Vec::new();
+    for (name, text) in pairs {
+        let value =
+            serde_json::from_str(text).unwrap_or_else(|_| serde_json::Value::String(text.clone()));
+        if res.insert(name.clone(), value).is_some() {
+            errors.push(PlanError::new(
+                PlanErrorKind::InvalidValue,
+                format!("params.{name}"),
+                format!("param {name:?} is given more than once"),
+            ));
+        }
+    }
+    if errors.is_empty() {
+        Ok(res)
+    } else {
+        Err(PlanErrors(errors))
+    }
+}
+
+/// Validates a flat spec (one [`super::expand`] returned) and lowers it into a plan.
+fn validate(spec: PlanSpec, limits: &Limits) -> Result<Plan, PlanErrors> {
     let mut c = Compiler {
         limits,
         errors: Vec::new(),
         index: HashMap::with_capacity(spec.tasks.len()),
+        ids: Vec::new(),
+        hints_left: MAX_HINTS,
     };
     let n_tasks = spec.tasks.len();
     if spec.name.trim().is_empty() {
@@ -569,16 +654,18 @@ pub fn compile(spec: PlanSpec, limits: &Limits) -> Result<Plan, PlanErrors> {
     }
 
     // Ids first: every reference below resolves through the index.
+    c.ids = spec.tasks.iter().map(|t| t.id.as_str()).collect();
     for (i, task) in spec.tasks.iter().enumerate() {
         c.check_id(i, &task.id);
         if let Some(&first) = c.index.get(&task.id) {
-            c.error(
+            c.error_with_hint(
                 PlanErrorKind::DuplicateId,
                 format!("tasks[{i}].id"),
                 format!(
                     "duplicate task id {:?} (first declared at tasks[{first}])",
                     task.id
                 ),
+                "task ids are unique in a plan: rename one of the two",
             );
         } else {
             c.index.insert(task.id.clone(), i);
@@ -593,6 +680,7 @@ pub fn compile(spec: PlanSpec, limits: &Limits) -> Result<Plan, PlanErrors> {
     let mut subtask_of: Vec<Option<(TaskIdx, Origin)>> = vec![None; n_tasks];
     let mut fallback_of: Vec<Option<TaskIdx>> = vec![None; n_tasks];
     let mut tasks: Vec<Task> = Vec::with_capacity(n_tasks);
+    let conditions = compile_routes(&mut c, &spec.tasks, &mut edges);
 
     for i in 0..n_tasks {
         let task = compile_task(
@@ -630,6 +718,9 @@ pub fn compile(spec: PlanSpec, limits: &Limits) -> Result<Plan, PlanErrors> {
             }
         }
     }
+    for (task, condition) in tasks.iter_mut().zip(conditions) {
+        task.condition = condition;
+    }
     for (i, task) in tasks.iter_mut().enumerate() {
         task.not_run = not_run[i].as_ref().map(|(n, _)| n.clone());
         task.subtask_of = subtask_of[i].map(|(p, _)| p);
@@ -643,22 +734,24 @@ pub fn compile(spec: PlanSpec, limits: &Limits) -> Result<Plan, PlanErrors> {
         } = *edge;
         let id = &tasks[dependent].id;
         if let Some(parent) = tasks[dependent].subtask_of {
-            c.error(
+            c.error_with_hint(
                 PlanErrorKind::Contradiction,
                 origin.path(),
                 format!(
                     "task {id:?} is a subtask of {:?} and cannot have dependencies (it runs in its parent's subtask group)",
                     tasks[parent].id
                 ),
+                "declare the dependencies on the parent task instead",
             );
         } else if let Some(owner) = fallback_of[dependent] {
-            c.error(
+            c.error_with_hint(
                 PlanErrorKind::Contradiction,
                 origin.path(),
                 format!(
                     "task {id:?} is the fallback of {:?} and cannot have dependencies (it runs only in that role)",
                     tasks[owner].id
                 ),
+                "declare the dependencies on the task it stands in for",
             );
         }
     }
@@ -681,7 +774,8 @@ pub fn compile(spec: PlanSpec, limits: &Limits) -> Result<Plan, PlanErrors> {
     check_cycles(&mut c, &tasks, &deps, &dependents, &edges);
 
     let mut conflicts: Vec<Vec<TaskIdx>> = vec![Vec::new(); n_tasks];
-    crate::analysis::for_each_file_conflict(&tasks, |a, _, b, _, _| {
+    let min_confidence = options.min_conflict_confidence;
+    crate::analysis::for_each_file_conflict(&tasks, min_confidence, |a, _, b, _, _| {
         conflicts[a].push(b);
         conflicts[b].push(a);
     });
@@ -708,6 +802,96 @@ pub fn compile(spec: PlanSpec, limits: &Limits) -> Result<Plan, PlanErrors> {
     })
 }
 
+/// Lowers every `route:` into conditions on the routed tasks and edges from the deciding task.
+fn compile_routes(
+    c: &mut Compiler<'_>,
+    all: &[TaskSpec],
+    edges: &mut Vec<Edge>,
+) -> Vec<Option<Condition>> {
+    let mut res: Vec<Option<Condition>> = vec![None; all.len()];
+    // Where each routed task was listed, for the error when it is listed twice.
+    let mut listed_at: HashMap<TaskIdx, String> = HashMap::new();
+    for (i, ts) in all.iter().enumerate() {
+        let Some(route) = &ts.route else {
+            continue;
+        };
+        let path = format!("tasks[{i}].route");
+        if route.cases.is_empty() && route.default.is_empty() {
+            c.error_with_hint(
+                PlanErrorKind::InvalidValue,
+                &path,
+                "route has no cases and no default",
+                "list the tasks each output value runs: {path: /kind, cases: {bug: [fix]}, default: [triage]}",
+            );
+            continue;
+        }
+        let pointer = match route.path.as_deref().map(str::trim) {
+            None | Some("") | Some("/") => String::new(),
+            Some(p) if p.starts_with('/') => p.to_owned(),
+            Some(p) => p
+                .split('.')
+                .map(|part| format!("/{}", part.replace('~', "~0").replace('/', "~1")))
+                .collect(),
+        };
+        let keys: Vec<String> = route.cases.keys().cloned().collect();
+        let arms = route
+            .cases
+            .iter()
+            .map(|(key, targets)| {
+                (
+                    format!("{path}.cases.{key}"),
+                    RouteCase::Case(key.clone()),
+                    targets,
+                )
+            })
+            .chain(std::iter::once((
+                format!("{path}.default"),
+                RouteCase::Default(keys),
+                &route.default,
+            )));
+        for (arm_path, case, targets) in arms {
+            for (k, id) in targets.iter().enumerate() {
+                let target_path = format!("{arm_path}[{k}]");
+                let Some(target) = c.resolve(id, || target_path.clone()) else {
+                    continue;
+                };
+                if target == i {
+                    c.error(
+                        PlanErrorKind::SelfReference,
+                        &target_path,
+                        format!("task {id:?} cannot route to itself"),
+                    );
+                    continue;
+                }
+                if let Some(first) = listed_at.get(&target) {
+                    c.error_with_hint(
+                        PlanErrorKind::Contradiction,
+                        &target_path,
+                        format!("task {id:?} is already routed at {first}"),
+                        "a task belongs to one case of one route; give the other case its own task",
+                    );
+                    continue;
+                }
+                listed_at.insert(target, target_path);
+                res[target] = Some(Condition {
+                    router: i,
+                    pointer: pointer.clone(),
+                    case: case.clone(),
+                });
+                edges.push(Edge {
+                    dependent: target,
+                    dep: i,
+                    origin: Origin {
+                        task: i,
+                        field: OriginField::Route,
+                    },
+                });
+            }
+        }
+    }
+    res
+}
+
 fn compile_options(c: &mut Compiler<'_>, spec: &PlanSpec) -> (PlanOptions, RetryDefaults) {
     let o = &spec.options;
     let mut options = PlanOptions::default();
@@ -724,6 +908,18 @@ fn compile_options(c: &mut Compiler<'_>, spec: &PlanSpec) -> (PlanOptions, Retry
     }
     if let Some(v) = o.pause_on_human_review {
         options.pause_on_human_review = v;
+    }
+    if let Some(v) = o.min_conflict_confidence {
+        if (0.0..=1.0).contains(&v) {
+            options.min_conflict_confidence = v;
+        } else {
+            c.error_with_hint(
+                PlanErrorKind::InvalidValue,
+                "options.min_conflict_confidence",
+                format!("min_conflict_confidence {v} is outside 0.0–1.0"),
+                "0.0 (the default) lets every file estimate count; 1.0 only certain ones",
+            );
+        }
     }
     let failure = o.failure.clone().unwrap_or_default();
     let mut defaults = RetryDefaults {
@@ -789,10 +985,11 @@ fn compile_task(
 ) -> Task {
     let ts = &all[i];
     if ts.task_type.trim().is_empty() {
-        c.error(
+        c.error_with_hint(
             PlanErrorKind::InvalidValue,
             format!("tasks[{i}].type"),
             "task type must not be empty",
+            "give the task `type:` (a handler such as shell, http, noop), or `use:` a template that has one",
         );
     }
     let queue = match &ts.queue {
@@ -974,8 +1171,39 @@ fn compile_task(
     }
     tests.dedup();
 
-    let on_failure = match &ts.on_failure {
-        Some(steps) => {
+    let plan_chain = |c: &mut Compiler<'_>| {
+        let mut chain = policy.chain_for(&ts.task_type);
+        for step in &mut chain.steps {
+            if let FailureAction::Fallback { task } = step
+                && *task == OWN_FALLBACK
+            {
+                match fallback {
+                    Some(f) => *task = f,
+                    None => c.error_with_hint(
+                        PlanErrorKind::Contradiction,
+                        format!("tasks[{i}]"),
+                        format!(
+                            "the plan's failure policy falls back for tasks of type {:?}, but task {:?} declares no fallback",
+                            ts.task_type, ts.id
+                        ),
+                        "give the task `fallback: task-id`, or its own `on_failure` chain",
+                    ),
+                }
+            }
+        }
+        chain
+    };
+    let on_failure = match (&ts.on_failure, &ts.retry) {
+        (Some(_), Some(_)) => {
+            c.error_with_hint(
+                PlanErrorKind::Contradiction,
+                format!("tasks[{i}].retry"),
+                "a task gives either `retry` or `on_failure`, not both",
+                "put the retry in the chain: on_failure: [{retry: {max: 3}}, ...]",
+            );
+            EscalationChain { steps: Vec::new() }
+        }
+        (Some(steps), None) => {
             let mut chain = EscalationChain {
                 steps: Vec::with_capacity(steps.len()),
             };
@@ -987,27 +1215,22 @@ fn compile_task(
             }
             chain
         }
-        None => {
-            let mut chain = policy.chain_for(&ts.task_type);
-            for step in &mut chain.steps {
-                if let FailureAction::Fallback { task } = step
-                    && *task == OWN_FALLBACK
-                {
-                    match fallback {
-                        Some(f) => *task = f,
-                        None => c.error(
-                            PlanErrorKind::Contradiction,
-                            format!("tasks[{i}]"),
-                            format!(
-                                "the plan's failure policy falls back for tasks of type {:?}, but task {:?} declares no fallback",
-                                ts.task_type, ts.id
-                            ),
-                        ),
-                    }
-                }
+        (None, Some(retry)) => {
+            let path = || format!("tasks[{i}]");
+            let mut chain = EscalationChain { steps: Vec::new() };
+            let spec = ActionSpec::Retry(retry.clone());
+            if let Some(action) = c.action(&spec, defaults, Some(fallback), &path) {
+                chain.steps.push(action);
             }
+            let then = plan_chain(c);
+            chain.steps.extend(
+                then.steps
+                    .into_iter()
+                    .filter(|step| !matches!(step, FailureAction::Retry { .. })),
+            );
             chain
         }
+        (None, None) => plan_chain(c),
     };
 
     Task {
@@ -1024,6 +1247,7 @@ fn compile_task(
         subtask_of: None,
         tests,
         relationships,
+        condition: None,
     }
 }
 
@@ -1069,10 +1293,11 @@ fn check_subtask_cycles(
             let cycle = &walk[pos..];
             let first = cycle.iter().copied().min().unwrap_or(v);
             let origin = subtask_of[first].map(|(_, o)| o.path()).unwrap_or_default();
-            c.error(
+            c.error_with_hint(
                 PlanErrorKind::Cycle,
                 origin,
                 format!("subtask cycle: {}", cycle_text(tasks, cycle, first)),
+                "a task cannot be (indirectly) a subtask of its own subtask",
             );
         }
         for w in walk {
@@ -1158,10 +1383,11 @@ fn check_cycles(
             let path = origins
                 .get(&(first, second))
                 .map_or_else(|| format!("tasks[{first}]"), |o| o.path());
-            c.error(
+            c.error_with_hint(
                 PlanErrorKind::Cycle,
                 path,
                 format!("dependency cycle: {}", cycle_text(tasks, cycle, first)),
+                "no task on a cycle can ever start: remove one of its dependencies",
             );
         }
     }

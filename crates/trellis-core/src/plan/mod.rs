@@ -5,7 +5,9 @@
 //! DAG, and relationship semantics are already lowered to edges, so later code never re-checks them.
 
 mod compile;
+mod expand;
 pub mod spec;
+mod suggest;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -14,8 +16,16 @@ use serde::{Deserialize, Serialize};
 
 pub use compile::{
     Limits, Location, OWN_FALLBACK, PlanError, PlanErrorKind, PlanErrors, compile, compile_bytes,
-    compile_str, parse_spec, parse_spec_bytes,
+    compile_str, compile_with_params, parse_param_values, parse_spec, parse_spec_bytes,
 };
+pub use expand::{expand, expand_with_limits};
+
+/// Returns the JSON Schema (draft 2020-12) of the plan spec as written: what editors and other
+/// front ends can check a plan file against. The compiler checks more (ids resolve, no cycles,
+/// durations parse), so a plan that fits the schema may still be refused, never the reverse.
+pub fn json_schema() -> serde_json::Value {
+    schemars::schema_for!(PlanSpec).to_value()
+}
 pub use spec::PlanSpec;
 
 use crate::policy::{EscalationChain, FailurePolicy};
@@ -68,6 +78,9 @@ pub struct PlanOptions {
     pub pause_on_human_review: bool,
     pub failure: FailurePolicy,
     pub budget: Budget,
+    /// File impacts with a confidence below this (0.0–1.0) create no conflicts: they neither
+    /// block parallelism nor show in the conflict analysis. 0.0 = every estimate counts.
+    pub min_conflict_confidence: f32,
 }
 
 impl Default for PlanOptions {
@@ -78,6 +91,7 @@ impl Default for PlanOptions {
             pause_on_human_review: true,
             failure: FailurePolicy::default(),
             budget: Budget::default(),
+            min_conflict_confidence: 0.0,
         }
     }
 }
@@ -126,6 +140,56 @@ pub struct Task {
     pub tests: Vec<TaskIdx>,
     /// Every relationship as declared, for display.
     pub relationships: Vec<Relationship>,
+    /// Set for a task listed in another task's `route`: it runs only when the route picks it.
+    pub condition: Option<Condition>,
+}
+
+/// When a routed task runs: the deciding task's output, read at `pointer`, picks it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Condition {
+    /// The deciding task; always one of this task's dependencies.
+    pub router: TaskIdx,
+    /// A JSON pointer into the router's output (`""` = the whole output).
+    pub pointer: String,
+    pub case: RouteCase,
+}
+
+/// Which outputs pick a routed task.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RouteCase {
+    /// The value at the pointer matches this case key.
+    Case(String),
+    /// The value matches none of these case keys (the route's `default`).
+    Default(Vec<String>),
+}
+
+impl Condition {
+    /// Returns true when the router's output picks this task. A router that produced no output
+    /// (it did not complete) picks nothing, not even its default.
+    pub fn holds(&self, output: Option<&serde_json::Value>) -> bool {
+        let Some(output) = output else {
+            return false;
+        };
+        let value = output.pointer(&self.pointer);
+        match &self.case {
+            RouteCase::Case(key) => value.is_some_and(|v| case_matches(v, key)),
+            RouteCase::Default(keys) => !keys
+                .iter()
+                .any(|key| value.is_some_and(|v| case_matches(v, key))),
+        }
+    }
+}
+
+/// Returns true when `value` matches the case key: a string equal to it, or any other value whose
+/// JSON text equals it.
+pub fn case_matches(value: &serde_json::Value, key: &str) -> bool {
+    match value {
+        serde_json::Value::String(s) => s == key,
+        // Not `*other == key`: a `Value` equals a `str` only when it is that string, while here
+        // the JSON text of a number or boolean is compared.
+        #[allow(clippy::cmp_owned)]
+        other => other.to_string() == key,
+    }
 }
 
 impl Task {
@@ -147,6 +211,7 @@ impl Task {
             subtask_of: None,
             tests: Vec::new(),
             relationships: Vec::new(),
+            condition: None,
         }
     }
 }
@@ -165,7 +230,8 @@ pub enum NotRun {
 pub struct FileImpact {
     pub path: String,
     pub op: FileOp,
-    /// How sure the author is, 0.0–1.0 (informational).
+    /// How sure the author is, 0.0–1.0; below `options.min_conflict_confidence` the impact
+    /// creates no conflict.
     pub confidence: f32,
 }
 
@@ -199,7 +265,19 @@ impl FileOp {
 }
 
 /// One of the 11 relationship types (DESIGN.md §4), written in snake_case in plans.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum RelationshipKind {
     DependsOn,

@@ -9,21 +9,108 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
 /// The plan spec as written.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+///
+/// `params`, `templates` and the tasks' `use` and `for_each` are the plan language's shorthands:
+/// [`super::expand`] rewrites them away into a flat spec, which is what [`super::compile`]
+/// validates.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PlanSpec {
     pub name: String,
+    /// Values the plan is parameterised by, referenced as `${params.<name>}` in task strings.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub params: BTreeMap<String, ParamSpec>,
+    /// Partial tasks that tasks start from with `use: <name>`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub templates: BTreeMap<String, TemplateSpec>,
     #[serde(default)]
     pub options: OptionsSpec,
     pub tasks: Vec<TaskSpec>,
 }
 
+/// `params.<name>:` — one declared parameter.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ParamSpec {
+    /// The JSON type a value must have; absent = any.
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub param_type: Option<ParamType>,
+    /// The value used when none is given; absent (or `null`) = the param is required.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+/// `templates.<name>:` — any task fields but `id`, `use` and `for_each`, checked when expanded.
+///
+/// A task that says `use: <name>` starts from these fields; its own fields replace them, except
+/// `input`, where the two objects merge (the task's keys win). A list field the task leaves empty
+/// (`depends_on`, `files`, `relationships`) is taken from the template.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(transparent)]
+pub struct TemplateSpec(pub serde_json::Map<String, serde_json::Value>);
+
+/// The JSON type of a param.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ParamType {
+    String,
+    /// Any JSON number.
+    Number,
+    /// A whole number.
+    Integer,
+    Boolean,
+    List,
+    Object,
+}
+
+impl ParamType {
+    /// Returns the name used in plans.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::String => "string",
+            Self::Number => "number",
+            Self::Integer => "integer",
+            Self::Boolean => "boolean",
+            Self::List => "list",
+            Self::Object => "object",
+        }
+    }
+
+    /// Returns the name with its article, for messages ("an integer", "a list").
+    pub fn with_article(self) -> &'static str {
+        match self {
+            Self::String => "a string",
+            Self::Number => "a number",
+            Self::Integer => "an integer",
+            Self::Boolean => "a boolean",
+            Self::List => "a list",
+            Self::Object => "an object",
+        }
+    }
+
+    /// Returns true when `value` has this type.
+    pub fn accepts(self, value: &serde_json::Value) -> bool {
+        use serde_json::Value;
+        match self {
+            Self::String => value.is_string(),
+            Self::Number => value.is_number(),
+            Self::Integer => value.is_i64() || value.is_u64(),
+            Self::Boolean => value.is_boolean(),
+            Self::List => value.is_array(),
+            Self::Object => matches!(value, Value::Object(_)),
+        }
+    }
+}
+
 /// `options:` — execution-wide settings, all optional.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OptionsSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -33,6 +120,9 @@ pub struct OptionsSpec {
     pub global_timeout: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pause_on_human_review: Option<bool>,
+    /// File impacts less certain than this (0.0–1.0) create no conflicts; default 0.0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_conflict_confidence: Option<f32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<FailureSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -40,7 +130,7 @@ pub struct OptionsSpec {
 }
 
 /// `options.failure:` — the plan's failure policy (DESIGN.md §5).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FailureSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -59,7 +149,7 @@ pub struct FailureSpec {
 }
 
 /// `options.budget:` — resource limits of one execution.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BudgetSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -71,7 +161,7 @@ pub struct BudgetSpec {
 }
 
 /// `on_exhausted:` — `pause` or `fail`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum BudgetActionSpec {
     Pause,
@@ -79,12 +169,20 @@ pub enum BudgetActionSpec {
 }
 
 /// One task as written.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TaskSpec {
     pub id: String,
-    #[serde(rename = "type")]
+    /// The handler type; required, but it may come from a template (`use`).
+    #[serde(rename = "type", default, skip_serializing_if = "String::is_empty")]
     pub task_type: String,
+    /// The template this task starts from.
+    #[serde(rename = "use", default, skip_serializing_if = "Option::is_none")]
+    pub use_template: Option<String>,
+    /// Makes this task a generator: one task per item of this list (or of the list a
+    /// `${params.x}` names). See [`super::expand`] for ids and references.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub for_each: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<String>,
     #[serde(default = "empty_object")]
@@ -102,8 +200,60 @@ pub struct TaskSpec {
     /// This task's escalation chain; absent = the plan policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_failure: Option<Vec<ActionSpec>>,
+    /// Shorthand for `on_failure: [{retry: ...}]` followed by the plan policy's action for the
+    /// task's type (unless that action is itself a retry, which this one replaces).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetrySpec>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub relationships: Vec<RelationshipSpec>,
+    /// Makes this task decide which of some later tasks run, by its output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<RouteSpec>,
+}
+
+/// `route:` on a deciding task: `{path: /kind, cases: {bug: [fix], feature: [build]}, default:
+/// [triage]}`.
+///
+/// When the task completes, the value at `path` in its output picks the case: the tasks listed
+/// under it run, the tasks of every other case (and of `default`) are skipped; when no case
+/// matches, the `default` tasks run instead. A case key matches a string output equal to it, or
+/// any other JSON value whose JSON text equals it (`true`, `3`). Every listed task waits for the
+/// deciding task (the dependency is implied). A task appears in at most one route.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RouteSpec {
+    /// Where in the output to look: a JSON pointer (`/kind`, `/a/0`) or a dotted path
+    /// (`kind`, `a.b`); absent = the whole output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Case value → the tasks that run when the output has it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub cases: BTreeMap<String, Vec<String>>,
+    /// The tasks that run when no case matches.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub default: Vec<String>,
+}
+
+impl Default for TaskSpec {
+    /// Returns a task with an empty id and type and an empty input object.
+    fn default() -> Self {
+        Self {
+            id: String::new(),
+            task_type: String::new(),
+            use_template: None,
+            for_each: None,
+            queue: None,
+            input: empty_object(),
+            files: Vec::new(),
+            depends_on: Vec::new(),
+            timeout: None,
+            fallback: None,
+            on_failure: None,
+            retry: None,
+            relationships: Vec::new(),
+            route: None,
+        }
+    }
 }
 
 fn empty_object() -> serde_json::Value {
@@ -111,7 +261,7 @@ fn empty_object() -> serde_json::Value {
 }
 
 /// One file a task touches.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FileSpec {
     pub path: String,
@@ -135,7 +285,7 @@ pub enum FileOpSpec {
 }
 
 /// `{type: conflicts_with, target: ui}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RelationshipSpec {
     #[serde(rename = "type")]
@@ -161,7 +311,7 @@ pub enum ActionSpec {
 }
 
 /// The arguments of `retry`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RetrySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -250,7 +400,7 @@ pub struct BackoffSpec {
 }
 
 /// How backoff delays grow.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum BackoffKindSpec {
     Constant,
@@ -346,5 +496,100 @@ impl<'de> Deserialize<'de> for JitterSpec {
         }
 
         deserializer.deserialize_any(JitterVisitor)
+    }
+}
+
+// Schemas of the types with hand-written deserialisers, saying what those accept.
+
+impl JsonSchema for FileOpSpec {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "FileOpSpec".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "description": "What a task does to a file; upper or lower case.",
+            "enum": ["CREATE", "UPDATE", "DELETE", "READ", "create", "update", "delete", "read"]
+        })
+    }
+}
+
+impl JsonSchema for ActionSpec {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "ActionSpec".into()
+    }
+
+    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+        let retry = generator.subschema_for::<Option<RetrySpec>>();
+        json_schema!({
+            "description": "A failure action: a bare name, or a one-key map with its argument.",
+            "oneOf": [
+                {"enum": ACTION_NAMES},
+                {
+                    "type": "object",
+                    "properties": {"retry": retry},
+                    "required": ["retry"],
+                    "additionalProperties": false
+                },
+                {
+                    "type": "object",
+                    "properties": {"fallback": {"type": ["string", "null"]}},
+                    "required": ["fallback"],
+                    "additionalProperties": false
+                },
+                {
+                    "type": "object",
+                    "properties": {
+                        "reassign": {"type": "null"},
+                        "skip": {"type": "null"},
+                        "pause": {"type": "null"},
+                        "abort": {"type": "null"}
+                    },
+                    "minProperties": 1,
+                    "maxProperties": 1,
+                    "additionalProperties": false
+                }
+            ]
+        })
+    }
+}
+
+impl JsonSchema for BackoffSpec {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "BackoffSpec".into()
+    }
+
+    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+        let kind = generator.subschema_for::<BackoffKindSpec>();
+        let jitter = generator.subschema_for::<JitterSpec>();
+        json_schema!({
+            "description": "A retry backoff: a kind name, or a map {kind, base, cap, jitter}.",
+            "oneOf": [
+                kind.clone(),
+                {
+                    "type": "object",
+                    "properties": {
+                        "kind": kind,
+                        "base": {"type": "string", "description": "a duration such as 100ms"},
+                        "cap": {"type": "string", "description": "a duration such as 1m"},
+                        "jitter": jitter
+                    },
+                    "additionalProperties": false
+                }
+            ]
+        })
+    }
+}
+
+impl JsonSchema for JitterSpec {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "JitterSpec".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "description": "A percentage such as \"20%\" or a ratio such as 0.2.",
+            "type": ["string", "number"]
+        })
     }
 }

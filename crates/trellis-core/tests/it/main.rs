@@ -4,3 +4,4 @@ mod common;
 mod machine;
 mod machine_props;
 mod relationships;
+mod routes;
