@@ -51,8 +51,24 @@ fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
-/// Validates `content` as a file; expects exit code 2 and returns stderr without the file prefix.
+/// Validates `content` as a file; expects exit code 2 and returns the error lines of stderr
+/// without the file prefix (the `  hint:` lines under them left out; see [`hints`]).
 fn bad_plan(content: &[u8]) -> Vec<String> {
+    bad_plan_lines(content)
+        .into_iter()
+        .filter(|line| !line.starts_with("  hint: "))
+        .collect()
+}
+
+/// The hints `trellis plan validate` prints under the errors of `content`.
+fn hints(content: &[u8]) -> Vec<String> {
+    bad_plan_lines(content)
+        .into_iter()
+        .filter_map(|line| line.strip_prefix("  hint: ").map(str::to_owned))
+        .collect()
+}
+
+fn bad_plan_lines(content: &[u8]) -> Vec<String> {
     let path = temp_file(content);
     let path_text = path.to_str().expect("utf-8 temp path").to_owned();
     let output = run(&["plan", "validate", &path_text]);
@@ -63,11 +79,172 @@ fn bad_plan(content: &[u8]) -> Vec<String> {
     assert!(stdout(&output).is_empty());
     err.lines()
         .map(|line| {
+            if line.starts_with("  hint: ") {
+                return line.to_owned();
+            }
             line.strip_prefix(&format!("{path_text}: "))
-                .unwrap_or_else(|| panic!("every line names the file: {line}"))
+                .unwrap_or_else(|| panic!("every line names the file or is a hint: {line}"))
                 .to_owned()
         })
         .collect()
+}
+
+#[test]
+fn errors_come_with_hints() {
+    let plan = b"name: p\ntasks:\n- {id: schema, type: noop}\n- {id: api, type: noop, depends_on: [shcema]}\n";
+    assert_eq!(
+        bad_plan(plan),
+        ["tasks[1].depends_on[0]: unknown task \"shcema\""]
+    );
+    assert_eq!(hints(plan), ["did you mean \"schema\"?"]);
+}
+
+#[test]
+fn graph_draws_mermaid_and_dot() {
+    let output = run(&["plan", "graph", &example("feature-x.yaml")]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let out = stdout(&output);
+    assert!(out.contains("flowchart LR"), "{out}");
+    assert!(out.contains("subgraph wave1[\"wave 1\"]"), "{out}");
+    assert!(out.contains(" --> "), "{out}");
+    let output = run(&[
+        "plan",
+        "graph",
+        "--format",
+        "dot",
+        &example("feature-x.yaml"),
+    ]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let out = stdout(&output);
+    assert!(out.starts_with("digraph "), "{out}");
+    assert!(out.contains("rank=same"), "{out}");
+    let output = run(&[
+        "plan",
+        "graph",
+        "--format",
+        "svg",
+        &example("feature-x.yaml"),
+    ]);
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "an unknown format is bad usage"
+    );
+}
+
+#[test]
+fn params_are_given_on_the_command_line() {
+    let services = example("services.yaml");
+    let output = run(&["plan", "validate", &services]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(
+        stdout(&output).starts_with("ok: plan \"services-staging\""),
+        "the default"
+    );
+    let output = run(&[
+        "plan",
+        "analyze",
+        "--param",
+        "env=prod",
+        "--param",
+        "services=[\"api\",\"web\",\"worker\"]",
+        &services,
+    ]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let out = stdout(&output);
+    assert!(out.starts_with("plan \"services-prod\""), "{out}");
+    assert!(out.contains("deploy-worker"), "{out}");
+    let output = run(&["plan", "validate", "--param", "replicas=many", &services]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(stderr(&output).contains("replicas"), "{}", stderr(&output));
+    let output = run(&["plan", "validate", "--param", "noequals", &services]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("NAME=VALUE"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+/// A `trellis planner` child process on a free port, killed on drop.
+struct PlannerChild {
+    child: std::process::Child,
+    url: String,
+}
+
+impl Drop for PlannerChild {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_planner() -> PlannerChild {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let child = Command::new(TRELLIS)
+        .args(["planner", "--listen", &format!("127.0.0.1:{port}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("trellis planner starts");
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return PlannerChild {
+                child,
+                url: format!("http://127.0.0.1:{port}"),
+            };
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    panic!("trellis planner did not listen on port {port}");
+}
+
+#[test]
+fn plans_compile_through_a_planner_service() {
+    let planner = start_planner();
+    let output = run(&[
+        "plan",
+        "validate",
+        "--planner",
+        &planner.url,
+        "--param",
+        "env=prod",
+        &example("services.yaml"),
+    ]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(stdout(&output).starts_with("ok: plan \"services-prod\""));
+
+    let path = temp_file(b"name: p\ntasks:\n- {id: schema, type: noop}\n- {id: api, type: noop, depends_on: [shcema]}\n");
+    let path_text = path.to_str().expect("utf-8 temp path").to_owned();
+    let output = run(&["plan", "validate", "--planner", &planner.url, &path_text]);
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(output.status.code(), Some(2));
+    assert_eq!(
+        stderr(&output),
+        format!(
+            "{path_text}: tasks[1].depends_on[0]: unknown task \"shcema\"\n  hint: did you mean \"schema\"?\n"
+        )
+    );
+}
+
+#[test]
+fn an_unreachable_planner_is_named_with_the_fix() {
+    let output = run(&[
+        "plan",
+        "validate",
+        "--planner",
+        &dead_coordinator(),
+        &example("seed-001.yaml"),
+    ]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("trellis planner"),
+        "{}",
+        stderr(&output)
+    );
 }
 
 #[test]
@@ -323,7 +500,7 @@ fn bad_coordinator_address_or_label_is_bad_input() {
 fn help_of_every_command_shows_an_example() {
     for command in [
         "submit", "status", "list", "tree", "events", "pause", "resume", "cancel", "answer",
-        "workers", "plan",
+        "workers", "plan", "planner",
     ] {
         let output = run(&[command, "--help"]);
         assert_eq!(output.status.code(), Some(0), "{command}");

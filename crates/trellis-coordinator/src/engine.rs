@@ -945,8 +945,7 @@ impl Engine {
                     spec.source_name.as_str()
                 };
                 if spec.params.is_empty() {
-                    let plan =
-                        compile_str(&spec.text, &limits).map_err(|e| invalid(source, e))?;
+                    let plan = compile_str(&spec.text, &limits).map_err(|e| invalid(source, e))?;
                     let format =
                         v1::PlanFormat::try_from(spec.format).unwrap_or(v1::PlanFormat::Yaml);
                     (plan, spec.text, format)

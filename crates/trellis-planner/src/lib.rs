@@ -142,9 +142,7 @@ pub async fn run(
     let addr: SocketAddr = listener.local_addr().map_err(Error::Listener)?;
     tracing::info!(%addr, "planner serving");
     let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<PlannerServer<PlannerService>>()
-        .await;
+    health.set_serving::<PlannerServer<PlannerService>>().await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(trellis_proto::FILE_DESCRIPTOR_SET)
         .build_v1()?;

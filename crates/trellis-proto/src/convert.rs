@@ -36,8 +36,8 @@ use crate::v1;
 mod plan;
 
 pub use plan::{
-    analysis_to_proto, canonical_spec_json, compile_wire_plan, compile_wire_spec,
-    file_op_to_proto, plan_errors_to_proto, plan_from_proto, plan_to_proto,
+    analysis_to_proto, canonical_spec_json, compile_wire_plan, compile_wire_spec, file_op_to_proto,
+    plan_errors_to_proto, plan_from_proto, plan_to_proto,
 };
 
 // ------------------------------------------------------------------------------------------------

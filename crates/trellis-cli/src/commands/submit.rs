@@ -8,8 +8,8 @@ use std::time::Duration;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
-use trellis_proto::v1::start_execution_request::PlanSource;
 use trellis_proto::convert;
+use trellis_proto::v1::start_execution_request::PlanSource;
 use trellis_proto::v1::{
     ExecutionOptions, ExecutionState, GetExecutionRequest, Progress, StartExecutionRequest,
 };

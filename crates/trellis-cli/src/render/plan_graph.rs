@@ -187,7 +187,10 @@ pub fn dot(plan: &Plan, analysis: &Analysis) -> String {
     }
     for (t, task) in plan.tasks.iter().enumerate() {
         if let Some(parent) = task.subtask_of {
-            let _ = writeln!(out, "  t{parent} -> t{t} [style=dashed, label=\"subtask\"];");
+            let _ = writeln!(
+                out,
+                "  t{parent} -> t{t} [style=dashed, label=\"subtask\"];"
+            );
         }
         if let Some(fallback) = task.fallback {
             let _ = writeln!(
@@ -240,7 +243,10 @@ tasks:
         assert!(text.starts_with("%% plan graph #quot;test#quot;\nflowchart LR\n"));
         assert!(text.contains("subgraph wave1[\"wave 1\"]"), "{text}");
         assert!(text.contains("subgraph wave2[\"wave 2\"]"), "{text}");
-        assert!(text.contains("t0 --> t1") && text.contains("t0 --> t2"), "{text}");
+        assert!(
+            text.contains("t0 --> t1") && text.contains("t0 --> t2"),
+            "{text}"
+        );
         assert!(text.contains("subgraph fallback_only"), "{text}");
         assert!(text.contains("t3 -. fallback .-> t4"), "{text}");
         // schema and ui conflict over the file but never share a wave, so nothing is blocked;
@@ -257,7 +263,10 @@ tasks:
     fn dot_ranks_waves_and_escapes_labels() {
         let (plan, analysis) = compiled();
         let text = dot(&plan, &analysis);
-        assert!(text.starts_with("digraph \"graph \\\"test\\\"\" {"), "{text}");
+        assert!(
+            text.starts_with("digraph \"graph \\\"test\\\"\" {"),
+            "{text}"
+        );
         assert!(text.contains("label=\"wave 2\"; rank=same;"), "{text}");
         assert!(text.contains("t0 -> t1;"), "{text}");
         assert!(text.contains("constraint=false, label=\"conflict: db/schema.sql UPDATE/UPDATE\""));

@@ -5,3 +5,4 @@ mod cluster;
 mod engine;
 mod features;
 mod recovery;
+mod relationships;

@@ -36,7 +36,7 @@ pub fn expand_with_limits(
     limits: &Limits,
 ) -> Result<PlanSpec, PlanErrors> {
     let (flat, _) = expand_inner(spec, params, limits)?;
-    escape_spec(flat)
+    escape_references(flat)
 }
 
 /// Where a task of the flat spec came from, to point errors found in it back at the source.
@@ -848,8 +848,14 @@ fn from_map<T: serde::de::DeserializeOwned>(
     }
 }
 
-/// Writes every literal `${` of the flat spec as `$${`, so expanding it again changes nothing.
-fn escape_spec(spec: PlanSpec) -> Result<PlanSpec, PlanErrors> {
+/// Writes every literal `${` of a flat spec as `$${`, so expanding it again changes nothing: for
+/// a spec rebuilt from a compiled plan (whose strings hold their final text) before it is
+/// compiled again.
+///
+/// # Errors
+///
+/// Only if the escaped spec no longer reads as a spec, which escaping cannot cause.
+pub fn escape_references(spec: PlanSpec) -> Result<PlanSpec, PlanErrors> {
     let mut value = match serde_json::to_value(&spec) {
         Ok(v) => v,
         Err(_) => return Ok(spec),

@@ -18,7 +18,7 @@ pub use compile::{
     Limits, Location, OWN_FALLBACK, PlanError, PlanErrorKind, PlanErrors, compile, compile_bytes,
     compile_str, compile_with_params, parse_param_values, parse_spec, parse_spec_bytes,
 };
-pub use expand::{expand, expand_with_limits};
+pub use expand::{escape_references, expand, expand_with_limits};
 
 /// Returns the JSON Schema (draft 2020-12) of the plan spec as written: what editors and other
 /// front ends can check a plan file against. The compiler checks more (ids resolve, no cycles,

@@ -26,7 +26,9 @@ async fn serve(limits: Limits) -> Served {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("a free loopback port");
-    let addr = listener.local_addr().expect("a bound listener has an address");
+    let addr = listener
+        .local_addr()
+        .expect("a bound listener has an address");
     let shutdown = CancellationToken::new();
     let token = shutdown.clone();
     tokio::spawn(async move { trellis_planner::run(listener, limits, token).await });

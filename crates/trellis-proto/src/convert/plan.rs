@@ -10,11 +10,12 @@
 use trellis_core::analysis::{Analysis, ConflictReason};
 use trellis_core::plan::spec::{
     ActionSpec, BackoffKindSpec, BackoffSpec, BudgetActionSpec, BudgetSpec, FailureSpec,
-    FileOpSpec, FileSpec, JitterSpec, OptionsSpec, PlanSpec, RelationshipSpec, RetrySpec, TaskSpec,
+    FileOpSpec, FileSpec, JitterSpec, OptionsSpec, PlanSpec, RelationshipSpec, RetrySpec,
+    RouteSpec, TaskSpec,
 };
 use trellis_core::plan::{
     BudgetAction, FileOp, Limits, Plan, PlanError, PlanErrorKind, PlanErrors, RelationshipKind,
-    compile, parse_spec,
+    RouteCase, compile, compile_with_params, escape_references, parse_param_values, parse_spec,
 };
 use trellis_core::policy::{Backoff, BackoffKind, FailureAction};
 
@@ -29,6 +30,7 @@ use crate::v1;
 pub fn plan_to_proto(plan: &Plan) -> v1::Plan {
     let options = &plan.options;
     let failure = &options.failure;
+    let mut routes = routes_to_proto(plan);
     v1::Plan {
         name: plan.name.clone(),
         options: Some(v1::PlanOptions {
@@ -47,6 +49,7 @@ pub fn plan_to_proto(plan: &Plan) -> v1::Plan {
                     })
                     .collect(),
             }),
+            min_conflict_confidence: options.min_conflict_confidence,
             budget: Some(v1::Budget {
                 max_tokens: options.budget.max_tokens,
                 max_cost: options.budget.max_cost,
@@ -101,10 +104,41 @@ pub fn plan_to_proto(plan: &Plan) -> v1::Plan {
                             target: plan.tasks[r.target].id.clone(),
                         })
                         .collect(),
+                    route: routes.remove(&t),
                 }
             })
             .collect(),
     }
+}
+
+/// Rebuilds each router's route from the conditions of the tasks it picks.
+fn routes_to_proto(plan: &Plan) -> std::collections::HashMap<usize, v1::Route> {
+    let mut routes: std::collections::HashMap<usize, v1::Route> = Default::default();
+    for task in &plan.tasks {
+        let Some(condition) = &task.condition else {
+            continue;
+        };
+        let route = routes.entry(condition.router).or_insert_with(|| v1::Route {
+            path: condition.pointer.clone(),
+            ..v1::Route::default()
+        });
+        match &condition.case {
+            RouteCase::Case(key) => route
+                .cases
+                .entry(key.clone())
+                .or_default()
+                .task_ids
+                .push(task.id.clone()),
+            RouteCase::Default(keys) => {
+                route.default.push(task.id.clone());
+                // A case no task is picked by still keeps the default from running.
+                for key in keys {
+                    route.cases.entry(key.clone()).or_default();
+                }
+            }
+        }
+    }
+    routes
 }
 
 fn millis(duration: std::time::Duration) -> u64 {
@@ -292,6 +326,7 @@ pub fn plan_from_proto(plan: &v1::Plan) -> Result<PlanSpec, ConvertError> {
         name: plan.name.clone(),
         options,
         tasks,
+        ..PlanSpec::default()
     })
 }
 
@@ -299,10 +334,7 @@ fn duration_text(ms: u64) -> String {
     format!("{ms}ms")
 }
 
-fn options_from_proto(
-    at: &At<'_>,
-    options: &v1::PlanOptions,
-) -> Result<OptionsSpec, ConvertError> {
+fn options_from_proto(at: &At<'_>, options: &v1::PlanOptions) -> Result<OptionsSpec, ConvertError> {
     let failure = match &options.failure {
         None => None,
         Some(failure) => {
@@ -355,16 +387,19 @@ fn options_from_proto(
         pause_on_human_review: Some(options.pause_on_human_review),
         failure,
         budget,
+        min_conflict_confidence: (options.min_conflict_confidence != 0.0)
+            .then_some(options.min_conflict_confidence),
     })
 }
 
-fn action_from_proto(
-    at: &At<'_>,
-    action: &v1::FailureAction,
-) -> Result<ActionSpec, ConvertError> {
+fn action_from_proto(at: &At<'_>, action: &v1::FailureAction) -> Result<ActionSpec, ConvertError> {
     use v1::failure_action::Action;
     Ok(
-        match action.action.as_ref().ok_or_else(|| at.field("action").missing())? {
+        match action
+            .action
+            .as_ref()
+            .ok_or_else(|| at.field("action").missing())?
+        {
             Action::Retry(retry) => ActionSpec::Retry(RetrySpec {
                 max: Some(retry.max_retries),
                 backoff: retry
@@ -459,6 +494,16 @@ fn task_from_proto(at: &At<'_>, task: &v1::Task) -> Result<TaskSpec, ConvertErro
         fallback: task.fallback.clone(),
         on_failure: (!on_failure.is_empty()).then_some(on_failure),
         relationships,
+        route: task.route.as_ref().map(|route| RouteSpec {
+            path: (!route.path.is_empty()).then(|| route.path.clone()),
+            cases: route
+                .cases
+                .iter()
+                .map(|(key, targets)| (key.clone(), targets.task_ids.clone()))
+                .collect(),
+            default: route.default.clone(),
+        }),
+        ..TaskSpec::default()
     })
 }
 
@@ -494,11 +539,13 @@ pub fn compile_wire_spec(spec: &v1::PlanSpec, limits: &Limits) -> Result<Plan, P
     if spec.params.is_empty() {
         return compile(parsed, limits);
     }
-    Err(PlanErrors::one(PlanError::new(
-        PlanErrorKind::InvalidValue,
-        "params",
-        "PARAMS-PENDING",
-    )))
+    let pairs: Vec<(String, String)> = spec
+        .params
+        .iter()
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect();
+    let values = parse_param_values(&pairs)?;
+    compile_with_params(parsed, &values, limits)
 }
 
 /// Compiles a wire plan: its flat spec (see [`plan_from_proto`]), validated like any spec; a plan
@@ -508,6 +555,12 @@ pub fn compile_wire_spec(spec: &v1::PlanSpec, limits: &Limits) -> Result<Plan, P
 ///
 /// Every problem of the plan, each with its path.
 pub fn compile_wire_plan(plan: &v1::Plan, limits: &Limits) -> Result<Plan, PlanErrors> {
+    compile(flat_spec_from_proto(plan)?, limits)
+}
+
+/// The spec of a wire plan, with every literal `${` escaped so that compiling it (which expands
+/// references) keeps the plan's strings as they are.
+fn flat_spec_from_proto(plan: &v1::Plan) -> Result<PlanSpec, PlanErrors> {
     let spec = plan_from_proto(plan).map_err(|e| {
         PlanErrors::one(PlanError::new(
             PlanErrorKind::InvalidValue,
@@ -515,14 +568,14 @@ pub fn compile_wire_plan(plan: &v1::Plan, limits: &Limits) -> Result<Plan, PlanE
             e.kind().to_string(),
         ))
     })?;
-    compile(spec, limits)
+    escape_references(spec)
 }
 
 /// Returns the canonical JSON spec of a compiled plan: flat (no params, templates or generators
 /// left), every default explicit. Compiling it gives the same plan, so it is what an event log
 /// records for a plan that did not arrive as plain spec text.
 pub fn canonical_spec_json(plan: &Plan) -> String {
-    match plan_from_proto(&plan_to_proto(plan)) {
+    match flat_spec_from_proto(&plan_to_proto(plan)) {
         // A `PlanSpec` always serializes: its maps have string keys and its numbers are finite
         // (confidences and costs passed the compiler's range checks).
         Ok(spec) => serde_json::to_string(&spec).unwrap_or_default(),

@@ -13,12 +13,23 @@ use trellis_proto::v1;
 const EXAMPLES: &[(&str, &str)] = &[
     ("demo", include_str!("../../../../examples/demo.yaml")),
     ("fanout", include_str!("../../../../examples/fanout.yaml")),
-    ("feature-x", include_str!("../../../../examples/feature-x.yaml")),
+    (
+        "feature-x",
+        include_str!("../../../../examples/feature-x.yaml"),
+    ),
     (
         "relationships",
         include_str!("../../../../examples/relationships.yaml"),
     ),
-    ("seed-001", include_str!("../../../../examples/seed-001.yaml")),
+    (
+        "seed-001",
+        include_str!("../../../../examples/seed-001.yaml"),
+    ),
+    (
+        "services",
+        include_str!("../../../../examples/services.yaml"),
+    ),
+    ("triage", include_str!("../../../../examples/triage.yaml")),
 ];
 
 /// Every option and task field set away from its default.
@@ -33,11 +44,12 @@ options:
     continue_on_partial_failure: true
     overrides: {shell: reassign, http: skip}
   budget: {max_tokens: 1000, max_cost: 2.5, on_exhausted: fail}
+  min_conflict_confidence: 0.4
 tasks:
   - id: a
     type: shell
     queue: fast
-    input: {cmd: "echo hi", n: [1, 2.5, null, true]}
+    input: {cmd: "echo $${HOME}", n: [1, 2.5, null, true]}
     files: [{path: src/a.rs, op: UPDATE, confidence: 0.5}, {path: src/b.rs, op: READ}]
     timeout: 90s
     fallback: a-lite
@@ -51,10 +63,35 @@ tasks:
   - {id: c, type: noop, relationships: [{type: blocks, target: d}]}
   - {id: d, type: noop, on_failure: [skip]}
   - {id: d-test, type: noop, relationships: [{type: tests, target: d}]}
+  - id: triage
+    type: noop
+    retry: {max: 7}
+    route: {path: /kind, cases: {bug: [fix], feature: [build, doc], "3": [three]}, default: [ask]}
+  - {id: fix, type: noop}
+  - {id: build, type: noop}
+  - {id: doc, type: noop}
+  - {id: three, type: noop}
+  - {id: ask, type: noop}
 "#;
 
 fn compile(text: &str) -> Plan {
     compile_str(text, &Limits::default()).expect("the plan compiles")
+}
+
+#[test]
+fn literal_references_and_routes_keep_their_meaning() {
+    let plan = compile(EVERYTHING);
+    assert_eq!(plan.tasks[0].input["cmd"], "echo ${HOME}");
+    let wire = plan_to_proto(&plan);
+    let route = wire.tasks[6].route.as_ref().expect("triage routes");
+    assert_eq!(route.path, "/kind");
+    assert_eq!(route.cases["feature"].task_ids, ["build", "doc"]);
+    assert_eq!(route.default, ["ask"]);
+    assert!(wire.tasks[7].route.is_none());
+    assert_eq!(
+        wire.options.as_ref().map(|o| o.min_conflict_confidence),
+        Some(0.4)
+    );
 }
 
 fn assert_wire_round_trip(name: &str, plan: &Plan) {
@@ -93,7 +130,10 @@ fn wire_plans_make_defaults_explicit() {
         }
         other => panic!("expected the default retry, got {other:?}"),
     }
-    assert_eq!(wire.tasks[0].queue, "shell", "the queue defaults to the type");
+    assert_eq!(
+        wire.tasks[0].queue, "shell",
+        "the queue defaults to the type"
+    );
     assert!(
         wire.tasks[0].on_failure.is_empty(),
         "a task on the plan policy sends no chain of its own"
@@ -103,14 +143,14 @@ fn wire_plans_make_defaults_explicit() {
 #[test]
 fn a_tampered_wire_plan_is_validated_again() {
     let mut wire = plan_to_proto(&compile(EVERYTHING));
-    wire.tasks[2].depends_on = vec!["nope".to_owned()];
-    wire.tasks[3].files[0].op = 99;
+    wire.tasks[3].depends_on = vec!["nope".to_owned()];
+    wire.tasks[2].files[0].op = 99;
     let err = compile_wire_plan(&wire, &Limits::default()).expect_err("an unknown enum value");
-    assert_eq!(err.errors()[0].path, "plan.tasks[3].files[0].op");
+    assert_eq!(err.errors()[0].path, "plan.tasks[2].files[0].op");
     assert!(err.errors()[0].message.contains("99"), "{err}");
-    wire.tasks[3].files[0].op = v1::FileOp::Read.into();
+    wire.tasks[2].files[0].op = v1::FileOp::Read.into();
     let err = compile_wire_plan(&wire, &Limits::default()).expect_err("an unknown dependency");
-    assert_eq!(err.errors()[0].path, "tasks[2].depends_on[0]");
+    assert_eq!(err.errors()[0].path, "tasks[3].depends_on[0]");
 }
 
 #[test]
@@ -133,7 +173,10 @@ fn wire_specs_compile_and_errors_keep_path_and_place() {
     };
     let errors = compile_wire_spec(&syntax, &Limits::default()).expect_err("not YAML");
     let wire = plan_errors_to_proto(&errors);
-    assert!(wire.errors[0].line > 0, "a parse error says where: {wire:?}");
+    assert!(
+        wire.errors[0].line > 0,
+        "a parse error says where: {wire:?}"
+    );
 }
 
 #[test]
@@ -161,7 +204,10 @@ fn analyses_name_blocked_tasks_and_every_conflict_reason() {
         .collect();
     assert_eq!(blocked, vec![("b", vec!["a"]), ("c", vec!["a"])]);
     let ab = &wire.conflicts[0];
-    assert_eq!((ab.first_task_id.as_str(), ab.second_task_id.as_str()), ("a", "b"));
+    assert_eq!(
+        (ab.first_task_id.as_str(), ab.second_task_id.as_str()),
+        ("a", "b")
+    );
     assert_eq!(ab.reasons.len(), 2, "x and y");
     assert_eq!(ab.reason, ab.reasons.first().cloned());
     let ac = &wire.conflicts[1];
@@ -228,7 +274,12 @@ fn arb_plan_text() -> impl Strategy<Value = String> {
                 text.push_str("  queue: q\n");
             }
             if let Some(chain) = chain {
-                let chain = ["[skip]", "[reassign, abort]", "[{retry: {max: 2}}]", "[pause]"][chain];
+                let chain = [
+                    "[skip]",
+                    "[reassign, abort]",
+                    "[{retry: {max: 2}}]",
+                    "[pause]",
+                ][chain];
                 text.push_str(&format!("  on_failure: {chain}\n"));
             }
         }
