@@ -489,7 +489,9 @@ pub(crate) fn expand_inner(
     let mut options = to_map(&spec.options);
     x.substitute_task(&mut options, &scope, "options");
 
-    let mut tasks: Vec<Map<String, Value>> = Vec::with_capacity(spec.tasks.len());
+    let mut tasks: Vec<Pending> = Vec::with_capacity(spec.tasks.len());
+    // Reused to look for `$` in a task's JSON text.
+    let mut text = Vec::new();
     let mut map = SourceMap {
         tasks: Vec::with_capacity(spec.tasks.len()),
         identity: true,
@@ -497,6 +499,21 @@ pub(crate) fn expand_inner(
     // Generator id → the ids of the tasks it made, and where the generator was declared.
     let mut generators: BTreeMap<String, (Vec<String>, usize)> = BTreeMap::new();
     for (i, task) in spec.tasks.into_iter().enumerate() {
+        // Most tasks use no template, generate nothing and mention no `$`: expansion leaves them
+        // as they are, so they skip the round trip through JSON values (five times slower than
+        // the rest of compiling a large plan).
+        if task.use_template.is_none()
+            && task.for_each.is_none()
+            && !mentions_dollar(&task, &mut text)
+        {
+            tasks.push(Pending::Ready(task));
+            map.tasks.push(TaskOrigin {
+                source: i,
+                item: None,
+                depends_on: None,
+            });
+            continue;
+        }
         let path = format!("tasks[{i}]");
         let mut fields = to_map(&task);
         if let Some(Value::String(template)) = fields.remove("use") {
@@ -519,7 +536,7 @@ pub(crate) fn expand_inner(
         }
         let Some(mut list) = fields.remove("for_each") else {
             x.substitute_task(&mut fields, &scope, &path);
-            tasks.push(fields);
+            tasks.push(Pending::Fields(fields));
             map.tasks.push(TaskOrigin {
                 source: i,
                 item: None,
@@ -576,7 +593,7 @@ pub(crate) fn expand_inner(
                 copy.insert("id".to_owned(), Value::String(id.clone()));
             }
             made.push(id.clone());
-            tasks.push(copy);
+            tasks.push(Pending::Fields(copy));
             map.tasks.push(TaskOrigin {
                 source: i,
                 item: Some((k, id)),
@@ -614,7 +631,15 @@ pub(crate) fn expand_inner(
         return Err(PlanErrors::from_vec(x.errors));
     }
     if !generators.is_empty() {
-        x.fan_in(&mut tasks, &mut map, &generators);
+        let mut fields: Vec<Map<String, Value>> = tasks
+            .into_iter()
+            .map(|task| match task {
+                Pending::Ready(task) => to_map(&task),
+                Pending::Fields(fields) => fields,
+            })
+            .collect();
+        x.fan_in(&mut fields, &mut map, &generators);
+        tasks = fields.into_iter().map(Pending::Fields).collect();
     }
 
     let mut flat = PlanSpec {
@@ -627,10 +652,15 @@ pub(crate) fn expand_inner(
         options: from_map(options, "options", &mut x.errors).unwrap_or_default(),
         tasks: Vec::with_capacity(tasks.len()),
     };
-    for (t, fields) in tasks.into_iter().enumerate() {
-        let path = format!("tasks[{}]", map.tasks[t].source);
-        if let Some(task) = from_map::<TaskSpec>(fields, &path, &mut x.errors) {
-            flat.tasks.push(task);
+    for (t, task) in tasks.into_iter().enumerate() {
+        match task {
+            Pending::Ready(task) => flat.tasks.push(task),
+            Pending::Fields(fields) => {
+                let path = format!("tasks[{}]", map.tasks[t].source);
+                if let Some(task) = from_map::<TaskSpec>(fields, &path, &mut x.errors) {
+                    flat.tasks.push(task);
+                }
+            }
         }
     }
     if !x.errors.is_empty() {
@@ -817,6 +847,23 @@ impl Expander {
     }
 }
 
+/// A task of the flat spec being built: untouched, or as fields still to be read back.
+enum Pending {
+    Ready(TaskSpec),
+    Fields(Map<String, Value>),
+}
+
+/// Returns true when the JSON text of `value` holds a `$` (serde_json never escapes it), using
+/// `buf` as scratch space.
+fn mentions_dollar<T: serde::Serialize>(value: &T, buf: &mut Vec<u8>) -> bool {
+    buf.clear();
+    match serde_json::to_writer(&mut *buf, value) {
+        Ok(()) => buf.contains(&b'$'),
+        // Cannot happen for spec types; take the careful path if it ever does.
+        Err(_) => true,
+    }
+}
+
 fn to_map<T: serde::Serialize>(value: &T) -> Map<String, Value> {
     match serde_json::to_value(value) {
         Ok(Value::Object(map)) => map,
@@ -856,6 +903,9 @@ fn from_map<T: serde::de::DeserializeOwned>(
 ///
 /// Only if the escaped spec no longer reads as a spec, which escaping cannot cause.
 pub fn escape_references(spec: PlanSpec) -> Result<PlanSpec, PlanErrors> {
+    if !mentions_dollar(&spec, &mut Vec::new()) {
+        return Ok(spec);
+    }
     let mut value = match serde_json::to_value(&spec) {
         Ok(v) => v,
         Err(_) => return Ok(spec),
