@@ -184,18 +184,19 @@ fn start_planner() -> PlannerChild {
         .and_then(|l| l.local_addr())
         .expect("a free port")
         .port();
-    let child = Command::new(TRELLIS)
-        .args(["planner", "--listen", &format!("127.0.0.1:{port}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("trellis planner starts");
+    // Owned by the guard at once, so it is killed and waited for on every path.
+    let planner = PlannerChild {
+        child: Command::new(TRELLIS)
+            .args(["planner", "--listen", &format!("127.0.0.1:{port}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("trellis planner starts"),
+        url: format!("http://127.0.0.1:{port}"),
+    };
     for _ in 0..200 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return PlannerChild {
-                child,
-                url: format!("http://127.0.0.1:{port}"),
-            };
+            return planner;
         }
         std::thread::sleep(std::time::Duration::from_millis(25));
     }

@@ -22,8 +22,7 @@ fn state_of(run: &Run, task: &str) -> Option<TaskState> {
         .nodes
         .iter()
         .filter_map(|n| n.record.as_ref())
-        .filter(|r| r.task_id == task)
-        .last()
+        .rfind(|r| r.task_id == task)
         .map(|r| TaskState::try_from(r.state).unwrap_or(TaskState::Unspecified))
 }
 

@@ -506,7 +506,7 @@ pub(crate) fn expand_inner(
             && task.for_each.is_none()
             && !mentions_dollar(&task, &mut text)
         {
-            tasks.push(Pending::Ready(task));
+            tasks.push(Pending::Ready(Box::new(task)));
             map.tasks.push(TaskOrigin {
                 source: i,
                 item: None,
@@ -654,7 +654,7 @@ pub(crate) fn expand_inner(
     };
     for (t, task) in tasks.into_iter().enumerate() {
         match task {
-            Pending::Ready(task) => flat.tasks.push(task),
+            Pending::Ready(task) => flat.tasks.push(*task),
             Pending::Fields(fields) => {
                 let path = format!("tasks[{}]", map.tasks[t].source);
                 if let Some(task) = from_map::<TaskSpec>(fields, &path, &mut x.errors) {
@@ -849,7 +849,7 @@ impl Expander {
 
 /// A task of the flat spec being built: untouched, or as fields still to be read back.
 enum Pending {
-    Ready(TaskSpec),
+    Ready(Box<TaskSpec>),
     Fields(Map<String, Value>),
 }
 
