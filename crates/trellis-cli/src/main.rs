@@ -69,7 +69,8 @@ enum Command {
     Workers(commands::workers::WorkersArgs),
     Dev(commands::dev::DevArgs),
     Coordinator(commands::serve::CoordinatorArgs),
-    Planner(commands::serve::PlannerArgs),
+    /// Run the planner service in the foreground: compiles and analyses plans over gRPC.
+    Planner(trellis_planner::Args),
     Demo(commands::demo::DemoArgs),
     Bench(commands::bench::BenchArgs),
 }
@@ -105,7 +106,7 @@ fn main() -> ExitCode {
         Command::Workers(args) => run_remote(workers::run(url, args)),
         Command::Dev(args) => local::run_local(commands::dev::run(args)),
         Command::Coordinator(args) => local::run_local(commands::serve::coordinator(args)),
-        Command::Planner(args) => local::run_local(commands::serve::planner(args)),
+        Command::Planner(args) => trellis_planner::run_with(args),
         Command::Demo(args) => local::run_local(commands::demo::run(args)),
         Command::Bench(args) => local::run_local(commands::bench::run(args)),
     }

@@ -14,9 +14,10 @@ use trellis_core::plan::Limits;
 #[command(
     version,
     about,
-    after_help = "Examples:\n  \
-        trellis-planner                          # on 127.0.0.1:7600\n  \
-        trellis-planner --listen 0.0.0.0:7600 --max-tasks 200000\n\n\
+    after_help = "Examples (the `trellis-planner` binary takes the same flags):\n  \
+        trellis planner                          # on 127.0.0.1:7600\n  \
+        trellis planner --listen 0.0.0.0:7600 --max-tasks 200000\n  \
+        TRELLIS_PLANNER=http://127.0.0.1:7600 trellis submit --wait examples/demo.yaml\n\n\
         Try it: trellis plan analyze --planner http://127.0.0.1:7600 examples/feature-x.yaml"
 )]
 pub struct Args {
@@ -45,7 +46,12 @@ impl Args {
 /// Runs the `trellis-planner` binary: parses the flags, installs tracing, and serves until SIGTERM
 /// or Ctrl-C.
 pub fn main_entry() -> ExitCode {
-    let args = Args::parse();
+    run_with(Args::parse())
+}
+
+/// Serves with flags already parsed (`trellis planner` hosts the service this way): installs
+/// tracing and serves until SIGTERM or Ctrl-C.
+pub fn run_with(args: Args) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -56,11 +62,12 @@ pub fn main_entry() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    tracing_subscriber::fmt()
+    // `try_init`: a host process (the `trellis` CLI) may have installed one already.
+    let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
-        .init();
+        .try_init();
     runtime.block_on(serve(args))
 }
 

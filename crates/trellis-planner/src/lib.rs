@@ -22,7 +22,7 @@ use trellis_proto::v1::planner_server::{Planner, PlannerServer};
 
 mod cli;
 
-pub use cli::main_entry;
+pub use cli::{Args, main_entry, run_with};
 
 /// Where the planner listens unless told otherwise.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:7600";

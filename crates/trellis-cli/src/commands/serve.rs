@@ -95,37 +95,3 @@ async fn terminated() {
     }
     let _ = tokio::signal::ctrl_c().await;
 }
-
-/// Run the planner service in the foreground.
-#[derive(Debug, Args)]
-#[command(
-    long_about = "Run the planner service in the foreground: it compiles plans (every error at \
-        once, with its path and a hint) and analyses them (waves, conflicts, critical path, \
-        parallelism, blocked tasks) over the Planner gRPC API. It keeps no state, so replicas can \
-        run side by side. SIGTERM or Ctrl-C stops it gracefully.",
-    after_help = "Examples:\n  \
-        trellis planner\n  \
-        trellis planner --listen 0.0.0.0:7600\n  \
-        TRELLIS_PLANNER=http://127.0.0.1:7600 trellis submit --wait examples/demo.yaml"
-)]
-pub struct PlannerArgs {
-    /// Where to serve gRPC.
-    #[arg(long, env = "TRELLIS_PLANNER_ADDR", default_value = trellis_planner::DEFAULT_ADDR)]
-    pub listen: SocketAddr,
-}
-
-/// Runs `trellis planner` until SIGTERM or Ctrl-C.
-pub async fn planner(args: PlannerArgs) -> Result<(), Failure> {
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .map_err(|e| Failure::bad_input(format!("cannot listen on {}: {e}", args.listen)))?;
-    let shutdown = CancellationToken::new();
-    let signal = shutdown.clone();
-    tokio::spawn(async move {
-        terminated().await;
-        signal.cancel();
-    });
-    trellis_planner::run(listener, trellis_core::plan::Limits::default(), shutdown)
-        .await
-        .map_err(|e| Failure::failed(format!("planner: {e}")))
-}
