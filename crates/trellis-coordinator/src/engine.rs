@@ -333,7 +333,17 @@ impl Live {
             reason: self.machine.reason().unwrap_or_default().to_owned(),
             last_sequence: self.seq,
             labels: self.labels.clone(),
-            open_questions: Vec::new(),
+            open_questions: self
+                .machine
+                .open_questions()
+                .into_iter()
+                .map(|open| v1::OpenQuestion {
+                    task_instance_id: open.instance.to_string(),
+                    task_id: open.task_id,
+                    question: Some(convert::question_to_proto(open.question)),
+                    asked_at_unix_ms: open.asked_at_ms as i64,
+                })
+                .collect(),
             progress: Some(progress),
         }
     }
@@ -847,16 +857,33 @@ impl Engine {
                 let result = match self.executions.get_mut(&id) {
                     None => Err(not_found(id)),
                     Some(live) => {
-                        let event = Event {
-                            at_ms: now,
-                            body: EventBody::QuestionAnswered { question, answer },
-                        };
-                        match live.record(id, event) {
-                            Ok(Applied::Changed { .. }) => Ok((live.seq, None)),
-                            Ok(Applied::Ignored(_)) => Err(Status::failed_precondition(format!(
-                                "question {question} was already answered"
-                            ))),
-                            Err(err) => Err(Status::failed_precondition(err.to_string())),
+                        let options = live
+                            .machine
+                            .open_questions()
+                            .into_iter()
+                            .find(|open| open.question.id == question)
+                            .map(|open| open.question.options.clone())
+                            .unwrap_or_default();
+                        if !options.is_empty() && !options.contains(&answer) {
+                            Err(Status::invalid_argument(format!(
+                                "answer: {answer:?} is not one of the options of question \
+                                 {question}: {}",
+                                options.join(", ")
+                            )))
+                        } else {
+                            let event = Event {
+                                at_ms: now,
+                                body: EventBody::QuestionAnswered { question, answer },
+                            };
+                            match live.record(id, event) {
+                                Ok(Applied::Changed { .. }) => {
+                                    Ok((live.seq, live.machine.question_continuation(question)))
+                                }
+                                Ok(Applied::Ignored(_)) => Err(Status::failed_precondition(
+                                    format!("question {question} was already answered"),
+                                )),
+                                Err(err) => Err(Status::failed_precondition(err.to_string())),
+                            }
                         }
                     }
                 };

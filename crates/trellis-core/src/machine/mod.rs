@@ -148,6 +148,18 @@ struct OpenQuestion {
     answered: bool,
 }
 
+/// A question waiting for an answer, as [`Execution::open_questions`] lists it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AskedQuestion<'a> {
+    /// The instance that asked.
+    pub instance: TaskInstanceId,
+    /// Its plan task id (the handler type for a dynamic subtask).
+    pub task_id: String,
+    pub question: &'a Question,
+    /// When the asking instance started the turn in which it asked.
+    pub asked_at_ms: u64,
+}
+
 /// The live state of one execution.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Execution {
@@ -1878,10 +1890,7 @@ impl Execution {
             Origin::Resumed { group } => (None, None, Some(self.groups[group as usize].id), None),
             Origin::Continues { of } => (None, None, None, Some(self.instances[of as usize].id)),
         };
-        let task_id = match &inst.work {
-            Work::Plan(task_idx) => self.plan.tasks[*task_idx].id.clone(),
-            Work::Dynamic(spec) => spec.task_type.clone(),
-        };
+        let task_id = self.task_id_of(inst);
         TaskStatusRecord {
             task_instance_id: inst.id,
             task_id,
@@ -1899,6 +1908,46 @@ impl Execution {
             ended_at_ms: inst.ended_at_ms,
             output: inst.output.clone(),
             error: inst.error.clone(),
+        }
+    }
+
+    /// The plan task id of an instance, or the handler type of a dynamic subtask.
+    fn task_id_of(&self, inst: &Instance) -> String {
+        match &inst.work {
+            Work::Plan(task_idx) => self.plan.tasks[*task_idx].id.clone(),
+            Work::Dynamic(spec) => spec.task_type.clone(),
+        }
+    }
+
+    /// The questions waiting for an answer, oldest first (question ids are UUIDv7).
+    pub fn open_questions(&self) -> Vec<AskedQuestion<'_>> {
+        self.questions
+            .values()
+            .filter(|open| !open.answered)
+            .map(|open| {
+                let inst = &self.instances[open.instance as usize];
+                AskedQuestion {
+                    instance: inst.id,
+                    task_id: self.task_id_of(inst),
+                    question: &open.question,
+                    // The machine keeps no time of its own for a question: the asking turn's
+                    // start stands for it.
+                    asked_at_ms: inst
+                        .ended_at_ms
+                        .or(inst.started_at_ms)
+                        .unwrap_or(inst.created_at_ms),
+                }
+            })
+            .collect()
+    }
+
+    /// The instance that continues the task after `question` was answered; `None` while it is
+    /// open, or when the question is unknown or expired.
+    pub fn question_continuation(&self, question: QuestionId) -> Option<TaskInstanceId> {
+        let open = self.questions.get(&question)?;
+        match self.instances[open.instance as usize].next {
+            Some(Next::Instance(next)) if open.answered => Some(self.instances[next as usize].id),
+            _ => None,
         }
     }
 

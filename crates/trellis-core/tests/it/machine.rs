@@ -609,11 +609,22 @@ fn questions_wait_for_a_human_and_resume_with_the_answer() {
     })
     .expect("asked");
     assert_eq!(sim.exec.state(), ExecutionState::WaitingForHuman);
+    let open = sim.exec.open_questions();
+    assert_eq!(open.len(), 1);
+    assert_eq!(
+        (open[0].instance, open[0].task_id.as_str(), open[0].question),
+        (review, "review", &question)
+    );
     sim.apply(EventBody::QuestionAnswered {
         question: question.id,
         answer: "yes".into(),
     })
     .expect("answered");
+    assert!(sim.exec.open_questions().is_empty(), "answered is not open");
+    assert_eq!(
+        sim.exec.question_continuation(QuestionId::derived(9, 9)),
+        None
+    );
     assert_eq!(
         sim.apply(EventBody::QuestionAnswered {
             question: question.id,
@@ -628,6 +639,7 @@ fn questions_wait_for_a_human_and_resume_with_the_answer() {
         .find(|i| task_of(&sim, *i) == "review")
         .expect("review resumed");
     assert_ne!(resumed, review, "a new instance");
+    assert_eq!(sim.exec.question_continuation(question.id), Some(resumed));
     assert_eq!(
         sim.exec.assignment(resumed).and_then(|a| a.resume).cloned(),
         Some(ResumeContext::Answer {
