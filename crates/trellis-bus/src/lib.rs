@@ -263,6 +263,31 @@ fn consumer_safe(queue: &str) -> String {
         .collect()
 }
 
+/// Completes on SIGTERM (what Kubernetes sends) or Ctrl-C: every service's signal to stop
+/// gracefully.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -81,7 +81,7 @@ async fn main_async() -> ExitCode {
     let shutdown = CancellationToken::new();
     let signal = shutdown.clone();
     tokio::spawn(async move {
-        shutdown_signal().await;
+        trellis_bus::shutdown_signal().await;
         signal.cancel();
     });
     let config = crate::Config {
@@ -98,29 +98,5 @@ async fn main_async() -> ExitCode {
             eprintln!("trellis-coordinator: {err}");
             ExitCode::FAILURE
         }
-    }
-}
-
-/// Completes on SIGTERM (what Kubernetes sends) or Ctrl-C.
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
     }
 }
