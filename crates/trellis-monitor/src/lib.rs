@@ -1,13 +1,128 @@
-//! The Trellis monitor service.
+//! The Trellis monitor: a live web UI and a JSON API over executions, task instances, events,
+//! workers, checkpoints and questions (`API.md`).
 //!
-//! This crate is the service's library; `main.rs` is a thin shell around it. The service itself
-//! is not built yet: its binary says so and exits with status 2.
+//! - Reads come from the coordinator (lists, questions, workers) and the checkpoint-store
+//!   (checkpoints) over gRPC, and from live projections of each watched execution's event log on
+//!   NATS ([`hub`]): the domain state machine replayed read-only, as recovery does.
+//! - `GET /api/executions/{id}/live` streams batched updates as Server-Sent Events, at most one
+//!   every 50 ms while events arrive.
+//! - Controls (pause, resume, cancel, retry, checkpoint, answer) go to the coordinator over gRPC
+//!   and require the configured bearer token; without it they are refused and change nothing.
+//! - The UI's assets are compiled into the binary.
+//!
+//! `main.rs` is a thin shell around [`main_entry`]; `trellis monitor` and `trellis dev` host the
+//! same service.
 
-/// Runs the `trellis-monitor` binary, which says the service is not available yet and returns
-/// status 2.
-pub fn main_entry() -> std::process::ExitCode {
-    eprintln!(
-        "trellis-monitor: this service is not available yet; use `trellis plan validate|analyze`"
-    );
-    std::process::ExitCode::from(2)
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Channel, Endpoint};
+use trellis_proto::v1::checkpoint_store_client::CheckpointStoreClient;
+use trellis_proto::v1::coordinator_client::CoordinatorClient;
+
+pub mod api;
+mod assets;
+mod cli;
+pub mod hub;
+pub mod views;
+
+pub use cli::{Args, main_entry, run_with, serve};
+
+/// Where the monitor listens unless told otherwise.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:7700";
+/// How often a live stream gets an update while events arrive.
+pub const DEFAULT_FLUSH: Duration = Duration::from_millis(50);
+/// How long the monitor waits for the coordinator to create the event stream.
+const STREAMS_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What the monitor connects to.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub nats_url: String,
+    /// The coordinator's gRPC address (`http://host:port`).
+    pub coordinator_url: String,
+    /// The checkpoint-store's gRPC address; without it `/checkpoints` says so.
+    pub checkpoint_store_url: Option<String>,
+    /// The bearer token controls require; `None` disables every control.
+    pub token: Option<String>,
+    /// How often live streams are updated.
+    pub flush: Duration,
+}
+
+/// Why the monitor stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot read the listener's address: {0}")]
+    Listener(std::io::Error),
+    #[error(transparent)]
+    Bus(#[from] trellis_bus::Error),
+    #[error("{name} address `{url}` is not a valid URL: {message}")]
+    Url {
+        name: &'static str,
+        url: String,
+        message: String,
+    },
+    #[error("HTTP server failed: {0}")]
+    Serve(std::io::Error),
+}
+
+fn channel(name: &'static str, url: &str) -> Result<Channel, Error> {
+    Endpoint::from_shared(url.to_owned())
+        .map(|endpoint| {
+            endpoint
+                .connect_timeout(Duration::from_secs(5))
+                .tcp_nodelay(true)
+                .connect_lazy()
+        })
+        .map_err(|err| Error::Url {
+            name,
+            url: url.to_owned(),
+            message: err.to_string(),
+        })
+}
+
+/// Serves the monitor on `listener` until `shutdown` fires.
+///
+/// # Errors
+///
+/// NATS or its event stream cannot be reached, an address is malformed, or serving fails.
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
+    let addr: SocketAddr = listener.local_addr().map_err(Error::Listener)?;
+    let coordinator = CoordinatorClient::new(channel("coordinator", &config.coordinator_url)?)
+        .max_decoding_message_size(64 * 1024 * 1024);
+    let store = config
+        .checkpoint_store_url
+        .as_deref()
+        .map(|url| channel("checkpoint-store", url).map(CheckpointStoreClient::new))
+        .transpose()?;
+    let nats = trellis_bus::connect(&config.nats_url, "trellis-monitor").await?;
+    let js = async_nats::jetstream::new(nats);
+    let streams = tokio::select! {
+        () = shutdown.cancelled() => return Ok(()),
+        streams = trellis_bus::wait_for_streams(&js, STREAMS_TIMEOUT) => streams?,
+    };
+    let app = api::App {
+        hubs: hub::Hubs::new(streams.events, config.flush, shutdown.clone()),
+        coordinator,
+        store,
+        token: config.token.map(Arc::from),
+        shutdown: shutdown.clone(),
+    };
+    tracing::info!(%addr, controls = app.token.is_some(), "monitor serving");
+    let router = api::router(app);
+    // Live updates are small writes that must not wait for Nagle's algorithm.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |stream| {
+        let _ = stream.set_nodelay(true);
+    });
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+        .map_err(Error::Serve)
 }

@@ -1,0 +1,636 @@
+//! The HTTP API of `API.md`: reads from the coordinator, the checkpoint-store and the live hubs;
+//! controls forwarded to the coordinator once the caller's token checks out.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::broadcast::error::RecvError;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+use trellis_core::ids::ExecutionId;
+use trellis_proto::v1;
+use trellis_proto::v1::checkpoint_store_client::CheckpointStoreClient;
+use trellis_proto::v1::coordinator_client::CoordinatorClient;
+
+use crate::assets;
+use crate::hub::{Hub, HubError, Hubs};
+use crate::views::{CheckpointView, ExecutionView, QuestionView, WorkerView};
+
+/// A stream with nothing to send writes a comment this often, so proxies keep it open.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+/// Most events one `/events` page returns.
+const MAX_EVENTS_PAGE: usize = 5_000;
+
+/// What every handler shares.
+#[derive(Clone, Debug)]
+pub struct App {
+    pub hubs: Arc<Hubs>,
+    pub coordinator: CoordinatorClient<Channel>,
+    pub store: Option<CheckpointStoreClient<Channel>>,
+    /// Controls require it; `None` refuses every control.
+    pub token: Option<Arc<str>>,
+    pub shutdown: CancellationToken,
+}
+
+/// An error answer: `{"error": message}` with a status.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+        }
+    }
+
+    fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(json!({ "error": self.message }))).into_response()
+    }
+}
+
+impl From<tonic::Status> for ApiError {
+    fn from(status: tonic::Status) -> Self {
+        use tonic::Code;
+        let code = match status.code() {
+            Code::InvalidArgument | Code::OutOfRange => StatusCode::BAD_REQUEST,
+            Code::NotFound => StatusCode::NOT_FOUND,
+            Code::FailedPrecondition | Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
+            Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Code::PermissionDenied => StatusCode::FORBIDDEN,
+            Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
+            Code::Unavailable | Code::DeadlineExceeded | Code::Unknown => StatusCode::BAD_GATEWAY,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        let message = if code == StatusCode::BAD_GATEWAY {
+            format!("the coordinator did not answer: {}", status.message())
+        } else {
+            status.message().to_owned()
+        };
+        Self::new(code, message)
+    }
+}
+
+impl From<HubError> for ApiError {
+    fn from(err: HubError) -> Self {
+        let status = match err {
+            HubError::Unknown(_) => StatusCode::NOT_FOUND,
+            HubError::Log { .. } => StatusCode::BAD_GATEWAY,
+        };
+        Self::new(status, err.to_string())
+    }
+}
+
+type ApiResult = Result<Response, ApiError>;
+
+/// The routes of the UI and the API.
+pub fn router(app: App) -> Router {
+    Router::new()
+        .route("/", get(assets::index))
+        .route("/assets/{file}", get(assets::file))
+        .route(
+            "/api/health",
+            get(|| async { axum::Json(json!({ "ok": true })) }),
+        )
+        .route("/api/config", get(config))
+        .route("/api/executions", get(list_executions))
+        .route("/api/executions/{id}", get(get_execution))
+        .route("/api/executions/{id}/plan", get(plan))
+        .route("/api/executions/{id}/instances", get(instances))
+        .route("/api/executions/{id}/events", get(events))
+        .route("/api/executions/{id}/checkpoints", get(checkpoints))
+        .route("/api/executions/{id}/live", get(live))
+        .route("/api/workers", get(workers))
+        .route("/api/executions/{id}/{action}", post(control))
+        .route(
+            "/api/executions/{id}/questions/{question}/answer",
+            post(answer),
+        )
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such page or endpoint") })
+        .with_state(app)
+}
+
+fn json(value: &impl serde::Serialize) -> Response {
+    axum::Json(value).into_response()
+}
+
+/// Parses an execution id from the path.
+fn execution_id(text: &str) -> Result<ExecutionId, ApiError> {
+    text.parse().map_err(|_| {
+        ApiError::bad_request(format!(
+            "execution id `{text}` is not a UUID (copy it from the executions list)"
+        ))
+    })
+}
+
+async fn config(State(app): State<App>) -> Response {
+    json(&json!({
+        "controls": app.token.is_some(),
+        "version": env!("CARGO_PKG_VERSION"),
+    }))
+}
+
+#[derive(Debug, Deserialize)]
+struct ListQuery {
+    name: Option<String>,
+}
+
+async fn list_executions(
+    State(mut app): State<App>,
+    Query(query): Query<ListQuery>,
+    raw: axum::extract::RawQuery,
+) -> ApiResult {
+    // `state` may repeat, which a map-shaped query cannot hold: read those pairs by hand.
+    let mut states = Vec::new();
+    for (key, value) in form_pairs(raw.0.as_deref().unwrap_or_default()) {
+        if key == "state" && !value.is_empty() {
+            let state = execution_state_from_name(&value).ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "state `{value}` is not an execution state (pending, running, paused, \
+                     waiting_for_human, completed, failed, cancelled)"
+                ))
+            })?;
+            states.push(state as i32);
+        }
+    }
+    let response = app
+        .coordinator
+        .list_executions(v1::ListExecutionsRequest {
+            states,
+            name_contains: query.name.unwrap_or_default(),
+            page: Some(v1::PageRequest {
+                page_size: 1000,
+                page_token: String::new(),
+            }),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let executions: Vec<ExecutionView> = response
+        .executions
+        .iter()
+        .map(ExecutionView::from_proto)
+        .collect();
+    Ok(json(&json!({ "executions": executions })))
+}
+
+/// `key=value` pairs of a query string, percent-decoded.
+fn form_pairs(query: &str) -> Vec<(String, String)> {
+    query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            (percent_decode(key), percent_decode(value))
+        })
+        .collect()
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                let hex = |b: u8| (b as char).to_digit(16);
+                match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                    // Two hex digits make at most 255.
+                    (Some(high), Some(low)) => {
+                        out.push((high * 16 + low) as u8);
+                        i += 2;
+                    }
+                    _ => out.push(b'%'),
+                }
+            }
+            byte => out.push(byte),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn execution_state_from_name(name: &str) -> Option<v1::ExecutionState> {
+    use v1::ExecutionState as S;
+    Some(match name {
+        "pending" => S::Pending,
+        "running" => S::Running,
+        "paused" => S::Paused,
+        "waiting_for_human" => S::WaitingForHuman,
+        "completed" => S::Completed,
+        "failed" => S::Failed,
+        "cancelled" => S::Cancelled,
+        _ => return None,
+    })
+}
+
+async fn get_execution(State(mut app): State<App>, Path(id): Path<String>) -> ApiResult {
+    let id = execution_id(&id)?;
+    let execution = app
+        .coordinator
+        .get_execution(v1::GetExecutionRequest {
+            execution_id: id.to_string(),
+        })
+        .await?
+        .into_inner()
+        .execution
+        .ok_or_else(|| {
+            ApiError::new(StatusCode::BAD_GATEWAY, "the coordinator sent no execution")
+        })?;
+    let questions: Vec<QuestionView> = execution
+        .open_questions
+        .iter()
+        .map(QuestionView::from_proto)
+        .collect();
+    Ok(json(&json!({
+        "execution": ExecutionView::from_proto(&execution),
+        "questions": questions,
+    })))
+}
+
+async fn hub(app: &App, id: &str) -> Result<Arc<Hub>, ApiError> {
+    Ok(app.hubs.get(execution_id(id)?).await?)
+}
+
+async fn plan(State(app): State<App>, Path(id): Path<String>) -> ApiResult {
+    let hub = hub(&app, &id).await?;
+    let plan = hub.plan().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "the execution's plan is not loaded",
+        )
+    })?;
+    Ok(json(&*plan))
+}
+
+async fn instances(State(app): State<App>, Path(id): Path<String>) -> ApiResult {
+    let hub = hub(&app, &id).await?;
+    let (seq, instances) = hub.instances();
+    Ok(json(&json!({ "seq": seq, "instances": instances })))
+}
+
+#[derive(Debug, Deserialize)]
+struct EventsQuery {
+    from: Option<u64>,
+    limit: Option<usize>,
+}
+
+async fn events(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult {
+    let Query(query) = query.map_err(|err| {
+        ApiError::bad_request(format!(
+            "{}: `from` and `limit` must be whole numbers",
+            err.body_text()
+        ))
+    })?;
+    let limit = query.limit.unwrap_or(500);
+    if limit == 0 || limit > MAX_EVENTS_PAGE {
+        return Err(ApiError::bad_request(format!(
+            "limit {limit} is out of range: ask for 1 to {MAX_EVENTS_PAGE} events"
+        )));
+    }
+    let hub = hub(&app, &id).await?;
+    let (events, next) = app
+        .hubs
+        .events(&hub, query.from.unwrap_or(1), limit)
+        .await?;
+    Ok(json(&json!({ "events": events, "next": next })))
+}
+
+async fn checkpoints(State(app): State<App>, Path(id): Path<String>) -> ApiResult {
+    let id = execution_id(&id)?;
+    let Some(mut store) = app.store.clone() else {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no checkpoint-store configured: start the monitor with --checkpoint-store URL",
+        ));
+    };
+    let response = store
+        .list_checkpoints(v1::ListCheckpointsRequest {
+            execution_id: id.to_string(),
+            page: Some(v1::PageRequest {
+                page_size: 1000,
+                page_token: String::new(),
+            }),
+        })
+        .await
+        .map_err(|status| {
+            let mut err = ApiError::from(status);
+            if err.status == StatusCode::BAD_GATEWAY {
+                err.message = err.message.replace("coordinator", "checkpoint-store");
+            }
+            err
+        })?
+        .into_inner();
+    let checkpoints: Vec<CheckpointView> = response
+        .checkpoints
+        .iter()
+        .map(CheckpointView::from_proto)
+        .collect();
+    Ok(json(&json!({ "checkpoints": checkpoints })))
+}
+
+async fn workers(State(mut app): State<App>) -> ApiResult {
+    let response = app
+        .coordinator
+        .list_workers(v1::ListWorkersRequest {
+            queue: String::new(),
+            include_terminated: true,
+        })
+        .await?
+        .into_inner();
+    let workers: Vec<WorkerView> = response
+        .workers
+        .iter()
+        .map(WorkerView::from_proto)
+        .collect();
+    Ok(json(&json!({ "workers": workers })))
+}
+
+#[derive(Debug, Deserialize)]
+struct LiveQuery {
+    records: Option<String>,
+}
+
+/// The live stream: a snapshot, then every update of the execution's hub, as Server-Sent Events.
+async fn live(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    Query(query): Query<LiveQuery>,
+) -> ApiResult {
+    let records = !matches!(query.records.as_deref(), Some("0" | "false"));
+    let hub = hub(&app, &id).await?;
+    let (snapshot, receiver) = hub.subscribe(records);
+    struct Live {
+        hub: Arc<Hub>,
+        receiver: tokio::sync::broadcast::Receiver<Bytes>,
+        first: Option<Bytes>,
+        records: bool,
+        shutdown: CancellationToken,
+    }
+    let state = Live {
+        hub,
+        receiver,
+        first: Some(snapshot),
+        records,
+        shutdown: app.shutdown.clone(),
+    };
+    let frames = futures::stream::unfold(state, |mut live| async move {
+        if let Some(first) = live.first.take() {
+            return Some((Ok::<Bytes, Infallible>(first), live));
+        }
+        let frame = tokio::select! {
+            () = live.shutdown.cancelled() => return None,
+            received = tokio::time::timeout(KEEP_ALIVE, live.receiver.recv()) => match received {
+                Ok(Ok(frame)) => frame,
+                // Too far behind: start again from a fresh snapshot rather than skip updates.
+                Ok(Err(RecvError::Lagged(_))) => {
+                    let (snapshot, receiver) = live.hub.subscribe(live.records);
+                    live.receiver = receiver;
+                    snapshot
+                }
+                Ok(Err(RecvError::Closed)) => return None,
+                Err(_) => Bytes::from_static(b": keep-alive\n\n"),
+            },
+        };
+        Some((Ok(frame), live))
+    });
+    let mut response = Body::from_stream(frames).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    Ok(response)
+}
+
+/// Checks the bearer token of a control request.
+fn authorize(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(expected) = app.token.as_deref() else {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "controls are disabled: this monitor was started without --token",
+        ));
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "this control needs the monitor's token: send `Authorization: Bearer <token>`",
+            )
+        })?;
+    if constant_time_eq(given.trim().as_bytes(), expected.as_bytes()) {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "the token is wrong: nothing was changed",
+        ))
+    }
+}
+
+/// Compares without stopping at the first difference, so timing tells nothing of the token.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The JSON body of a control: `{}`, empty, or an object with string fields.
+fn body_fields(body: &Bytes) -> Result<HashMap<String, String>, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(HashMap::new());
+    }
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|err| ApiError::bad_request(format!("the request body is not JSON: {err}")))?;
+    let Value::Object(fields) = value else {
+        return Err(ApiError::bad_request(
+            "the request body must be a JSON object",
+        ));
+    };
+    fields
+        .into_iter()
+        .map(|(key, value)| match value {
+            Value::String(text) => Ok((key, text)),
+            other => Err(ApiError::bad_request(format!(
+                "field `{key}` must be a string, not {other}"
+            ))),
+        })
+        .collect()
+}
+
+async fn control(
+    State(mut app): State<App>,
+    Path((id, action)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult {
+    authorize(&app, &headers)?;
+    let id = execution_id(&id)?;
+    let fields = body_fields(&body)?;
+    let reason = fields
+        .get("reason")
+        .cloned()
+        .unwrap_or_else(|| "from the monitor".to_owned());
+    let execution_id = id.to_string();
+    let state_of = |state: i32| json!({ "state": crate::views::execution_state_name(state) });
+    let answer = match action.as_str() {
+        "pause" => {
+            let r = app
+                .coordinator
+                .pause_execution(v1::PauseExecutionRequest {
+                    execution_id,
+                    reason,
+                })
+                .await?;
+            state_of(r.into_inner().state)
+        }
+        "resume" => {
+            let r = app
+                .coordinator
+                .resume_execution(v1::ResumeExecutionRequest {
+                    execution_id,
+                    reason,
+                })
+                .await?;
+            state_of(r.into_inner().state)
+        }
+        "cancel" => {
+            let r = app
+                .coordinator
+                .cancel_execution(v1::CancelExecutionRequest {
+                    execution_id,
+                    reason,
+                })
+                .await?;
+            state_of(r.into_inner().state)
+        }
+        "retry" => {
+            let r = app
+                .coordinator
+                .retry_execution(v1::RetryExecutionRequest { execution_id })
+                .await?;
+            json!({ "run_number": r.into_inner().run_number })
+        }
+        "checkpoint" => {
+            let r = app
+                .coordinator
+                .checkpoint_execution(v1::CheckpointExecutionRequest { execution_id })
+                .await?
+                .into_inner();
+            json!({ "checkpoint": r.checkpoint.as_ref().map(CheckpointView::from_proto) })
+        }
+        other => {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("no control `{other}`: use pause, resume, cancel, retry or checkpoint"),
+            ));
+        }
+    };
+    tracing::info!(%id, %action, "control applied");
+    Ok(json(&answer))
+}
+
+async fn answer(
+    State(mut app): State<App>,
+    Path((id, question)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult {
+    authorize(&app, &headers)?;
+    let id = execution_id(&id)?;
+    let mut fields = body_fields(&body)?;
+    let answer = fields
+        .remove("answer")
+        .filter(|a| !a.trim().is_empty())
+        .ok_or_else(|| ApiError::bad_request("field `answer` is missing or empty"))?;
+    let response = app
+        .coordinator
+        .answer_question(v1::AnswerQuestionRequest {
+            execution_id: id.to_string(),
+            question_id: question.clone(),
+            answer,
+            answered_by: fields
+                .remove("answered_by")
+                .unwrap_or_else(|| "monitor".to_owned()),
+        })
+        .await?
+        .into_inner();
+    tracing::info!(%id, %question, "question answered");
+    Ok(json(&json!({
+        "sequence": response.sequence,
+        "task_instance_id": response.task_instance_id,
+    })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(constant_time_eq(b"s3cret", b"s3cret"));
+        assert!(!constant_time_eq(b"s3cret", b"s3cres"));
+        assert!(!constant_time_eq(b"s3cret", b"s3cret!"));
+        assert!(!constant_time_eq(b"", b"x"));
+    }
+
+    #[test]
+    fn query_pairs_are_decoded_and_may_repeat() {
+        assert_eq!(
+            form_pairs("state=running&state=paused&name=build%20x+y"),
+            vec![
+                ("state".to_owned(), "running".to_owned()),
+                ("state".to_owned(), "paused".to_owned()),
+                ("name".to_owned(), "build x y".to_owned()),
+            ]
+        );
+        assert_eq!(percent_decode("100%"), "100%");
+        assert_eq!(percent_decode("%zz"), "%zz");
+    }
+
+    #[test]
+    fn control_bodies_are_objects_of_strings() {
+        assert!(
+            body_fields(&Bytes::new())
+                .expect("empty is fine")
+                .is_empty()
+        );
+        let fields = body_fields(&Bytes::from_static(br#"{"answer":"yes"}"#)).expect("an object");
+        assert_eq!(fields.get("answer").map(String::as_str), Some("yes"));
+        let err = body_fields(&Bytes::from_static(br#"{"answer":3}"#)).expect_err("a number");
+        assert_eq!(err.status, StatusCode::BAD_REQUEST);
+        assert!(err.message.contains("`answer`"), "{}", err.message);
+        assert!(body_fields(&Bytes::from_static(b"[1]")).is_err());
+        assert!(body_fields(&Bytes::from_static(b"{")).is_err());
+    }
+}

@@ -1,0 +1,570 @@
+//! Live projections of executions, fed from their event logs on NATS.
+//!
+//! For each execution a browser looks at, one [`Hub`] reads `trellis.events.<id>` from its first
+//! message with an ordered JetStream consumer and applies every logged event to a read-only copy
+//! of the domain state machine (`trellis_core::machine::Execution`), exactly as recovery does. So
+//! the monitor shows the same task instances, states and progress as the coordinator, without
+//! asking it per event.
+//!
+//! Every `flush` interval (50 ms by default) the hub turns what changed into one `update` frame:
+//! serialised once, shared by every stream as the same bytes, so a thousand browsers cost a
+//! thousand socket writes, not a thousand serialisations. A hub no one has used for a while stops.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_nats::jetstream::{consumer, stream::Stream};
+use bytes::Bytes;
+use futures::StreamExt;
+use prost::Message as _;
+use serde::Serialize;
+use tokio::sync::{broadcast, watch};
+use tokio_util::sync::CancellationToken;
+use trellis_core::ids::ExecutionId;
+use trellis_core::machine::Execution;
+use trellis_core::plan::{Limits, compile_str};
+use trellis_proto::convert::{self, LogEntry, Started};
+use trellis_proto::{subjects, v1};
+
+use crate::views::{EventView, ExecutionView, InstanceView, PlanView};
+
+/// Most events one update carries; older ones of the same batch are counted, not sent.
+pub const MAX_EVENTS_PER_UPDATE: usize = 25;
+/// Most changed instances one update carries; beyond it the client refetches the list.
+pub const MAX_INSTANCES_PER_UPDATE: usize = 1_000;
+/// Frames a slow stream may fall behind before it is sent a fresh snapshot instead.
+const UPDATE_BUFFER: usize = 256;
+/// A hub with no stream and no request for this long stops.
+const IDLE_AFTER: Duration = Duration::from_secs(60);
+/// How long a request waits for a new hub to read the start of its log.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a hub cannot answer.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+pub enum HubError {
+    #[error("no execution {0}: its event log is empty or gone")]
+    Unknown(String),
+    #[error("cannot read the event log of {id}: {message}")]
+    Log { id: String, message: String },
+}
+
+/// Every hub of this monitor, by execution.
+#[derive(Debug)]
+pub struct Hubs {
+    events: Stream,
+    flush: Duration,
+    hubs: Mutex<HashMap<ExecutionId, Arc<Hub>>>,
+    shutdown: CancellationToken,
+}
+
+impl Hubs {
+    /// Hubs reading the event stream `events`, flushing every `flush`.
+    pub fn new(events: Stream, flush: Duration, shutdown: CancellationToken) -> Arc<Self> {
+        Arc::new(Self {
+            events,
+            flush,
+            hubs: Mutex::new(HashMap::new()),
+            shutdown,
+        })
+    }
+
+    fn map(&self) -> MutexGuard<'_, HashMap<ExecutionId, Arc<Hub>>> {
+        // A panic while holding this lock leaves only a map of handles behind; keep using it.
+        self.hubs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The hub of `id`, started if needed, once it has read the start of the log.
+    ///
+    /// # Errors
+    ///
+    /// The execution has no log, or the log cannot be read.
+    pub async fn get(self: &Arc<Self>, id: ExecutionId) -> Result<Arc<Hub>, HubError> {
+        // Touched under the map's lock, so an idle hub cannot stop between this and the touch.
+        let existing = self.map().get(&id).inspect(|hub| hub.touch()).cloned();
+        let hub = match existing {
+            Some(hub) => hub,
+            None => {
+                self.check_exists(id).await?;
+                let mut map = self.map();
+                match map.get(&id) {
+                    Some(hub) => Arc::clone(hub),
+                    None => {
+                        let hub = Arc::new(Hub::new(id));
+                        map.insert(id, Arc::clone(&hub));
+                        tokio::spawn(follow(Arc::clone(self), Arc::clone(&hub)));
+                        hub
+                    }
+                }
+            }
+        };
+        hub.touch();
+        hub.ready().await?;
+        Ok(hub)
+    }
+
+    /// Fails with [`HubError::Unknown`] when the log of `id` has no message.
+    async fn check_exists(&self, id: ExecutionId) -> Result<(), HubError> {
+        use async_nats::jetstream::stream::LastRawMessageErrorKind;
+        match self
+            .events
+            .get_last_raw_message_by_subject(&subjects::events(id))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(err) if err.kind() == LastRawMessageErrorKind::NoMessageFound => {
+                Err(HubError::Unknown(id.to_string()))
+            }
+            Err(err) => Err(HubError::Log {
+                id: id.to_string(),
+                message: err.to_string(),
+            }),
+        }
+    }
+
+    /// Events of `id`'s log from sequence `from`, at most `limit`, read from the stream itself
+    /// (the hub keeps where each stored message starts, not the events). Also returns the
+    /// sequence to ask for next, if the log goes on.
+    ///
+    /// # Errors
+    ///
+    /// The log cannot be read.
+    pub async fn events(
+        &self,
+        hub: &Hub,
+        from: u64,
+        limit: usize,
+    ) -> Result<(Vec<EventView>, Option<u64>), HubError> {
+        let from = from.max(1);
+        let (mut stream_seq, last) = {
+            let state = hub.state();
+            let index = state.batches.partition_point(|&(first, _)| first <= from);
+            let start = index.checked_sub(1).map_or(0, |i| state.batches[i].1);
+            (start, state.seq)
+        };
+        let subject = subjects::events(hub.id);
+        let mut out = Vec::new();
+        let mut next_seq = from;
+        while out.len() < limit && next_seq <= last {
+            use async_nats::jetstream::stream::RawMessageErrorKind;
+            let message = match self
+                .events
+                .get_first_raw_message_by_subject(&subject, stream_seq.max(1))
+                .await
+            {
+                Ok(message) => message,
+                Err(err) if err.kind() == RawMessageErrorKind::NoMessageFound => break,
+                Err(err) => {
+                    return Err(HubError::Log {
+                        id: hub.id.to_string(),
+                        message: err.to_string(),
+                    });
+                }
+            };
+            stream_seq = message.sequence + 1;
+            let Ok(batch) = v1::EventBatch::decode(message.payload.as_ref()) else {
+                continue;
+            };
+            let appended_ms = unix_ms(message.time);
+            for event in &batch.events {
+                if event.sequence >= next_seq && out.len() < limit && event.sequence <= last {
+                    out.push(EventView::new(event, appended_ms));
+                    next_seq = event.sequence + 1;
+                }
+            }
+        }
+        let next = (next_seq <= last).then_some(next_seq);
+        Ok((out, next))
+    }
+}
+
+/// Where a hub stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Readiness {
+    /// The start of the log has not been read yet.
+    Loading,
+    Ready,
+    Failed(HubError),
+}
+
+/// The live projection of one execution.
+#[derive(Debug)]
+pub struct Hub {
+    id: ExecutionId,
+    state: Mutex<Projection>,
+    updates: broadcast::Sender<Bytes>,
+    readiness: watch::Sender<Readiness>,
+    /// Milliseconds since the Unix epoch of the last request or stream.
+    last_used_ms: AtomicU64,
+}
+
+/// What a hub knows of its execution.
+#[derive(Debug, Default)]
+struct Projection {
+    started: Option<Started>,
+    machine: Option<Execution>,
+    /// The last event sequence applied.
+    seq: u64,
+    /// `(first event sequence, stream sequence)` of every log message read, in order.
+    batches: Vec<(u64, u64)>,
+    /// Events since the last flush, newest last, at most [`MAX_EVENTS_PER_UPDATE`].
+    events: VecDeque<EventView>,
+    events_omitted: u64,
+    /// Something changed since the last flush.
+    dirty: bool,
+    /// An `ExecutionFinished` arrived since the last flush.
+    finished: bool,
+    /// The plan as the API shows it, built on first request.
+    plan: Option<Arc<PlanView>>,
+}
+
+/// The first frame of a stream.
+#[derive(Serialize)]
+struct Snapshot<'a> {
+    seq: u64,
+    execution: &'a ExecutionView,
+    instances: Vec<InstanceView>,
+}
+
+/// What changed in one flush interval.
+#[derive(Serialize)]
+struct Update {
+    seq: u64,
+    execution: ExecutionView,
+    events: Vec<EventView>,
+    events_omitted: u64,
+    instances: Vec<InstanceView>,
+    instances_omitted: usize,
+}
+
+/// Frames one Server-Sent Event.
+pub fn sse_frame(event: &str, data: &impl Serialize) -> Bytes {
+    // Serialising plain data structures to JSON cannot fail; an empty object stands in should it.
+    let json = serde_json::to_string(data).unwrap_or_else(|_| "{}".to_owned());
+    Bytes::from(format!("event: {event}\ndata: {json}\n\n"))
+}
+
+/// Milliseconds since the Unix epoch of a NATS timestamp.
+fn unix_ms(time: async_nats::datetime::DateTime) -> i64 {
+    (time.unix_timestamp_nanos() / 1_000_000) as i64
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Hub {
+    fn new(id: ExecutionId) -> Self {
+        let (updates, _) = broadcast::channel(UPDATE_BUFFER);
+        let (readiness, _) = watch::channel(Readiness::Loading);
+        Self {
+            id,
+            state: Mutex::new(Projection::default()),
+            updates,
+            readiness,
+            last_used_ms: AtomicU64::new(now_ms()),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, Projection> {
+        // The projection is rebuilt from the log; after a panic elsewhere it is still the best
+        // there is.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn touch(&self) {
+        self.last_used_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    async fn ready(&self) -> Result<(), HubError> {
+        let mut readiness = self.readiness.subscribe();
+        let waited = tokio::time::timeout(READY_TIMEOUT, async {
+            loop {
+                match &*readiness.borrow_and_update() {
+                    Readiness::Ready => return Ok(()),
+                    Readiness::Failed(err) => return Err(err.clone()),
+                    Readiness::Loading => {}
+                }
+                if readiness.changed().await.is_err() {
+                    return Err(HubError::Log {
+                        id: self.id.to_string(),
+                        message: "its reader stopped".to_owned(),
+                    });
+                }
+            }
+        })
+        .await;
+        waited.unwrap_or_else(|_| {
+            Err(HubError::Log {
+                id: self.id.to_string(),
+                message: format!("its first event did not arrive within {READY_TIMEOUT:?}"),
+            })
+        })
+    }
+
+    /// The execution as of the last event applied.
+    pub fn execution(&self) -> Option<ExecutionView> {
+        let state = self.state();
+        let (machine, started) = (state.machine.as_ref()?, state.started.as_ref()?);
+        Some(ExecutionView::from_machine(machine, started, now_ms()))
+    }
+
+    /// Every task instance, and the sequence they reflect.
+    pub fn instances(&self) -> (u64, Vec<InstanceView>) {
+        let state = self.state();
+        let instances = state.machine.as_ref().map_or_else(Vec::new, |m| {
+            m.records().iter().map(InstanceView::from).collect()
+        });
+        (state.seq, instances)
+    }
+
+    /// The plan, laid out by waves.
+    pub fn plan(&self) -> Option<Arc<PlanView>> {
+        let mut state = self.state();
+        if state.plan.is_none() {
+            let plan = state
+                .machine
+                .as_ref()
+                .map(|m| PlanView::from(&**m.plan()))?;
+            state.plan = Some(Arc::new(plan));
+        }
+        state.plan.clone()
+    }
+
+    /// A snapshot frame and the updates that follow it, taken under one lock so that no update
+    /// falls between them. Without `records` the snapshot carries no instances.
+    pub fn subscribe(&self, records: bool) -> (Bytes, broadcast::Receiver<Bytes>) {
+        self.touch();
+        let state = self.state();
+        let execution = match (state.machine.as_ref(), state.started.as_ref()) {
+            (Some(machine), Some(started)) => {
+                ExecutionView::from_machine(machine, started, now_ms())
+            }
+            _ => ExecutionView::default(),
+        };
+        let instances = match (&state.machine, records) {
+            (Some(machine), true) => machine.records().iter().map(InstanceView::from).collect(),
+            _ => Vec::new(),
+        };
+        let frame = sse_frame(
+            "snapshot",
+            &Snapshot {
+                seq: state.seq,
+                execution: &execution,
+                instances,
+            },
+        );
+        let receiver = self.updates.subscribe();
+        drop(state);
+        (frame, receiver)
+    }
+
+    /// Applies one log message (an `EventBatch`) stored at `stream_seq` at `appended_ms`.
+    fn ingest(&self, payload: &[u8], stream_seq: u64, appended_ms: i64) {
+        let batch = match v1::EventBatch::decode(payload) {
+            Ok(batch) => batch,
+            Err(err) => {
+                tracing::warn!(id = %self.id, stream_seq, %err, "undecodable log message skipped");
+                return;
+            }
+        };
+        let mut state = self.state();
+        if let Some(first) = batch.events.first() {
+            state.batches.push((first.sequence, stream_seq));
+        }
+        for event in &batch.events {
+            if event.sequence <= state.seq {
+                continue;
+            }
+            if event.sequence != state.seq + 1 {
+                tracing::warn!(id = %self.id, after = state.seq, sequence = event.sequence, "the log has a gap");
+            }
+            state.seq = event.sequence;
+            match convert::event_from_proto(event) {
+                Ok(LogEntry::Started(started)) => self.start(&mut state, started),
+                Ok(LogEntry::Event(applied)) => {
+                    if let Some(machine) = state.machine.as_mut()
+                        && let Err(err) = machine.apply(&applied)
+                    {
+                        tracing::debug!(id = %self.id, sequence = event.sequence, %err, "logged event refused");
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(id = %self.id, sequence = event.sequence, %err, "event skipped");
+                }
+            }
+            if matches!(event.kind, Some(v1::event::Kind::ExecutionFinished(_))) {
+                state.finished = true;
+            }
+            if state.events.len() == MAX_EVENTS_PER_UPDATE {
+                state.events.pop_front();
+                state.events_omitted += 1;
+            }
+            state.events.push_back(EventView::new(event, appended_ms));
+            state.dirty = true;
+        }
+    }
+
+    /// Builds the state machine from the log's first entry.
+    fn start(&self, state: &mut Projection, started: Started) {
+        match compile_str(&started.spec, &Limits::default()) {
+            Ok(plan) => {
+                state.machine = Some(Execution::start(
+                    self.id,
+                    Arc::new(plan),
+                    started.run_number.max(1),
+                    started.started_at_ms,
+                ));
+                state.started = Some(started);
+                self.readiness.send_replace(Readiness::Ready);
+            }
+            Err(errors) => {
+                let message = format!(
+                    "its plan does not compile: {}",
+                    errors
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                );
+                self.readiness
+                    .send_replace(Readiness::Failed(HubError::Log {
+                        id: self.id.to_string(),
+                        message,
+                    }));
+            }
+        }
+    }
+
+    /// Sends what changed since the last flush to every stream.
+    fn flush(&self) {
+        let mut state = self.state();
+        if !state.dirty {
+            return;
+        }
+        state.dirty = false;
+        let events: Vec<EventView> = state.events.drain(..).collect();
+        let events_omitted = std::mem::take(&mut state.events_omitted);
+        let finished = std::mem::take(&mut state.finished);
+        let seq = state.seq;
+        let Projection {
+            machine, started, ..
+        } = &mut *state;
+        let (Some(machine), Some(started)) = (machine.as_mut(), started.as_ref()) else {
+            return;
+        };
+        let changed = machine.take_changed_records();
+        if self.updates.receiver_count() == 0 {
+            return;
+        }
+        let (instances, instances_omitted) = if changed.len() > MAX_INSTANCES_PER_UPDATE {
+            (Vec::new(), changed.len())
+        } else {
+            (changed.iter().map(InstanceView::from).collect(), 0)
+        };
+        let update = Update {
+            seq,
+            execution: ExecutionView::from_machine(machine, started, now_ms()),
+            events,
+            events_omitted,
+            instances,
+            instances_omitted,
+        };
+        let _ = self.updates.send(sse_frame("update", &update));
+        if finished {
+            let _ = self
+                .updates
+                .send(sse_frame("end", &serde_json::json!({ "seq": seq })));
+        }
+    }
+
+    fn idle(&self) -> bool {
+        self.updates.receiver_count() == 0
+            && now_ms().saturating_sub(self.last_used_ms.load(Ordering::Relaxed))
+                > IDLE_AFTER.as_millis() as u64
+    }
+}
+
+/// Reads the hub's log from the start and keeps it current until the hub goes idle or the
+/// monitor stops.
+async fn follow(hubs: Arc<Hubs>, hub: Arc<Hub>) {
+    let fail = |message: String| {
+        hub.readiness.send_replace(Readiness::Failed(HubError::Log {
+            id: hub.id.to_string(),
+            message,
+        }));
+    };
+    let consumer = hubs
+        .events
+        .create_consumer(consumer::pull::OrderedConfig {
+            filter_subject: subjects::events(hub.id),
+            deliver_policy: consumer::DeliverPolicy::All,
+            ..Default::default()
+        })
+        .await;
+    let messages = match consumer {
+        Ok(consumer) => consumer.messages().await,
+        Err(err) => {
+            fail(err.to_string());
+            hubs.map().remove(&hub.id);
+            return;
+        }
+    };
+    let mut messages = match messages {
+        Ok(messages) => messages,
+        Err(err) => {
+            fail(err.to_string());
+            hubs.map().remove(&hub.id);
+            return;
+        }
+    };
+    let mut tick = tokio::time::interval(hubs.flush);
+    let mut last_flush = tokio::time::Instant::now();
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = hubs.shutdown.cancelled() => break,
+            next = messages.next() => match next {
+                Some(Ok(message)) => {
+                    let (stream_seq, appended_ms) = message.info().map_or((0, now_ms() as i64), |info| {
+                        (info.stream_sequence, unix_ms(info.published))
+                    });
+                    hub.ingest(&message.payload, stream_seq, appended_ms);
+                    // Under a steady flow the tick may lose the race against new messages: flush
+                    // here as soon as an interval has passed.
+                    if last_flush.elapsed() >= hubs.flush {
+                        hub.flush();
+                        last_flush = tokio::time::Instant::now();
+                    }
+                }
+                Some(Err(err)) => {
+                    tracing::warn!(id = %hub.id, %err, "event log read failed; the reader retries");
+                }
+                None => break,
+            },
+            _ = tick.tick() => {
+                hub.flush();
+                last_flush = tokio::time::Instant::now();
+                if hub.idle() {
+                    let mut map = hubs.map();
+                    if hub.idle() {
+                        map.remove(&hub.id);
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    let mut map = hubs.map();
+    if map
+        .get(&hub.id)
+        .is_some_and(|current| Arc::ptr_eq(current, &hub))
+    {
+        map.remove(&hub.id);
+    }
+    drop(map);
+    tracing::debug!(id = %hub.id, "hub stopped");
+}
