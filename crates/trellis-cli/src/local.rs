@@ -26,6 +26,16 @@ pub struct Options {
     /// Run a coordinator in this process (`trellis bench`'s recovery scenario runs its own as a
     /// child process instead, to kill it).
     pub coordinator: bool,
+    /// Run the monitor too, on this address (port 0: any free port).
+    pub monitor: Option<MonitorOptions>,
+}
+
+/// Settings of the in-process monitor.
+#[derive(Debug, Clone)]
+pub struct MonitorOptions {
+    pub listen: SocketAddr,
+    /// The token its controls require.
+    pub token: String,
 }
 
 /// A running local cluster; dropping it stops everything.
@@ -37,6 +47,8 @@ pub struct Local {
     pub store_url: String,
     /// The planner's gRPC address.
     pub planner_url: String,
+    /// The monitor's address (`http://host:port`), when one runs.
+    pub monitor_url: Option<String>,
     /// Its SQLite file, removed on drop.
     store_file: PathBuf,
     pub shutdown: CancellationToken,
@@ -152,15 +164,58 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
     if options.coordinator {
         wait_for_port(addr, Duration::from_secs(10))?;
     }
+    let monitor_url = match &options.monitor {
+        Some(monitor) => Some(
+            start_monitor(
+                monitor,
+                trellis_monitor::Config {
+                    nats_url: nats_url.clone(),
+                    coordinator_url: coordinator_url.clone(),
+                    checkpoint_store_url: Some(store_url.clone()),
+                    token: Some(monitor.token.clone()),
+                    flush: trellis_monitor::DEFAULT_FLUSH,
+                },
+                shutdown.child_token(),
+            )
+            .await?,
+        ),
+        None => None,
+    };
     Ok(Local {
         coordinator_url,
         nats_url,
         store_url,
         planner_url,
+        monitor_url,
         store_file,
         shutdown,
         nats,
     })
+}
+
+/// Starts the monitor and returns its address once it listens.
+async fn start_monitor(
+    options: &MonitorOptions,
+    config: trellis_monitor::Config,
+    shutdown: CancellationToken,
+) -> Result<String, Failure> {
+    let listener = tokio::net::TcpListener::bind(options.listen)
+        .await
+        .map_err(|e| {
+            Failure::failed(format!(
+                "cannot listen for the monitor on {}: {e} (pick another address with --monitor)",
+                options.listen
+            ))
+        })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Failure::failed(format!("cannot read the listen address: {e}")))?;
+    tokio::spawn(async move {
+        if let Err(err) = trellis_monitor::run(config, listener, shutdown).await {
+            eprintln!("trellis: monitor stopped: {err}");
+        }
+    });
+    Ok(format!("http://{addr}"))
 }
 
 fn wait_for_port(addr: SocketAddr, timeout: Duration) -> Result<(), Failure> {

@@ -71,6 +71,9 @@ enum Command {
     Coordinator(commands::serve::CoordinatorArgs),
     /// Run the planner service in the foreground: compiles and analyses plans over gRPC.
     Planner(trellis_planner::Args),
+    /// Run the monitor in the foreground: the live web UI and JSON API (needs NATS and a
+    /// coordinator).
+    Monitor(trellis_monitor::Args),
     Demo(commands::demo::DemoArgs),
     Bench(commands::bench::BenchArgs),
 }
@@ -107,6 +110,7 @@ fn main() -> ExitCode {
         Command::Dev(args) => local::run_local(commands::dev::run(args)),
         Command::Coordinator(args) => local::run_local(commands::serve::coordinator(args)),
         Command::Planner(args) => trellis_planner::run_with(args),
+        Command::Monitor(args) => trellis_monitor::run_with(args, url.to_owned()),
         Command::Demo(args) => local::run_local(commands::demo::run(args)),
         Command::Bench(args) => local::run_local(commands::bench::run(args)),
     }

@@ -33,6 +33,7 @@ pub async fn run(_args: DemoArgs) -> Result<(), Failure> {
         workers: 2,
         slots: 16,
         coordinator: true,
+        monitor: None,
     })
     .await?;
     let plan = std::env::temp_dir().join(format!("trellis-demo-{}.yaml", std::process::id()));

@@ -7,17 +7,20 @@ use clap::Args;
 use super::Failure;
 use crate::local;
 
-/// Run Trellis locally: NATS, the coordinator and workers in one process.
+/// Run Trellis locally: NATS, the coordinator, workers and the monitor in one process.
 #[derive(Debug, Args)]
 #[command(
-    long_about = "Run Trellis locally: NATS, the coordinator and workers in one process.\n\n\
+    long_about = "Run Trellis locally: NATS, the coordinator, workers and the monitor in one \
+        process.\n\n\
         Uses the NATS server at NATS_URL when it is reachable; otherwise starts `nats-server -js` \
         on a free loopback port with its store in a temporary directory. The coordinator serves \
-        gRPC on --listen; other `trellis` commands reach it there by default. Ctrl-C stops \
-        everything.",
+        gRPC on --listen; other `trellis` commands reach it there by default. The monitor (web \
+        UI) serves on --monitor; its controls need the token printed at start (or the one given \
+        with --monitor-token). Ctrl-C stops everything.",
     after_help = "Examples:\n  \
         trellis dev\n  \
         trellis dev --workers 4 --slots 64\n  \
+        trellis dev --monitor 127.0.0.1:8080 --monitor-token s3cret\n  \
         NATS_URL=nats://127.0.0.1:4222 trellis dev --listen 127.0.0.1:7401"
 )]
 pub struct DevArgs {
@@ -30,20 +33,37 @@ pub struct DevArgs {
     /// Concurrent handlers per worker.
     #[arg(long, default_value_t = 32)]
     pub slots: usize,
+    /// Where the monitor serves its web UI.
+    #[arg(long, value_name = "ADDR", default_value = trellis_monitor::DEFAULT_ADDR)]
+    pub monitor: SocketAddr,
+    /// The token the monitor's controls require; a random one when not given.
+    #[arg(long, env = "TRELLIS_MONITOR_TOKEN", hide_env_values = true)]
+    pub monitor_token: Option<String>,
 }
 
 /// Runs `trellis dev` until Ctrl-C.
 pub async fn run(args: DevArgs) -> Result<(), Failure> {
+    let token = args
+        .monitor_token
+        .clone()
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
     let local = local::start(local::Options {
         nats_url: local::nats_from_env()?,
         listen: args.listen,
         workers: args.workers,
         slots: args.slots,
         coordinator: true,
+        monitor: Some(local::MonitorOptions {
+            listen: args.monitor,
+            token: token.clone(),
+        }),
     })
     .await?;
+    let monitor = local.monitor_url.clone().unwrap_or_default();
     eprintln!(
         "trellis dev: coordinator at {}, planner at {}, NATS at {}, {} workers\n  \
+         monitor: {monitor}/?token={token}\n  \
          try: trellis submit --wait examples/demo.yaml\n  \
          or:  TRELLIS_PLANNER={} trellis submit --wait examples/demo.yaml\n  Ctrl-C stops",
         local.coordinator_url, local.planner_url, local.nats_url, args.workers, local.planner_url

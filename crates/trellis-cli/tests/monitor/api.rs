@@ -1,0 +1,273 @@
+//! The JSON API and the live stream, read over HTTP.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+use crate::{Dev, TOKEN, start_dev};
+
+/// A plan that stops at a question: `prepare`, then `ask` (yes/no), then `ship`.
+const QUESTION_PLAN: &str = "name: monitor-api\ntasks:\n\
+    - {id: prepare, type: sleep, input: {ms: 200}}\n\
+    - {id: ask, type: question, depends_on: [prepare], input: {text: Ship it?, options: [yes, no]}}\n\
+    - {id: ship, type: noop, depends_on: [ask]}\n";
+
+async fn get(url: &str) -> (u16, Value) {
+    let response = reqwest::get(url).await.expect("the monitor answers");
+    let status = response.status().as_u16();
+    let body = response.json().await.expect("a JSON body");
+    (status, body)
+}
+
+async fn post(url: &str, token: Option<&str>, body: Value) -> (u16, Value) {
+    let mut request = reqwest::Client::new().post(url).json(&body);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let response = request.send().await.expect("the monitor answers");
+    let status = response.status().as_u16();
+    let body = response.json().await.expect("a JSON body");
+    (status, body)
+}
+
+/// Reads Server-Sent Events frames as `(event, data)`.
+struct Sse {
+    body: std::pin::Pin<Box<dyn futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>,
+    buffer: String,
+}
+
+impl Sse {
+    async fn open(url: &str) -> Sse {
+        let response = reqwest::get(url).await.expect("the live stream opens");
+        assert_eq!(response.status().as_u16(), 200, "live stream status");
+        let content_type = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        assert_eq!(content_type, "text/event-stream");
+        Sse {
+            body: Box::pin(response.bytes_stream()),
+            buffer: String::new(),
+        }
+    }
+
+    async fn next(&mut self) -> (String, Value) {
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let frame: String = self.buffer.drain(..end + 2).collect();
+                let mut event = String::new();
+                let mut data = String::new();
+                for line in frame.lines() {
+                    if let Some(rest) = line.strip_prefix("event: ") {
+                        event = rest.to_owned();
+                    } else if let Some(rest) = line.strip_prefix("data: ") {
+                        data = rest.to_owned();
+                    }
+                }
+                if event.is_empty() {
+                    continue; // a keep-alive comment
+                }
+                let data = serde_json::from_str(&data).expect("frame data is JSON");
+                return (event, data);
+            }
+            let chunk = tokio::time::timeout(Duration::from_secs(30), self.body.next())
+                .await
+                .expect("the live stream sends within 30 s")
+                .expect("the live stream stays open")
+                .expect("the live stream reads");
+            self.buffer.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    }
+}
+
+async fn open_question(dev: &Dev, id: &str) -> Value {
+    let url = format!("{}/api/executions/{id}", dev.monitor);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, body) = get(&url).await;
+        let question = body["questions"][0].clone();
+        if !question.is_null() {
+            return question;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no question after 30 s: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_streams_an_execution_and_guards_its_controls() {
+    let dev = start_dev();
+    let base = format!("{}/api", dev.monitor);
+    let (status, config) = get(&format!("{base}/config")).await;
+    assert_eq!((status, &config["controls"]), (200, &json!(true)));
+
+    let id = dev.start(QUESTION_PLAN).await;
+    let execution = format!("{base}/executions/{id}");
+
+    // The list and the plan by waves.
+    let (status, list) = get(&format!("{base}/executions")).await;
+    assert_eq!(status, 200);
+    assert!(
+        list["executions"]
+            .as_array()
+            .expect("an array")
+            .iter()
+            .any(|e| e["id"] == json!(id) && e["name"] == json!("monitor-api")),
+        "the list shows the execution: {list}"
+    );
+    let (_, plan) = get(&format!("{execution}/plan")).await;
+    assert_eq!(
+        plan["waves"],
+        json!([["prepare"], ["ask"], ["ship"]]),
+        "plan: {plan}"
+    );
+
+    // The live stream starts with a snapshot, then updates as the execution moves.
+    let mut live = Sse::open(&format!("{execution}/live")).await;
+    let (event, snapshot) = live.next().await;
+    assert_eq!(event, "snapshot");
+    assert_eq!(snapshot["execution"]["id"], json!(id));
+    let question = open_question(&dev, &id).await;
+    assert_eq!(question["text"], json!("Ship it?"));
+    assert_eq!(question["options"], json!(["yes", "no"]));
+    let question_id = question["question_id"].as_str().expect("a question id");
+
+    // Without the token, or with a wrong one, controls are refused and change nothing.
+    let before = dev.execution(&id).await;
+    for token in [None, Some("wrong-token")] {
+        let (status, body) = post(&format!("{execution}/pause"), token, json!({})).await;
+        assert_eq!(status, 401, "pause with {token:?}: {body}");
+        assert!(body["error"].as_str().is_some_and(|e| e.contains("token")));
+        let (status, _) = post(&format!("{execution}/cancel"), token, json!({})).await;
+        assert_eq!(status, 401);
+        let answer = format!("{execution}/questions/{question_id}/answer");
+        let (status, _) = post(&answer, token, json!({ "answer": "yes" })).await;
+        assert_eq!(status, 401);
+    }
+    let after = dev.execution(&id).await;
+    assert_eq!(
+        after.state, before.state,
+        "refused controls changed the state"
+    );
+    assert_eq!(
+        after.last_sequence, before.last_sequence,
+        "refused controls appended events"
+    );
+    assert_eq!(after.open_questions.len(), 1, "the question is still open");
+
+    // Bad input is named and changes nothing.
+    let answer_url = format!("{execution}/questions/{question_id}/answer");
+    let (status, body) = post(&answer_url, Some(TOKEN), json!({ "answer": 3 })).await;
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = post(&answer_url, Some(TOKEN), json!({ "answer": "maybe" })).await;
+    assert_eq!(status, 400, "an answer outside the options: {body}");
+    let (status, body) = post(&format!("{execution}/explode"), Some(TOKEN), json!({})).await;
+    assert_eq!(status, 404, "{body}");
+    let (status, body) = get(&format!("{base}/executions/not-an-id/plan")).await;
+    assert_eq!(status, 400, "{body}");
+    let unknown = "0192f1d0-0000-7000-8000-000000000000";
+    let (status, body) = get(&format!("{base}/executions/{unknown}/plan")).await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(
+        dev.execution(&id).await.last_sequence,
+        after.last_sequence,
+        "bad input appended events"
+    );
+
+    // With the token: a checkpoint, then the answer; the task resumes and the execution ends.
+    let (status, body) = post(&format!("{execution}/checkpoint"), Some(TOKEN), json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let (_, checkpoints) = get(&format!("{execution}/checkpoints")).await;
+    assert!(
+        !checkpoints["checkpoints"]
+            .as_array()
+            .expect("an array")
+            .is_empty(),
+        "{checkpoints}"
+    );
+    let (status, body) = post(&answer_url, Some(TOKEN), json!({ "answer": "yes" })).await;
+    assert_eq!(status, 200, "{body}");
+    let resumed = body["task_instance_id"]
+        .as_str()
+        .expect("the new instance")
+        .to_owned();
+
+    let mut states = std::collections::HashMap::new();
+    let mut kinds = Vec::new();
+    loop {
+        let (event, data) = live.next().await;
+        match event.as_str() {
+            "update" => {
+                for instance in data["instances"].as_array().expect("instances") {
+                    states.insert(
+                        instance["id"].as_str().unwrap_or_default().to_owned(),
+                        instance["state"].as_str().unwrap_or_default().to_owned(),
+                    );
+                }
+                kinds.extend(
+                    data["events"]
+                        .as_array()
+                        .expect("events")
+                        .iter()
+                        .map(|e| e["kind"].as_str().unwrap_or_default().to_owned()),
+                );
+            }
+            "end" => break,
+            other => panic!("unexpected frame {other}: {data}"),
+        }
+    }
+    assert_eq!(states.get(&resumed).map(String::as_str), Some("completed"));
+    assert!(kinds.contains(&"question_answered".to_owned()), "{kinds:?}");
+    assert_eq!(kinds.last().map(String::as_str), Some("execution_finished"));
+    let (_, done) = get(&execution).await;
+    assert_eq!(done["execution"]["state"], json!("completed"), "{done}");
+
+    // The log pages without gaps.
+    let mut from = 1;
+    let mut seqs = Vec::new();
+    loop {
+        let (status, page) = get(&format!("{execution}/events?from={from}&limit=2")).await;
+        assert_eq!(status, 200, "{page}");
+        let events = page["events"].as_array().expect("events");
+        assert!(events.len() <= 2);
+        seqs.extend(events.iter().map(|e| e["seq"].as_u64().expect("a seq")));
+        match page["next"].as_u64() {
+            Some(next) => from = next,
+            None => break,
+        }
+    }
+    let expected: Vec<u64> = (1..=seqs.len() as u64).collect();
+    assert_eq!(seqs, expected);
+    assert_eq!(
+        seqs.len() as u64,
+        dev.execution(&id).await.last_sequence,
+        "every event is listed"
+    );
+    let (status, body) = get(&format!("{execution}/events?limit=0")).await;
+    assert_eq!(status, 400, "{body}");
+
+    // Instances and workers.
+    let (_, instances) = get(&format!("{execution}/instances")).await;
+    let tasks: Vec<&str> = instances["instances"]
+        .as_array()
+        .expect("instances")
+        .iter()
+        .map(|i| i["task_id"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        tasks.iter().filter(|t| **t == "ask").count(),
+        2,
+        "{tasks:?}"
+    );
+    let (_, workers) = get(&format!("{base}/workers")).await;
+    assert!(
+        !workers["workers"].as_array().expect("workers").is_empty(),
+        "{workers}"
+    );
+}
