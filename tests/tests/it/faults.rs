@@ -21,12 +21,13 @@ const EVERY_SERVICE_PLAN: FanoutPlan = FanoutPlan {
 };
 
 /// The faults of the first test, in turn, each once the given fraction of the work completed.
-const FAULTS_IN_TURN: [(Fault, f64); 5] = [
+const FAULTS_IN_TURN: [(Fault, f64); 6] = [
     (Fault::Coordinator(0), 0.10),
     (Fault::Worker(0), 0.25),
     (Fault::Store, 0.40),
     (Fault::Nats, 0.55),
     (Fault::Postgres, 0.70),
+    (Fault::Monitor, 0.80),
 ];
 
 /// How long the first test's execution may take, faults included.
@@ -75,7 +76,16 @@ async fn ten_thousand_subtasks_survive_a_kill_or_restart_of_every_service_in_tur
                 .await?;
             let graph = system.graph(0, &execution_id).await?;
             let events = system.event_log(&execution_id).await?;
-            check_outcome(&plan, &execution, &graph, &events)
+            check_outcome(&plan, &execution, &graph, &events)?;
+            // The restarted monitor rebuilt the execution from the log: it must agree with the
+            // coordinator.
+            let view = system.monitor_view(&execution_id).await?;
+            anyhow::ensure!(
+                view["state"] == "completed" && view["counts"]["completed"] == completed(&execution),
+                "the monitor shows {view}, the coordinator {}",
+                describe(&execution)
+            );
+            Ok(())
         })
         .await
 }

@@ -30,6 +30,11 @@ pub enum Ready {
         addr: SocketAddr,
         service: &'static str,
     },
+    /// `GET path` at `addr` answers 200.
+    Http {
+        addr: SocketAddr,
+        path: &'static str,
+    },
     /// The process runs; the caller waits for whatever proves it works (a worker's heartbeat).
     Spawned,
 }
@@ -214,6 +219,13 @@ impl Service {
                     Ok(()) => return Ok(()),
                     Err(error) => format!("{error:#}"),
                 },
+                Ready::Http { addr, path } => {
+                    match reqwest::get(format!("http://{addr}{path}")).await {
+                        Ok(response) if response.status().is_success() => return Ok(()),
+                        Ok(response) => format!("GET {path} answered {}", response.status()),
+                        Err(error) => format!("GET {path}: {error}"),
+                    }
+                }
             };
             if tokio::time::Instant::now() >= deadline {
                 bail!(
@@ -290,11 +302,13 @@ mod tests {
     #[tokio::test]
     async fn a_service_that_exits_at_once_is_reported_with_its_log() -> anyhow::Result<()> {
         let logs = tempfile::tempdir()?;
-        // The monitor is still a shell that says so and exits with status 2.
-        let spec =
-            Spec::new("monitor", env!("CARGO_BIN_EXE_sys-monitor")).ready(Ready::GrpcHealth {
-                addr: free_addr()?,
-                service: "",
+        // A monitor given a flush interval out of range refuses to start, naming the flag.
+        let addr = free_addr()?;
+        let spec = Spec::new("monitor", env!("CARGO_BIN_EXE_sys-monitor"))
+            .flag("--flush-ms", "0")
+            .ready(Ready::Http {
+                addr,
+                path: "/api/health",
             });
         let error = Service::start(spec, logs.path())
             .await
@@ -302,7 +316,7 @@ mod tests {
             .map(|error| format!("{error:#}"))
             .unwrap_or_default();
         assert!(error.contains("exited with"), "{error}");
-        assert!(error.contains("not available yet"), "{error}");
+        assert!(error.contains("--flush-ms"), "{error}");
         Ok(())
     }
 

@@ -70,6 +70,8 @@ pub enum Fault {
     Nats,
     /// Stop PostgreSQL (fast shutdown, clients cut off) and start it again.
     Postgres,
+    /// SIGKILL the monitor and start it again on the same port.
+    Monitor,
 }
 
 impl std::fmt::Display for Fault {
@@ -80,6 +82,7 @@ impl std::fmt::Display for Fault {
             Fault::Store => write!(f, "SIGKILL + restart of the checkpoint-store"),
             Fault::Nats => write!(f, "restart of nats-server"),
             Fault::Postgres => write!(f, "restart of PostgreSQL"),
+            Fault::Monitor => write!(f, "SIGKILL + restart of the monitor"),
         }
     }
 }
@@ -88,6 +91,9 @@ impl std::fmt::Display for Fault {
 #[derive(Debug)]
 pub struct System {
     // Field order is drop order: services first, then the servers they talk to.
+    pub monitor: Service,
+    /// The monitor's HTTP address.
+    pub monitor_addr: SocketAddr,
     pub workers: Vec<Service>,
     pub coordinators: Vec<Coordinator>,
     pub store: Service,
@@ -157,6 +163,22 @@ impl System {
             coordinators.push(Coordinator { addr, service });
         }
 
+        // The monitor reads the log on NATS and asks the first coordinator for lists.
+        let monitor_addr = harness::free_addr()?;
+        let monitor = Service::start(
+            service_spec("monitor", env!("CARGO_BIN_EXE_sys-monitor"))
+                .flag("--nats", nats.url())
+                .flag("--listen", monitor_addr.to_string())
+                .flag("--coordinator", format!("http://{}", coordinators[0].addr))
+                .flag("--checkpoint-store", format!("http://{store_addr}"))
+                .ready(Ready::Http {
+                    addr: monitor_addr,
+                    path: "/api/health",
+                }),
+            logs.path(),
+        )
+        .await?;
+
         let mut workers = Vec::new();
         for idx in 1..=options.workers {
             let worker_id = format!("worker-{idx}");
@@ -173,6 +195,8 @@ impl System {
             workers.push(service);
         }
         let system = System {
+            monitor,
+            monitor_addr,
             workers,
             coordinators,
             store,
@@ -232,6 +256,10 @@ impl System {
             // threads for the test's own tasks meanwhile.
             Fault::Nats => tokio::task::block_in_place(|| self.nats.restart())?,
             Fault::Postgres => tokio::task::block_in_place(|| self.postgres.restart())?,
+            Fault::Monitor => {
+                self.monitor.kill9()?;
+                self.monitor.restart().await?;
+            }
         }
         Ok(())
     }
@@ -303,6 +331,38 @@ impl System {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// The monitor's view of an execution: the `execution` of the first frame of its live stream,
+    /// rebuilt by the monitor from the event log.
+    pub async fn monitor_view(&self, execution_id: &str) -> anyhow::Result<serde_json::Value> {
+        let url = format!(
+            "http://{}/api/executions/{execution_id}/live?records=0",
+            self.monitor_addr
+        );
+        let response = reqwest::get(&url)
+            .await
+            .with_context(|| format!("the monitor does not answer at {url}"))?;
+        anyhow::ensure!(
+            response.status().is_success(),
+            "the monitor answered {} for {url}",
+            response.status()
+        );
+        let mut body = response.bytes_stream();
+        let mut text = String::new();
+        while !text.contains("\n\n") {
+            let chunk = tokio::time::timeout(Duration::from_secs(10), body.next())
+                .await
+                .context("the monitor sent no snapshot within 10 s")?
+                .context("the live stream ended before its snapshot")??;
+            text.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        let data = text
+            .lines()
+            .find_map(|line| line.strip_prefix("data: "))
+            .context("the snapshot frame has no data")?;
+        let snapshot: serde_json::Value = serde_json::from_str(data)?;
+        Ok(snapshot["execution"].clone())
     }
 
     /// Returns the execution graph from the coordinator at `idx`.
