@@ -112,7 +112,8 @@
   }
 
   const pad = (n, width = 2) => String(n).padStart(width, '0');
-  const shortId = (id) => (id == null ? '' : String(id).slice(0, 8));
+  // UUIDv7 ids of one execution share their leading timestamp digits: the last eight tell them apart.
+  const shortId = (id) => (id == null ? '' : String(id).replace(/-/g, '').slice(-8));
   const enc = encodeURIComponent;
 
   function fmtClock(ms, withMillis) {
@@ -1559,7 +1560,7 @@
     const offset = new Date(t0).getTimezoneOffset() * 60000;
     const values = [];
     for (let t = Math.ceil((t0 - offset) / step) * step + offset; t <= t1; t += step) values.push(t);
-    const label = step < 1000 ? (t) => fmtClock(t, true).slice(3, 11)
+    const label = step < 1000 ? (t) => fmtClock(t, true).slice(3, 12)
       : step < 6e4 ? (t) => fmtClock(t)
         : step < 864e5 ? (t) => fmtClock(t).slice(0, 5)
           : (t) => fmtDateTime(t);

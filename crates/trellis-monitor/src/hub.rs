@@ -38,8 +38,8 @@ pub const MAX_INSTANCES_PER_UPDATE: usize = 1_000;
 const UPDATE_BUFFER: usize = 256;
 /// A hub with no stream and no request for this long stops.
 const IDLE_AFTER: Duration = Duration::from_secs(60);
-/// How long a request waits for a new hub to read the start of its log.
-const READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a request waits for a new hub to catch up with its log.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Why a hub cannot answer.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
@@ -75,7 +75,8 @@ impl Hubs {
         self.hubs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The hub of `id`, started if needed, once it has read the start of the log.
+    /// The hub of `id`, started if needed, once it has read the log as far as it went when the
+    /// hub started.
     ///
     /// # Errors
     ///
@@ -86,12 +87,12 @@ impl Hubs {
         let hub = match existing {
             Some(hub) => hub,
             None => {
-                self.check_exists(id).await?;
+                let last = self.last_stream_seq(id).await?;
                 let mut map = self.map();
                 match map.get(&id) {
                     Some(hub) => Arc::clone(hub),
                     None => {
-                        let hub = Arc::new(Hub::new(id));
+                        let hub = Arc::new(Hub::new(id, last));
                         map.insert(id, Arc::clone(&hub));
                         tokio::spawn(follow(Arc::clone(self), Arc::clone(&hub)));
                         hub
@@ -104,15 +105,16 @@ impl Hubs {
         Ok(hub)
     }
 
-    /// Fails with [`HubError::Unknown`] when the log of `id` has no message.
-    async fn check_exists(&self, id: ExecutionId) -> Result<(), HubError> {
+    /// The stream sequence of the last message of `id`'s log; [`HubError::Unknown`] when it has
+    /// none.
+    async fn last_stream_seq(&self, id: ExecutionId) -> Result<u64, HubError> {
         use async_nats::jetstream::stream::LastRawMessageErrorKind;
         match self
             .events
             .get_last_raw_message_by_subject(&subjects::events(id))
             .await
         {
-            Ok(_) => Ok(()),
+            Ok(message) => Ok(message.sequence),
             Err(err) if err.kind() == LastRawMessageErrorKind::NoMessageFound => {
                 Err(HubError::Unknown(id.to_string()))
             }
@@ -182,7 +184,7 @@ impl Hubs {
 /// Where a hub stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Readiness {
-    /// The start of the log has not been read yet.
+    /// The log has not been read as far as it went when the hub started.
     Loading,
     Ready,
     Failed(HubError),
@@ -192,6 +194,9 @@ enum Readiness {
 #[derive(Debug)]
 pub struct Hub {
     id: ExecutionId,
+    /// The stream sequence of the log's last message when the hub started: it is ready (its
+    /// snapshots are current, not half replayed) once it has applied that far.
+    catch_up_to: u64,
     state: Mutex<Projection>,
     updates: broadcast::Sender<Bytes>,
     readiness: watch::Sender<Readiness>,
@@ -257,11 +262,12 @@ fn now_ms() -> u64 {
 }
 
 impl Hub {
-    fn new(id: ExecutionId) -> Self {
+    fn new(id: ExecutionId, catch_up_to: u64) -> Self {
         let (updates, _) = broadcast::channel(UPDATE_BUFFER);
         let (readiness, _) = watch::channel(Readiness::Loading);
         Self {
             id,
+            catch_up_to,
             state: Mutex::new(Projection::default()),
             updates,
             readiness,
@@ -300,7 +306,7 @@ impl Hub {
         waited.unwrap_or_else(|_| {
             Err(HubError::Log {
                 id: self.id.to_string(),
-                message: format!("its first event did not arrive within {READY_TIMEOUT:?}"),
+                message: format!("its log was not read within {READY_TIMEOUT:?}"),
             })
         })
     }
@@ -406,6 +412,16 @@ impl Hub {
             state.events.push_back(EventView::new(event, appended_ms));
             state.dirty = true;
         }
+        if stream_seq >= self.catch_up_to && state.machine.is_some() {
+            drop(state);
+            self.readiness.send_if_modified(|readiness| {
+                let loading = *readiness == Readiness::Loading;
+                if loading {
+                    *readiness = Readiness::Ready;
+                }
+                loading
+            });
+        }
     }
 
     /// Builds the state machine from the log's first entry.
@@ -419,7 +435,6 @@ impl Hub {
                     started.started_at_ms,
                 ));
                 state.started = Some(started);
-                self.readiness.send_replace(Readiness::Ready);
             }
             Err(errors) => {
                 let message = format!(

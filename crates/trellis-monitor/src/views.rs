@@ -395,9 +395,11 @@ impl EventView {
     }
 }
 
-/// The first 8 characters of an id, as the UI shows it.
+/// The last 8 hex digits of an id, as the UI shows it (UUIDv7 ids made close together share
+/// their leading, timestamp digits).
 fn short(id: &str) -> String {
-    id.chars().take(8).collect()
+    let digits: Vec<char> = id.chars().filter(|c| *c != '-').collect();
+    digits[digits.len().saturating_sub(8)..].iter().collect()
 }
 
 /// A task output as a short text: the JSON, cut at 120 characters.
@@ -552,6 +554,12 @@ mod tests {
         assert_eq!(view.kind, "pause_requested");
         assert_eq!(view.instance, None);
         assert_eq!(view.detail, "deploy freeze");
+    }
+
+    #[test]
+    fn short_ids_are_the_last_eight_digits() {
+        assert_eq!(short("01a20e1c-0c7b-70e5-891b-43333c372e3e"), "3c372e3e");
+        assert_eq!(short("abc"), "abc");
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The UI in real headless Chromium, driven over WebDriver (chromedriver): open an execution,
-//! watch its tasks change state live, pause it, answer its question, and see it finish.
-//! Screenshots are written to `<target>/tmp/monitor-screenshots/`.
+//! watch its tasks change state live, pause, resume and cancel it; answer another one's question
+//! and see it finish. Screenshots are written to `<target>/tmp/monitor-screenshots/`.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -10,15 +10,21 @@ use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::json;
 use trellis_proto::v1;
 
-use crate::{TOKEN, eventually, start_dev};
+use crate::{TOKEN, start_dev};
 
-/// Four one-second tasks side by side, then a question, then one last task.
-const PLAN: &str = "name: monitor-browser\ntasks:\n\
-    - {id: build-a, type: sleep, input: {ms: 1500}}\n\
-    - {id: build-b, type: sleep, input: {ms: 1500}}\n\
-    - {id: build-c, type: sleep, input: {ms: 1500}}\n\
-    - {id: build-d, type: sleep, input: {ms: 1500}}\n\
-    - {id: approve, type: question, depends_on: [build-a, build-b, build-c, build-d], \
+/// Four tasks side by side that run far longer than the test needs, so the execution is still
+/// running whenever the test presses a control; the test cancels it at the end.
+const LONG_PLAN: &str = "name: monitor-controls\ntasks:\n\
+    - {id: build-a, type: sleep, input: {ms: 60000}}\n\
+    - {id: build-b, type: sleep, input: {ms: 60000}}\n\
+    - {id: build-c, type: sleep, input: {ms: 60000}}\n\
+    - {id: build-d, type: sleep, input: {ms: 60000}}\n\
+    - {id: publish, type: noop, depends_on: [build-a, build-b, build-c, build-d]}\n";
+
+/// A short build, a question, and one last task.
+const QUESTION_PLAN: &str = "name: monitor-question\ntasks:\n\
+    - {id: build, type: sleep, input: {ms: 300}}\n\
+    - {id: approve, type: question, depends_on: [build], \
        input: {text: Release the build?, options: [release, hold]}}\n\
     - {id: publish, type: sleep, depends_on: [approve], input: {ms: 300}}\n";
 
@@ -128,6 +134,30 @@ async fn node_state(client: &Client, task: &str) -> String {
     }
 }
 
+/// Polls `condition` every 50 ms; after `timeout` saves a screenshot named after `what` and fails
+/// with what the page shows.
+async fn wait_page<F, Fut>(client: &Client, what: &str, timeout: Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !condition().await {
+        if tokio::time::Instant::now() > deadline {
+            screenshot(client, &format!("failed-{}", what.replace(' ', "-"))).await;
+            panic!(
+                "{what}: still not so after {timeout:?}; the page shows state {:?}, control error \
+                 {:?}, banner {:?}, live {:?}",
+                text(client, "#execution-state").await,
+                text(client, "#control-error").await,
+                text(client, "#banner").await,
+                text(client, "#live-status").await,
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 async fn click(client: &Client, css: &str) {
     client
         .find(Locator::Css(css))
@@ -139,10 +169,10 @@ async fn click(client: &Client, css: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn browser_watches_pauses_and_answers() {
+async fn browser_watches_controls_and_answers() {
     let driver = start_driver();
     let dev = start_dev();
-    let id = dev.start(PLAN).await;
+    let id = dev.start(LONG_PLAN).await;
     let client = browser(&driver).await;
     let page = format!("{}/#/executions/{id}", dev.monitor);
 
@@ -153,41 +183,50 @@ async fn browser_watches_pauses_and_answers() {
         .await
         .expect("the token is forgotten");
     client.goto(&page).await.expect("the page opens again");
-    eventually(
-        "a build task runs, live",
+    wait_page(
+        &client,
+        "the build tasks run, live",
         Duration::from_secs(20),
-        || async { node_state(&client, "build-a").await == "running" },
+        || async {
+            node_state(&client, "build-a").await == "running"
+                && node_state(&client, "build-d").await == "running"
+        },
     )
     .await;
+    assert_eq!(node_state(&client, "publish").await, "pending");
     screenshot(&client, "1-running").await;
     let before = dev.execution(&id).await;
     click(&client, "#btn-pause").await;
-    eventually("the refusal is shown", Duration::from_secs(10), || async {
-        text(&client, "#control-error").await.contains("token")
-    })
+    wait_page(
+        &client,
+        "the refusal is shown",
+        Duration::from_secs(10),
+        || async { text(&client, "#control-error").await.contains("token") },
+    )
     .await;
     screenshot(&client, "2-refused-without-token").await;
     let after = dev.execution(&id).await;
-    assert_ne!(after.state, v1::ExecutionState::Paused as i32);
-    assert!(
-        after.reason.is_empty() && before.reason.is_empty(),
-        "a refused pause left a reason: {}",
-        after.reason
+    assert_eq!(after.state, v1::ExecutionState::Running as i32);
+    assert_eq!(
+        after.last_sequence, before.last_sequence,
+        "a refused pause appended events"
     );
 
-    // With the token (from the address, as `trellis dev` prints it): pause, then resume.
+    // With the token (from the address, as `trellis dev` prints it): pause, resume, cancel.
     client
         .goto(&format!("{}/?token={TOKEN}#/executions/{id}", dev.monitor))
         .await
         .expect("the page opens with the token");
-    eventually(
+    wait_page(
+        &client,
         "the controls are ready",
         Duration::from_secs(10),
         || async { text(&client, "#execution-state").await == "running" },
     )
     .await;
     click(&client, "#btn-pause").await;
-    eventually(
+    wait_page(
+        &client,
         "the page shows the pause",
         Duration::from_secs(10),
         || async { text(&client, "#execution-state").await == "paused" },
@@ -200,15 +239,54 @@ async fn browser_watches_pauses_and_answers() {
     );
     screenshot(&client, "3-paused").await;
     click(&client, "#btn-resume").await;
-
-    // The question appears; answering it resumes the task and the execution completes.
-    let form = "#questions form.answer";
-    eventually("the question is shown", Duration::from_secs(30), || async {
-        client.find(Locator::Css(form)).await.is_ok()
-    })
+    wait_page(
+        &client,
+        "the page shows the resume",
+        Duration::from_secs(10),
+        || async { text(&client, "#execution-state").await == "running" },
+    )
     .await;
-    assert_eq!(node_state(&client, "build-d").await, "completed");
-    screenshot(&client, "4-question").await;
+    click(&client, "#btn-cancel").await;
+    wait_page(
+        &client,
+        "the page shows the cancel",
+        Duration::from_secs(10),
+        || async {
+            text(&client, "#execution-state").await == "cancelled"
+                && node_state(&client, "build-a").await == "cancelled"
+        },
+    )
+    .await;
+    assert_eq!(
+        dev.execution(&id).await.state,
+        v1::ExecutionState::Cancelled as i32
+    );
+    screenshot(&client, "4-cancelled").await;
+
+    // Another execution asks a question; answering it in the page resumes the task and the
+    // execution completes.
+    let id = dev.start(QUESTION_PLAN).await;
+    client
+        .goto(&format!("{}/#/executions/{id}", dev.monitor))
+        .await
+        .expect("the second execution's page opens");
+    let form = "#questions form.answer";
+    wait_page(
+        &client,
+        "the question is shown",
+        Duration::from_secs(30),
+        || async { client.find(Locator::Css(form)).await.is_ok() },
+    )
+    .await;
+    wait_page(
+        &client,
+        "the asking task waits",
+        Duration::from_secs(10),
+        || async { node_state(&client, "approve").await == "waiting_for_human" },
+    )
+    .await;
+    assert_eq!(node_state(&client, "build").await, "completed");
+    screenshot(&client, "5-question").await;
     let select = client
         .find(Locator::Css(&format!("{form} select[name=answer]")))
         .await
@@ -218,7 +296,8 @@ async fn browser_watches_pauses_and_answers() {
         .await
         .expect("the option is chosen");
     click(&client, &format!("{form} button[type=submit]")).await;
-    eventually(
+    wait_page(
+        &client,
         "the task resumes and the execution completes",
         Duration::from_secs(30),
         || async {
@@ -228,40 +307,51 @@ async fn browser_watches_pauses_and_answers() {
     )
     .await;
     assert_eq!(node_state(&client, "approve").await, "completed");
-    screenshot(&client, "5-completed").await;
+    assert_eq!(
+        dev.execution(&id).await.state,
+        v1::ExecutionState::Completed as i32
+    );
+    screenshot(&client, "6-completed").await;
     // The whole page: timeline, tree, event log and checkpoints below the fold.
     client
         .set_window_size(1280, 3200)
         .await
         .expect("the window grows");
-    screenshot(&client, "6-whole-page").await;
+    screenshot(&client, "7-whole-page").await;
+    client
+        .set_window_size(1280, 900)
+        .await
+        .expect("the window shrinks");
+
     client
         .goto(&format!("{}/#/workers", dev.monitor))
         .await
         .expect("the workers page opens");
-    eventually("the worker is listed", Duration::from_secs(10), || async {
-        client
-            .find(Locator::Css("tr[data-worker-id]"))
-            .await
-            .is_ok()
-    })
+    wait_page(
+        &client,
+        "the worker is listed",
+        Duration::from_secs(10),
+        || async {
+            client
+                .find(Locator::Css("tr[data-worker-id]"))
+                .await
+                .is_ok()
+        },
+    )
     .await;
-    screenshot(&client, "7-workers").await;
+    screenshot(&client, "8-workers").await;
     client
         .goto(&format!("{}/#/", dev.monitor))
         .await
         .expect("the executions list opens");
     let row = format!("tr[data-execution-id=\"{id}\"]");
-    eventually(
+    wait_page(
+        &client,
         "the execution is listed",
         Duration::from_secs(10),
         || async { client.find(Locator::Css(&row)).await.is_ok() },
     )
     .await;
-    screenshot(&client, "8-executions").await;
-    assert_eq!(
-        dev.execution(&id).await.state,
-        v1::ExecutionState::Completed as i32
-    );
+    screenshot(&client, "9-executions").await;
     client.close().await.expect("the browser closes");
 }

@@ -135,19 +135,3 @@ impl Dev {
             .expect("an execution in the answer")
     }
 }
-
-/// Polls `condition` every 50 ms until it holds; panics naming `what` after `timeout`.
-pub async fn eventually<F, Fut>(what: &str, timeout: Duration, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    while !condition().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what}: still not so after {timeout:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
