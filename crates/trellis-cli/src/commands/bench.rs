@@ -853,7 +853,7 @@ mod tests {
 
     #[test]
     fn frames_end_at_their_blank_line() {
-        assert_eq!(find_frame_end(b"event: a\ndata: 1\n\nevent: b"), Some(17));
+        assert_eq!(find_frame_end(b"event: a\ndata: 1\n\nevent: b"), Some(16));
         assert_eq!(find_frame_end(b"event: a\ndata: 1\n"), None);
         assert_eq!(find_frame_end(b""), None);
     }
