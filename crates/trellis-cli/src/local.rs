@@ -257,7 +257,19 @@ impl NatsChild {
             })?;
         let store =
             std::env::temp_dir().join(format!("trellis-nats-{}-{port}", std::process::id()));
+        // A plan's spec is logged whole and large subtask groups travel as one message: allow
+        // what Trellis documents (8 MiB), not the server's default of 1 MiB.
+        std::fs::create_dir_all(&store)
+            .map_err(|e| Failure::failed(format!("cannot create {}: {e}", store.display())))?;
+        let config = store.join("nats.conf");
+        std::fs::write(
+            &config,
+            format!("max_payload: {}\n", trellis_bus::MAX_PAYLOAD),
+        )
+        .map_err(|e| Failure::failed(format!("cannot write {}: {e}", config.display())))?;
         let child = Command::new(binary)
+            .arg("-c")
+            .arg(&config)
             .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
             .arg(&store)
             .stdout(Stdio::null())
