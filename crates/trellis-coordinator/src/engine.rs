@@ -46,6 +46,8 @@ const MAX_INPUTS_PER_TURN: usize = 4096;
 const OBSERVER_CAPACITY: usize = 4096;
 /// Most events in one log message.
 const EVENTS_PER_MESSAGE: usize = 2048;
+/// Room kept beside a spec for the rest of the first log message (its other events).
+const STARTED_HEADROOM: usize = 256 * 1024;
 /// Task assignments published before their acks are awaited.
 const PUBLISH_CHUNK: usize = 1000;
 /// Longest pause between two attempts of a publish JetStream did not acknowledge.
@@ -990,6 +992,18 @@ impl Engine {
                 (plan, text, v1::PlanFormat::Json)
             }
         };
+        // `ExecutionStarted` logs the spec whole, in one message with up to a batch of other
+        // events: refuse what the NATS server would refuse, rather than retry that append forever.
+        let max_payload = self.nats.server_info().max_payload;
+        if max_payload > 0 && text.len() + STARTED_HEADROOM > max_payload {
+            return Err(Status::invalid_argument(format!(
+                "the plan's spec is {} bytes, and the log records it in one NATS message, which \
+                 this NATS server limits to {max_payload} bytes: raise the server's max_payload \
+                 (Trellis documents {} bytes) or split the plan",
+                text.len(),
+                trellis_bus::MAX_PAYLOAD
+            )));
+        }
         // An id whose shard this coordinator owns: expected tries = shards / owned shards.
         let (id, shard) = loop {
             let id = ExecutionId(uuid::Uuid::now_v7());

@@ -414,3 +414,40 @@ async fn health_reports_the_coordinator_serving() {
         tonic_health::pb::health_check_response::ServingStatus::Serving as i32
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spec_too_large_for_one_nats_message_is_refused_at_once() {
+    let mut cluster = cluster::start(0).await;
+    // One task whose input alone is larger than the test server's max_payload (8 MiB).
+    let blob = "x".repeat(trellis_bus::MAX_PAYLOAD);
+    let yaml = format!("name: huge\ntasks:\n- {{id: t, type: noop, input: {{blob: {blob}}}}}\n");
+    let request = v1::StartExecutionRequest {
+        plan_source: Some(v1::start_execution_request::PlanSource::Spec(
+            v1::PlanSpec {
+                text: yaml,
+                format: v1::PlanFormat::Yaml as i32,
+                source_name: "huge.yaml".to_owned(),
+                params: Default::default(),
+            },
+        )),
+        options: None,
+    };
+    let status = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        cluster.client.start_execution(request),
+    )
+    .await
+    .expect("the coordinator answers instead of retrying the append")
+    .expect_err("the spec cannot be logged");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status.message().contains("max_payload"),
+        "{}",
+        status.message()
+    );
+    // The coordinator still serves.
+    let id = cluster
+        .start_plan("name: small\ntasks:\n- {id: t, type: noop}\n")
+        .await;
+    assert!(!id.is_empty());
+}
