@@ -433,7 +433,7 @@ async fn a_spec_too_large_for_one_nats_message_is_refused_at_once() {
         options: None,
     };
     let status = tokio::time::timeout(
-        std::time::Duration::from_secs(30),
+        Duration::from_secs(30),
         cluster.client.start_execution(request),
     )
     .await
