@@ -861,10 +861,8 @@ impl Engine {
                     Some(live) => {
                         let options = live
                             .machine
-                            .open_questions()
-                            .into_iter()
-                            .find(|open| open.question.id == question)
-                            .map(|open| open.question.options.clone())
+                            .open_question(question)
+                            .map(|open| open.options.clone())
                             .unwrap_or_default();
                         if !options.is_empty() && !options.contains(&answer) {
                             Err(Status::invalid_argument(format!(

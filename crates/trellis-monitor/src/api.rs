@@ -68,8 +68,9 @@ impl IntoResponse for ApiError {
     }
 }
 
-impl From<tonic::Status> for ApiError {
-    fn from(status: tonic::Status) -> Self {
+impl ApiError {
+    /// The answer for a failed call to `service` (`coordinator`, `checkpoint-store`).
+    fn upstream(service: &str, status: tonic::Status) -> Self {
         use tonic::Code;
         let code = match status.code() {
             Code::InvalidArgument | Code::OutOfRange => StatusCode::BAD_REQUEST,
@@ -82,11 +83,18 @@ impl From<tonic::Status> for ApiError {
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         let message = if code == StatusCode::BAD_GATEWAY {
-            format!("the coordinator did not answer: {}", status.message())
+            format!("the {service} did not answer: {}", status.message())
         } else {
             status.message().to_owned()
         };
         Self::new(code, message)
+    }
+}
+
+/// Most calls go to the coordinator.
+impl From<tonic::Status> for ApiError {
+    fn from(status: tonic::Status) -> Self {
+        Self::upstream("coordinator", status)
     }
 }
 
@@ -149,34 +157,34 @@ async fn config(State(app): State<App>) -> Response {
     }))
 }
 
-#[derive(Debug, Deserialize)]
-struct ListQuery {
-    name: Option<String>,
-}
-
 async fn list_executions(
     State(mut app): State<App>,
-    Query(query): Query<ListQuery>,
-    raw: axum::extract::RawQuery,
+    // Pairs rather than a struct: `state` may repeat.
+    query: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult {
-    // `state` may repeat, which a map-shaped query cannot hold: read those pairs by hand.
+    let Query(pairs) = query.map_err(|err| ApiError::bad_request(err.body_text()))?;
     let mut states = Vec::new();
-    for (key, value) in form_pairs(raw.0.as_deref().unwrap_or_default()) {
-        if key == "state" && !value.is_empty() {
-            let state = execution_state_from_name(&value).ok_or_else(|| {
-                ApiError::bad_request(format!(
-                    "state `{value}` is not an execution state (pending, running, paused, \
-                     waiting_for_human, completed, failed, cancelled)"
-                ))
-            })?;
-            states.push(state as i32);
+    let mut name = String::new();
+    for (key, value) in pairs {
+        match key.as_str() {
+            "state" if !value.is_empty() => {
+                let state = execution_state_from_name(&value).ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "state `{value}` is not an execution state (pending, running, paused, \
+                         waiting_for_human, completed, failed, cancelled)"
+                    ))
+                })?;
+                states.push(state as i32);
+            }
+            "name" => name = value,
+            _ => {}
         }
     }
     let response = app
         .coordinator
         .list_executions(v1::ListExecutionsRequest {
             states,
-            name_contains: query.name.unwrap_or_default(),
+            name_contains: name,
             page: Some(v1::PageRequest {
                 page_size: 1000,
                 page_token: String::new(),
@@ -193,55 +201,10 @@ async fn list_executions(
     Ok(json(&json!({ "executions": executions })))
 }
 
-/// `key=value` pairs of a query string, percent-decoded.
-fn form_pairs(query: &str) -> Vec<(String, String)> {
-    query
-        .split('&')
-        .filter(|pair| !pair.is_empty())
-        .map(|pair| {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            (percent_decode(key), percent_decode(value))
-        })
-        .collect()
-}
-
-fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => {
-                let hex = |b: u8| (b as char).to_digit(16);
-                match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                    // Two hex digits make at most 255.
-                    (Some(high), Some(low)) => {
-                        out.push((high * 16 + low) as u8);
-                        i += 2;
-                    }
-                    _ => out.push(b'%'),
-                }
-            }
-            byte => out.push(byte),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
+/// The wire state named `name` (`running`, `waiting_for_human`, ...).
 fn execution_state_from_name(name: &str) -> Option<v1::ExecutionState> {
-    use v1::ExecutionState as S;
-    Some(match name {
-        "pending" => S::Pending,
-        "running" => S::Running,
-        "paused" => S::Paused,
-        "waiting_for_human" => S::WaitingForHuman,
-        "completed" => S::Completed,
-        "failed" => S::Failed,
-        "cancelled" => S::Cancelled,
-        _ => return None,
-    })
+    v1::ExecutionState::from_str_name(&format!("EXECUTION_STATE_{}", name.to_ascii_uppercase()))
+        .filter(|state| *state != v1::ExecutionState::Unspecified)
 }
 
 async fn get_execution(State(mut app): State<App>, Path(id): Path<String>) -> ApiResult {
@@ -337,13 +300,7 @@ async fn checkpoints(State(app): State<App>, Path(id): Path<String>) -> ApiResul
             }),
         })
         .await
-        .map_err(|status| {
-            let mut err = ApiError::from(status);
-            if err.status == StatusCode::BAD_GATEWAY {
-                err.message = err.message.replace("coordinator", "checkpoint-store");
-            }
-            err
-        })?
+        .map_err(|status| ApiError::upstream("checkpoint-store", status))?
         .into_inner();
     let checkpoints: Vec<CheckpointView> = response
         .checkpoints
@@ -606,16 +563,25 @@ mod tests {
 
     #[test]
     fn query_pairs_are_decoded_and_may_repeat() {
+        let uri: axum::http::Uri = "/api/executions?state=running&state=paused&name=build%20x+y"
+            .parse()
+            .expect("a URI");
+        let Query(pairs) =
+            Query::<Vec<(String, String)>>::try_from_uri(&uri).expect("a query of pairs");
         assert_eq!(
-            form_pairs("state=running&state=paused&name=build%20x+y"),
+            pairs,
             vec![
                 ("state".to_owned(), "running".to_owned()),
                 ("state".to_owned(), "paused".to_owned()),
                 ("name".to_owned(), "build x y".to_owned()),
             ]
         );
-        assert_eq!(percent_decode("100%"), "100%");
-        assert_eq!(percent_decode("%zz"), "%zz");
+        assert_eq!(
+            execution_state_from_name("waiting_for_human"),
+            Some(v1::ExecutionState::WaitingForHuman)
+        );
+        assert_eq!(execution_state_from_name("unspecified"), None);
+        assert_eq!(execution_state_from_name("runing"), None);
     }
 
     #[test]

@@ -125,8 +125,36 @@ impl Hubs {
         }
     }
 
+    /// An ordered consumer of `id`'s log from the message at stream sequence `start` (0: from
+    /// the first).
+    async fn read_log(
+        &self,
+        id: ExecutionId,
+        start: u64,
+    ) -> Result<consumer::pull::Ordered, String> {
+        let deliver_policy = if start == 0 {
+            consumer::DeliverPolicy::All
+        } else {
+            consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: start,
+            }
+        };
+        self.events
+            .create_consumer(consumer::pull::OrderedConfig {
+                filter_subject: subjects::events(id),
+                deliver_policy,
+                ..Default::default()
+            })
+            .await
+            .map_err(|err| err.to_string())?
+            .messages()
+            .await
+            .map_err(|err| err.to_string())
+    }
+
     /// Events of `id`'s log from sequence `from`, at most `limit`, read from the stream itself
-    /// (the hub keeps where each stored message starts, not the events). Also returns the
+    /// starting at the message that holds `from` (the hub keeps where each stored message
+    /// starts, not the events). Also returns the
     /// sequence to ask for next, if the log goes on.
     ///
     /// # Errors
@@ -139,36 +167,32 @@ impl Hubs {
         limit: usize,
     ) -> Result<(Vec<EventView>, Option<u64>), HubError> {
         let from = from.max(1);
-        let (mut stream_seq, last) = {
+        let (start, last) = {
             let state = hub.state();
             let index = state.batches.partition_point(|&(first, _)| first <= from);
             let start = index.checked_sub(1).map_or(0, |i| state.batches[i].1);
             (start, state.seq)
         };
-        let subject = subjects::events(hub.id);
+        let failed = |message: String| HubError::Log {
+            id: hub.id.to_string(),
+            message,
+        };
+        // One consumer streams the page's messages, rather than a request per message.
+        let mut messages = self.read_log(hub.id, start).await.map_err(failed)?;
         let mut out = Vec::new();
         let mut next_seq = from;
         while out.len() < limit && next_seq <= last {
-            use async_nats::jetstream::stream::RawMessageErrorKind;
-            let message = match self
-                .events
-                .get_first_raw_message_by_subject(&subject, stream_seq.max(1))
+            let message = tokio::time::timeout(READY_TIMEOUT, messages.next())
                 .await
-            {
-                Ok(message) => message,
-                Err(err) if err.kind() == RawMessageErrorKind::NoMessageFound => break,
-                Err(err) => {
-                    return Err(HubError::Log {
-                        id: hub.id.to_string(),
-                        message: err.to_string(),
-                    });
-                }
-            };
-            stream_seq = message.sequence + 1;
+                .map_err(|_| failed(format!("the log stopped at sequence {}", next_seq - 1)))?
+                .ok_or_else(|| failed("the log reader stopped".to_owned()))?
+                .map_err(|err| failed(err.to_string()))?;
             let Ok(batch) = v1::EventBatch::decode(message.payload.as_ref()) else {
                 continue;
             };
-            let appended_ms = unix_ms(message.time);
+            let appended_ms = message
+                .info()
+                .map_or_else(|_| now_ms() as i64, |info| unix_ms(info.published));
             for event in &batch.events {
                 if event.sequence >= next_seq && out.len() < limit && event.sequence <= last {
                     out.push(EventView::new(event, appended_ms));
@@ -309,13 +333,6 @@ impl Hub {
                 message: format!("its log was not read within {READY_TIMEOUT:?}"),
             })
         })
-    }
-
-    /// The execution as of the last event applied.
-    pub fn execution(&self) -> Option<ExecutionView> {
-        let state = self.state();
-        let (machine, started) = (state.machine.as_ref()?, state.started.as_ref()?);
-        Some(ExecutionView::from_machine(machine, started, now_ms()))
     }
 
     /// Every task instance, and the sequence they reflect.
@@ -512,26 +529,10 @@ async fn follow(hubs: Arc<Hubs>, hub: Arc<Hub>) {
             message,
         }));
     };
-    let consumer = hubs
-        .events
-        .create_consumer(consumer::pull::OrderedConfig {
-            filter_subject: subjects::events(hub.id),
-            deliver_policy: consumer::DeliverPolicy::All,
-            ..Default::default()
-        })
-        .await;
-    let messages = match consumer {
-        Ok(consumer) => consumer.messages().await,
-        Err(err) => {
-            fail(err.to_string());
-            hubs.map().remove(&hub.id);
-            return;
-        }
-    };
-    let mut messages = match messages {
+    let mut messages = match hubs.read_log(hub.id, 0).await {
         Ok(messages) => messages,
-        Err(err) => {
-            fail(err.to_string());
+        Err(message) => {
+            fail(message);
             hubs.map().remove(&hub.id);
             return;
         }

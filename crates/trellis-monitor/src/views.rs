@@ -55,29 +55,8 @@ impl ExecutionView {
             .as_ref()
             .map(convert::counts_from_proto)
             .unwrap_or_default();
+        // The coordinator always sends its progress with a summary.
         let progress = execution.progress.clone().unwrap_or_default();
-        let (total, done) = if execution.progress.is_some() {
-            (progress.total, progress.done)
-        } else {
-            let total: u64 = counts.0.iter().sum();
-            let done = [
-                TaskState::Completed,
-                TaskState::Failed,
-                TaskState::Skipped,
-                TaskState::Cancelled,
-            ]
-            .iter()
-            .map(|&s| counts.get(s))
-            .sum();
-            (total, done)
-        };
-        let percent = if execution.progress.is_some() {
-            progress.percent
-        } else if total == 0 {
-            0.0
-        } else {
-            done as f64 * 100.0 / total as f64
-        };
         Self {
             id: execution.execution_id.clone(),
             name: execution.name.clone(),
@@ -88,17 +67,13 @@ impl ExecutionView {
             ended_at_ms: execution.ended_at_unix_ms,
             reason: execution.reason.clone(),
             counts: counts_by_name(&counts),
-            total,
-            done,
-            percent,
+            total: progress.total,
+            done: progress.done,
+            percent: progress.percent,
             eta_ms: progress.eta_ms,
             wave: progress.wave,
             waves: progress.waves,
-            labels: execution
-                .labels
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
+            labels: execution.labels.clone().into_iter().collect(),
             open_questions: execution.open_questions.len() as u64,
         }
     }

@@ -1941,6 +1941,14 @@ impl Execution {
             .collect()
     }
 
+    /// The question `id` while it waits for an answer.
+    pub fn open_question(&self, id: QuestionId) -> Option<&Question> {
+        self.questions
+            .get(&id)
+            .filter(|open| !open.answered)
+            .map(|open| &open.question)
+    }
+
     /// The instance that continues the task after `question` was answered; `None` while it is
     /// open, or when the question is unknown or expired.
     pub fn question_continuation(&self, question: QuestionId) -> Option<TaskInstanceId> {

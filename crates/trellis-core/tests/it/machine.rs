@@ -615,12 +615,14 @@ fn questions_wait_for_a_human_and_resume_with_the_answer() {
         (open[0].instance, open[0].task_id.as_str(), open[0].question),
         (review, "review", &question)
     );
+    assert_eq!(sim.exec.open_question(question.id), Some(&question));
     sim.apply(EventBody::QuestionAnswered {
         question: question.id,
         answer: "yes".into(),
     })
     .expect("answered");
     assert!(sim.exec.open_questions().is_empty(), "answered is not open");
+    assert_eq!(sim.exec.open_question(question.id), None);
     assert_eq!(
         sim.exec.question_continuation(QuestionId::derived(9, 9)),
         None
