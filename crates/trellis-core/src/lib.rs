@@ -16,4 +16,5 @@ pub mod ids;
 pub mod machine;
 pub mod plan;
 pub mod policy;
+pub mod quota;
 pub mod record;

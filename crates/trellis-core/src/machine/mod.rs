@@ -347,6 +347,13 @@ impl Execution {
             .map(|&idx| self.instances[idx as usize].state)
     }
 
+    /// Returns when the instance was created (became ready, for one whose dependencies were met
+    /// then) and when its current attempt was dispatched, if it was.
+    pub fn instance_times(&self, instance: TaskInstanceId) -> Option<(u64, Option<u64>)> {
+        let inst = &self.instances[*self.by_id.get(&instance)? as usize];
+        Some((inst.created_at_ms, inst.started_at_ms))
+    }
+
     /// Returns the plan task an instance runs, if it runs one.
     pub fn instance_task(&self, instance: TaskInstanceId) -> Option<TaskIdx> {
         let idx = *self.by_id.get(&instance)?;
