@@ -18,7 +18,7 @@ async fn main() -> anyhow::Result<()> {
     let server = trellis_testkit::NatsServer::start()?;
     let client = async_nats::connect(server.url()).await?;
     let js = jetstream::new(client.clone());
-    trellis_bus::ensure_streams(&js).await?;
+    trellis_bus::ensure_streams(&js, 1).await?;
 
     let publish_started = Instant::now();
     let mut acks = Vec::with_capacity(n_tasks);

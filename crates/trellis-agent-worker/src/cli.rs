@@ -1,23 +1,32 @@
 //! The `trellis-agent-worker` binary's command line: reads the configuration from flags or
 //! `TRELLIS_*` variables, installs tracing, and runs the worker until SIGTERM or Ctrl-C.
 
+use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use clap::Parser;
 
 use crate::{CancellationToken, Config, HandlerRegistry};
 
+/// The default admin address: `/metrics`, `/healthz`, `/readyz`, gRPC health. Two workers on
+/// one host need `--admin-addr` for one of them (or `--admin-addr off`).
+const DEFAULT_ADMIN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::LOCALHOST,
+    9800,
+));
+
 /// Runs Trellis task handlers for the tasks published on NATS JetStream.
 #[derive(Debug, Parser)]
-#[command(version)]
+#[command(
+    version,
+    after_help = "Examples:\n  \
+        trellis-agent-worker                                  # every built-in queue, 16 slots\n  \
+        trellis-agent-worker --queues shell,http --slots 4 --admin-addr 0.0.0.0:9090\n  \
+        TRELLIS_NATS_URL=tls://nats:4222 TRELLIS_NATS_CREDS=/etc/trellis/nats.creds trellis-agent-worker"
+)]
 struct Args {
-    /// NATS server URL.
-    #[arg(
-        long,
-        env = "TRELLIS_NATS_URL",
-        default_value = "nats://127.0.0.1:4222"
-    )]
-    nats_url: String,
+    #[command(flatten)]
+    nats: trellis_bus::NatsArgs,
     /// Queues to consume, comma separated (default: the built-in handlers' queues).
     #[arg(long, env = "TRELLIS_QUEUES", value_delimiter = ',')]
     queues: Option<Vec<String>>,
@@ -33,20 +42,8 @@ struct Args {
     /// Milliseconds running handlers get to finish on shutdown.
     #[arg(long, env = "TRELLIS_SHUTDOWN_GRACE_MS")]
     shutdown_grace_ms: Option<u64>,
-}
-
-impl Args {
-    fn into_config(self) -> Config {
-        let defaults = Config::default();
-        Config {
-            nats_url: self.nats_url,
-            queues: self.queues.unwrap_or(defaults.queues),
-            slots: self.slots.unwrap_or(defaults.slots),
-            worker_id: self.worker_id,
-            shards: self.shards.unwrap_or(defaults.shards),
-            shutdown_grace_ms: self.shutdown_grace_ms.unwrap_or(defaults.shutdown_grace_ms),
-        }
-    }
+    #[command(flatten)]
+    telemetry: trellis_telemetry::Args,
 }
 
 /// `EX_USAGE` of sysexits.h: the configuration is wrong.
@@ -56,6 +53,17 @@ const EXIT_USAGE: u8 = 64;
 /// with the built-in handlers until SIGTERM or Ctrl-C. Another package can host the same binary
 /// by calling it from its own `main`.
 pub fn main_entry() -> ExitCode {
+    let args = match Args::try_parse() {
+        Ok(args) => args,
+        Err(error) => {
+            let _ = error.print();
+            return if error.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -66,23 +74,52 @@ pub fn main_entry() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(main_async())
+    runtime.block_on(main_async(args))
 }
 
-async fn main_async() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
-    let config = Args::parse().into_config();
+async fn main_async(args: Args) -> ExitCode {
+    let _telemetry_guard =
+        trellis_telemetry::init("trellis-agent-worker", args.telemetry.log_format);
+    let nats = match args.nats.options() {
+        Ok(nats) => nats,
+        Err(error) => {
+            eprintln!("trellis-agent-worker: invalid configuration: {error}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let defaults = Config::default();
+    let config = Config {
+        nats,
+        queues: args.queues.unwrap_or(defaults.queues),
+        slots: args.slots.unwrap_or(defaults.slots),
+        worker_id: args.worker_id,
+        shards: args.shards.unwrap_or(defaults.shards),
+        shutdown_grace_ms: args.shutdown_grace_ms.unwrap_or(defaults.shutdown_grace_ms),
+        telemetry: trellis_telemetry::Telemetry::new(),
+    };
     if let Err(error) = config.validate() {
         eprintln!("trellis-agent-worker: invalid configuration: {error}");
         return ExitCode::from(EXIT_USAGE);
     }
     let shutdown = CancellationToken::new();
-    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    if let Some(addr) = args.telemetry.admin_addr_or(DEFAULT_ADMIN)
+        && let Err(error) = trellis_telemetry::admin::spawn(
+            addr,
+            config.telemetry.clone(),
+            // The admin server outlives the worker's drain: probes see it stop being ready.
+            CancellationToken::new(),
+        )
+        .await
+    {
+        eprintln!("trellis-agent-worker: {error}");
+        return ExitCode::from(EXIT_USAGE);
+    }
+    let signal = shutdown.clone();
+    tokio::spawn(async move {
+        trellis_bus::shutdown_signal().await;
+        tracing::info!("shutdown requested");
+        signal.cancel();
+    });
     match crate::run(config, HandlerRegistry::with_builtins(), shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -92,29 +129,12 @@ async fn main_async() -> ExitCode {
     }
 }
 
-/// Cancels `shutdown` on SIGTERM (what Kubernetes sends) or Ctrl-C.
-async fn cancel_on_signal(shutdown: CancellationToken) {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut terminate = match tokio::signal::unix::signal(
-            tokio::signal::unix::SignalKind::terminate(),
-        ) {
-            Ok(terminate) => terminate,
-            Err(error) => {
-                tracing::warn!(%error, "cannot listen for SIGTERM; only Ctrl-C stops the worker");
-                let _ = ctrl_c.await;
-                shutdown.cancel();
-                return;
-            }
-        };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = terminate.recv() => {}
-        }
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        super::Args::command().debug_assert();
     }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
-    tracing::info!("shutdown requested");
-    shutdown.cancel();
 }

@@ -1,13 +1,16 @@
 //! The worker's configuration.
 
 use serde::Deserialize;
+use trellis_bus::NatsOptions;
+use trellis_telemetry::Telemetry;
 
 /// Configuration of one worker process.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
-    /// NATS server URL.
-    pub nats_url: String,
+    /// The NATS server, its credentials and TLS.
+    #[serde(skip)]
+    pub nats: NatsOptions,
     /// The queues to consume (`trellis.tasks.<queue>`).
     pub queues: Vec<String>,
     /// Handlers run at the same time, over all queues.
@@ -18,6 +21,9 @@ pub struct Config {
     pub shards: u32,
     /// On shutdown, how long running handlers may take to finish before their tasks are handed back.
     pub shutdown_grace_ms: u64,
+    /// Metrics and readiness ("worker": ready while it consumes its queues).
+    #[serde(skip)]
+    pub telemetry: Telemetry,
 }
 
 /// The queues of the built-in handlers.
@@ -28,7 +34,7 @@ pub const DEFAULT_QUEUES: [&str; 8] = [
 impl Default for Config {
     fn default() -> Config {
         Config {
-            nats_url: "nats://127.0.0.1:4222".to_owned(),
+            nats: NatsOptions::default(),
             queues: DEFAULT_QUEUES
                 .iter()
                 .map(|queue| (*queue).to_owned())
@@ -37,6 +43,7 @@ impl Default for Config {
             worker_id: None,
             shards: 1,
             shutdown_grace_ms: 10_000,
+            telemetry: Telemetry::default(),
         }
     }
 }
@@ -45,7 +52,7 @@ impl Config {
     /// Returns the default configuration for the NATS server at `nats_url`.
     pub fn new(nats_url: impl Into<String>) -> Config {
         Config {
-            nats_url: nats_url.into(),
+            nats: NatsOptions::new(nats_url),
             ..Config::default()
         }
     }
@@ -112,8 +119,7 @@ mod tests {
 
     #[test]
     fn defaults_and_validation() {
-        let config: Config = match serde_json::from_str(r#"{"nats_url": "nats://x:1", "slots": 4}"#)
-        {
+        let config: Config = match serde_json::from_str(r#"{"slots": 4}"#) {
             Ok(config) => config,
             Err(error) => panic!("config should parse: {error}"),
         };

@@ -35,6 +35,7 @@
 mod builtins;
 mod cli;
 mod config;
+mod metrics;
 mod publish;
 pub mod sdk;
 mod steps;

@@ -53,6 +53,8 @@ pub(crate) struct Finished {
     /// The instance whose steps entry is deleted once the result is stored: set when the attempt
     /// used one and its outcome ends the instance (a failure keeps it for the retry).
     pub(crate) forget_steps: Option<String>,
+    /// The attempt's trace context, sent as the `traceparent` header.
+    pub(crate) traceparent: Option<String>,
 }
 
 /// Builds and addresses results for one worker, and keeps its durable steps.
@@ -216,7 +218,15 @@ impl ResultSink {
             &msg_id,
             STORE_RETRY_BOUND,
             is_transient,
-            || publish_once(&self.js, &running.results_subject, &msg_id, &payload),
+            || {
+                publish_once(
+                    &self.js,
+                    &running.results_subject,
+                    &msg_id,
+                    running.traceparent.as_deref(),
+                    &payload,
+                )
+            },
         )
         .await
         .map(drop)
@@ -302,9 +312,11 @@ pub(crate) async fn publisher(
         }
         let mut pending = Vec::with_capacity(batch.len());
         for finished in batch.drain(..) {
-            let publish = PublishMessage::build()
-                .message_id(&finished.msg_id)
-                .payload(finished.payload.clone());
+            let publish = message(
+                &finished.msg_id,
+                finished.traceparent.as_deref(),
+                &finished.payload,
+            );
             let sent = sink
                 .js
                 .send_publish(finished.subject.clone(), publish)
@@ -356,6 +368,7 @@ async fn settle(
                     &sink.js,
                     &finished.subject,
                     &finished.msg_id,
+                    finished.traceparent.as_deref(),
                     &finished.payload,
                 )
                 .await
@@ -385,17 +398,27 @@ async fn settle(
     }
 }
 
-/// Publishes one message with its `Nats-Msg-Id` and waits for JetStream's ack.
+/// Publishes one message with its `Nats-Msg-Id` (and trace context) and waits for JetStream's
+/// ack.
 async fn publish_once(
     js: &jetstream::Context,
     subject: &Subject,
     msg_id: &str,
+    traceparent: Option<&str>,
     payload: &Bytes,
 ) -> Result<jetstream::publish::PublishAck, PublishError> {
-    let publish = PublishMessage::build()
-        .message_id(msg_id)
-        .payload(payload.clone());
-    js.send_publish(subject.clone(), publish).await?.await
+    js.send_publish(subject.clone(), message(msg_id, traceparent, payload))
+        .await?
+        .await
+}
+
+/// A result message: its payload, `Nats-Msg-Id` and, when traced, `traceparent`.
+fn message(msg_id: &str, traceparent: Option<&str>, payload: &Bytes) -> PublishMessage {
+    let mut publish = PublishMessage::build().payload(payload.clone());
+    if let Some(traceparent) = traceparent {
+        publish = publish.header(subjects::TRACEPARENT_HEADER, traceparent);
+    }
+    publish.message_id(msg_id)
 }
 
 /// Returns false for a publish error that another try cannot fix.

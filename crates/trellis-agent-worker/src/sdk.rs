@@ -238,6 +238,9 @@ pub(crate) struct Running {
     /// Set once the steps bucket may hold an entry for the instance (this attempt read or wrote
     /// one), so that only such attempts delete it when they end.
     pub(crate) steps_stored: AtomicBool,
+    /// The W3C `traceparent` of the attempt's run span, sent with its results; `None` when
+    /// tracing is off.
+    pub(crate) traceparent: Option<String>,
 }
 
 impl Running {
@@ -246,8 +249,10 @@ impl Running {
         started_at_unix_ms: i64,
         progress_subject: Option<async_nats::Subject>,
         results_subject: async_nats::Subject,
+        traceparent: Option<String>,
     ) -> Running {
         Running {
+            traceparent,
             execution_id: assignment.execution_id.clone(),
             task_instance_id: assignment.task_instance_id.clone(),
             attempt: assignment.attempt,

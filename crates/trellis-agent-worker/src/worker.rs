@@ -18,6 +18,10 @@ use trellis_bus::HEARTBEAT_INTERVAL;
 use trellis_proto::subjects;
 use trellis_proto::v1::{self, TaskAssignment};
 
+use tracing::Instrument as _;
+use trellis_telemetry::propagation;
+
+use crate::metrics::Metrics;
 use crate::publish::{self, Finished, PUBLISH_BATCH, ResultSink, now_unix_ms};
 use crate::sdk::{HandlerRegistry, Outcome, Running, TaskContext, TaskHandler, lock};
 use crate::steps::wants_stored_steps;
@@ -59,16 +63,16 @@ pub(crate) async fn run(
 ) -> Result<(), Error> {
     config.validate().map_err(Error::Config)?;
     let worker_id = config.resolved_worker_id();
-    let client = trellis_bus::connect(
-        &config.nats_url,
-        &format!("trellis-agent-worker {worker_id}"),
-    )
-    .await?;
+    let metrics = Metrics::new(&config.telemetry.registry);
+    let readiness = config.telemetry.health.component("worker");
+    let client =
+        trellis_bus::connect_with(&config.nats, &format!("trellis-agent-worker {worker_id}"))
+            .await?;
     let js = jetstream::new(client.clone());
     let streams = trellis_bus::wait_for_streams(&js, Duration::from_secs(60)).await?;
     // The coordinator creates the bucket too; creating it here lets a worker run on a server
     // prepared by an older coordinator or by a test.
-    let steps = trellis_bus::ensure_steps_bucket(&js).await?;
+    let steps = trellis_bus::ensure_steps_bucket(&js, config.nats.replicas).await?;
     let mut consumers = Vec::with_capacity(config.queues.len());
     for queue in &config.queues {
         let consumer = trellis_bus::task_consumer(&streams.tasks, queue, MAX_ACK_PENDING).await?;
@@ -103,8 +107,10 @@ pub(crate) async fn run(
         handlers: TaskTracker::new(),
         hand_back: CancellationToken::new(),
         abandon: abandon.clone(),
+        metrics: metrics.clone(),
     });
-    tracing::info!(%worker_id, queues = ?config.queues, slots = config.slots, "worker started");
+    metrics.slots.inc_by(config.slots as i64);
+    tracing::info!(%worker_id, queues = ?config.queues, slots = config.slots, nats = %config.nats.shown_url(), "worker started");
 
     let (finished_tx, finished_rx) = mpsc::channel(FINISHED_CHANNEL);
     let publisher = tokio::spawn(publish::publisher(
@@ -135,9 +141,11 @@ pub(crate) async fn run(
         })
         .collect();
     drop(finished_tx);
+    readiness.set(true);
 
     // Stop taking work, let running handlers finish within the grace period, then hand the rest back.
     shutdown.cancelled().await;
+    readiness.set(false);
     tracing::info!(%worker_id, "worker stopping");
     stop_fetching.cancel();
     for fetcher in fetchers {
@@ -161,6 +169,7 @@ pub(crate) async fn run(
     if let Err(error) = client.flush().await {
         tracing::warn!(%error, "failed to flush the nats connection");
     }
+    metrics.slots.dec_by(config.slots as i64);
     tracing::info!(%worker_id, "worker stopped");
     Ok(())
 }
@@ -176,6 +185,7 @@ struct Worker {
     /// Fires when the grace period is over: running handlers stop and their tasks are handed back.
     hand_back: CancellationToken,
     abandon: CancellationToken,
+    metrics: Metrics,
 }
 
 /// How a handler task ended.
@@ -359,6 +369,7 @@ impl Worker {
         let delivered = message.info().map_or(1, |info| info.delivered);
         let progress_subject = message.message.reply.clone();
         let (message, acker) = message.split();
+        let parent = propagation::extract_nats(message.headers.as_ref());
         let assignment = match TaskAssignment::decode(message.payload.as_ref()) {
             Ok(assignment)
                 if !assignment.task_instance_id.is_empty() && !assignment.task_type.is_empty() =>
@@ -367,11 +378,13 @@ impl Worker {
             }
             Ok(_) => {
                 tracing::warn!(subject = %message.subject, "set aside a task assignment without instance id or task type");
+                self.set_aside("incomplete");
                 let _ = acker.ack_with(AckKind::Term).await;
                 return;
             }
             Err(error) => {
                 tracing::warn!(subject = %message.subject, %error, "set aside a task message that is not a TaskAssignment");
+                self.set_aside("corrupt");
                 let _ = acker.ack_with(AckKind::Term).await;
                 return;
             }
@@ -385,20 +398,48 @@ impl Worker {
         }
         let handler = self.registry.get(&assignment.task_type).cloned();
         let results_subject = self.sink.subject(&assignment);
+        // The run is a child of the coordinator's dispatch span; its results carry the run's
+        // context on, so dispatch → run → result is one line of the execution's trace.
+        let span = if propagation::enabled() {
+            let span = tracing::info_span!(
+                "task.run",
+                otel.kind = "consumer",
+                execution_id = %assignment.execution_id,
+                task_instance_id = %assignment.task_instance_id,
+                task_id = %assignment.task_id,
+                task_type = %assignment.task_type,
+                attempt = assignment.attempt,
+                worker_id = %self.worker_id,
+            );
+            propagation::set_parent(&span, parent);
+            span
+        } else {
+            tracing::Span::none()
+        };
+        let traceparent = propagation::traceparent(&propagation::context_of(&span));
         let running = Arc::new(Running::new(
             &assignment,
             now_unix_ms(),
             progress_subject,
             results_subject,
+            traceparent,
         ));
+        let labels = [
+            ("queue", assignment.queue.clone()),
+            ("type", assignment.task_type.clone()),
+        ];
         lock(&self.running).insert(assignment.task_instance_id.clone(), running.clone());
         let worker = self.clone();
         let finished_tx = finished_tx.clone();
-        self.handlers.spawn(async move {
+        self.metrics.running.inc();
+        let started = std::time::Instant::now();
+        let work = async move {
             let ending = worker
                 .execute(handler, assignment, delivered, &running)
                 .await;
             drop(permit);
+            worker.metrics.running.dec();
+            worker.count(labels, &ending, started.elapsed());
             {
                 let mut map = lock(&worker.running);
                 if map
@@ -422,6 +463,7 @@ impl Worker {
                         payload,
                         acker,
                         forget_steps,
+                        traceparent: running.traceparent.clone(),
                     };
                     if let Err(mpsc::error::SendError(finished)) = finished_tx.send(finished).await
                     {
@@ -431,7 +473,41 @@ impl Worker {
                 Ending::HandBack => publish::nak(&acker).await,
                 Ending::Abandoned => {}
             }
-        });
+        };
+        self.handlers.spawn(work.instrument(span));
+    }
+
+    fn set_aside(&self, reason: &'static str) {
+        self.metrics
+            .set_aside
+            .get_or_create(&[("reason", reason.to_owned())])
+            .inc();
+    }
+
+    /// Counts an attempt that ended, by queue, type and outcome, with its run time.
+    fn count(
+        &self,
+        [queue, task_type]: [(&'static str, String); 2],
+        ending: &Ending,
+        ran: Duration,
+    ) {
+        let outcome = match ending {
+            Ending::Done(Outcome::Completed(_) | Outcome::CompletedJson(_)) => "completed",
+            Ending::Done(Outcome::Failed { .. }) => "failed",
+            Ending::Done(Outcome::Spawn { .. }) => "spawned",
+            Ending::Done(Outcome::Ask(_)) => "asked",
+            Ending::HandBack => {
+                self.metrics.handed_back.inc();
+                return;
+            }
+            Ending::Abandoned => return,
+        };
+        let labels = [queue, task_type, ("outcome", outcome.to_owned())];
+        self.metrics.tasks.get_or_create(&labels).inc();
+        self.metrics
+            .duration
+            .get_or_create(&labels)
+            .observe(ran.as_secs_f64());
     }
 
     /// Runs the handler until it ends, is cancelled, passes its deadline or the worker stops.
@@ -529,7 +605,7 @@ impl Worker {
             interval_ms: u64::try_from(HEARTBEAT_INTERVAL.as_millis()).unwrap_or(u64::MAX),
             state: state as i32,
         };
-        if let Err(error) = self
+        match self
             .client
             .publish(
                 subjects::heartbeat(&self.worker_id),
@@ -537,7 +613,10 @@ impl Worker {
             )
             .await
         {
-            tracing::warn!(%error, "failed to publish a heartbeat");
+            Ok(()) => {
+                self.metrics.heartbeats.inc();
+            }
+            Err(error) => tracing::warn!(%error, "failed to publish a heartbeat"),
         }
     }
 }

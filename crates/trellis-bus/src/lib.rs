@@ -2,6 +2,7 @@
 //! which streams and key-value buckets exist with which retention, and how the durable consumers
 //! are configured, so the coordinator and the workers can start in any order and agree.
 
+mod options;
 mod steps;
 
 use std::time::Duration;
@@ -9,7 +10,9 @@ use std::time::Duration;
 use async_nats::jetstream::{self, consumer, stream};
 use trellis_proto::subjects;
 
+pub use options::{NatsArgs, NatsAuth, NatsOptions, NatsTls};
 pub use steps::{STEPS_MAX_AGE, ensure_steps_bucket, steps_bucket};
+pub use trellis_telemetry::shutdown_signal;
 
 /// How long a task message may stay unacknowledged before JetStream hands it to another worker.
 /// Workers send `AckProgress` every [`HEARTBEAT_INTERVAL`], so a live worker never hits it; a
@@ -31,10 +34,29 @@ pub enum Error {
         "cannot connect to NATS at {url}: {source} (start one with `nats-server -js`, or install it with `apt-get install nats-server`)"
     )]
     Connect {
+        /// The URL with its credentials hidden.
         url: String,
         #[source]
         source: async_nats::ConnectError,
     },
+    #[error(
+        "NATS at {url} refused the credentials: {source} (check --nats-user/--nats-password, --nats-token, --nats-creds or --nats-nkey-file)"
+    )]
+    Unauthorized {
+        url: String,
+        #[source]
+        source: async_nats::ConnectError,
+    },
+    #[error(
+        "TLS with NATS at {url} failed: {source} (check --nats-tls-ca, --nats-tls-cert and --nats-tls-key, and that the server speaks TLS)"
+    )]
+    Tls {
+        url: String,
+        #[source]
+        source: async_nats::ConnectError,
+    },
+    #[error("{0}")]
+    Options(String),
     #[error(
         "cannot create or open JetStream stream {stream}: {message} (is JetStream enabled, `nats-server -js`?)"
     )]
@@ -47,20 +69,44 @@ pub enum Error {
     Bucket { bucket: String, message: String },
 }
 
-/// Connects to NATS with the name shown in `nats-server` monitoring.
+/// Connects to the NATS server at `url` without credentials; see [`connect_with`].
 pub async fn connect(url: &str, name: &str) -> Result<async_nats::Client, Error> {
-    async_nats::ConnectOptions::new()
-        .name(name)
-        .retry_on_initial_connect()
-        .connection_timeout(Duration::from_secs(5))
-        .client_capacity(8192)
-        .subscription_capacity(65_536)
-        .connect(url)
-        .await
-        .map_err(|source| Error::Connect {
-            url: url.to_owned(),
-            source,
-        })
+    connect_with(&NatsOptions::new(url), name).await
+}
+
+/// Connects to NATS with the name shown in `nats-server` monitoring.
+///
+/// A server that is not up yet is waited for (a service may start before NATS does), retrying
+/// with a growing pause; refused credentials, a TLS failure or an unparsable URL fail at once,
+/// since waiting cannot fix them. Once connected, the client reconnects by itself.
+pub async fn connect_with(options: &NatsOptions, name: &str) -> Result<async_nats::Client, Error> {
+    use async_nats::ConnectErrorKind as Kind;
+    let url = options.shown_url();
+    let mut delay = Duration::from_millis(100);
+    let mut logged = false;
+    loop {
+        let connect_options = options.connect_options(name).await?;
+        let source = match connect_options.connect(options.url.as_str()).await {
+            Ok(client) => return Ok(client),
+            Err(source) => source,
+        };
+        match source.kind() {
+            Kind::Authentication | Kind::AuthorizationViolation => {
+                return Err(Error::Unauthorized { url, source });
+            }
+            Kind::Tls => return Err(Error::Tls { url, source }),
+            Kind::ServerParse => return Err(Error::Connect { url, source }),
+            Kind::Dns | Kind::TimedOut | Kind::Io | Kind::MaxReconnects => {}
+        }
+        if !logged {
+            tracing::warn!(nats = %url, error = %source, "NATS not reachable yet; retrying");
+            logged = true;
+        } else {
+            tracing::debug!(nats = %url, error = %source, "NATS still not reachable");
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
 }
 
 /// The three streams of DESIGN.md §3.
@@ -123,11 +169,17 @@ pub async fn wait_for_streams(
 }
 
 /// Creates the streams if they do not exist (idempotent). The coordinator calls it at start.
-pub async fn ensure_streams(js: &jetstream::Context) -> Result<Streams, Error> {
+/// `replicas` is how many servers of a JetStream cluster keep each stream (1 on a single server).
+pub async fn ensure_streams(js: &jetstream::Context, replicas: usize) -> Result<Streams, Error> {
     use stream::RetentionPolicy::{Limits, WorkQueue};
     let tasks = ensure(
         js,
-        config(subjects::TASKS_STREAM, subjects::TASKS_WILDCARD, WorkQueue),
+        config(
+            subjects::TASKS_STREAM,
+            subjects::TASKS_WILDCARD,
+            WorkQueue,
+            replicas,
+        ),
     )
     .await?;
     let results = ensure(
@@ -136,12 +188,18 @@ pub async fn ensure_streams(js: &jetstream::Context) -> Result<Streams, Error> {
             subjects::RESULTS_STREAM,
             subjects::RESULTS_WILDCARD,
             WorkQueue,
+            replicas,
         ),
     )
     .await?;
     let events = ensure(
         js,
-        config(subjects::EVENTS_STREAM, subjects::EVENTS_WILDCARD, Limits),
+        config(
+            subjects::EVENTS_STREAM,
+            subjects::EVENTS_WILDCARD,
+            Limits,
+            replicas,
+        ),
     )
     .await?;
     Ok(Streams {
@@ -152,11 +210,12 @@ pub async fn ensure_streams(js: &jetstream::Context) -> Result<Streams, Error> {
 }
 
 /// The configuration shared by the three streams: file storage, a two-minute de-duplication
-/// window for `Nats-Msg-Id`, messages up to [`MAX_PAYLOAD`].
+/// window for `Nats-Msg-Id`, messages up to [`MAX_PAYLOAD`], `replicas` copies.
 fn config(
     name: &'static str,
     wildcard: &str,
     retention: stream::RetentionPolicy,
+    replicas: usize,
 ) -> stream::Config {
     stream::Config {
         name: name.to_owned(),
@@ -165,6 +224,7 @@ fn config(
         storage: stream::StorageType::File,
         max_message_size: MAX_PAYLOAD as i32,
         duplicate_window: Duration::from_secs(120),
+        num_replicas: replicas.max(1),
         ..Default::default()
     }
 }
@@ -261,31 +321,6 @@ fn consumer_safe(queue: &str) -> String {
             }
         })
         .collect()
-}
-
-/// Completes on SIGTERM (what Kubernetes sends) or Ctrl-C: every service's signal to stop
-/// gracefully.
-pub async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
-    }
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ pub const STEPS_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 ///
 /// The stream is created directly because `create_key_value` first reads the account's API level,
 /// a field servers before 2.11 do not send, and fails there.
-fn stream_config() -> stream::Config {
+fn stream_config(replicas: usize) -> stream::Config {
     let bucket = subjects::STEPS_BUCKET;
     stream::Config {
         name: format!("KV_{bucket}"),
@@ -39,15 +39,18 @@ fn stream_config() -> stream::Config {
         deny_delete: true,
         allow_direct: true,
         discard: stream::DiscardPolicy::New,
-        num_replicas: 1,
+        num_replicas: replicas.max(1),
         ..Default::default()
     }
 }
 
-/// Opens the steps bucket, creating it if missing (idempotent, safe when several services start
-/// at once).
-pub async fn ensure_steps_bucket(js: &jetstream::Context) -> Result<kv::Store, Error> {
-    crate::ensure(js, stream_config()).await?;
+/// Opens the steps bucket, creating it with `replicas` copies if missing (idempotent, safe when
+/// several services start at once).
+pub async fn ensure_steps_bucket(
+    js: &jetstream::Context,
+    replicas: usize,
+) -> Result<kv::Store, Error> {
+    crate::ensure(js, stream_config(replicas)).await?;
     steps_bucket(js).await
 }
 

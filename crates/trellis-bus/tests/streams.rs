@@ -11,7 +11,7 @@ async fn services_starting_together_agree_on_the_streams() {
             tasks.push(tokio::spawn(async move {
                 let client = trellis_bus::connect(&url, "test").await.expect("connect");
                 let js = async_nats::jetstream::new(client);
-                trellis_bus::ensure_streams(&js)
+                trellis_bus::ensure_streams(&js, 1)
                     .await
                     .map(|_| ())
                     .map_err(|e| e.to_string())
@@ -37,7 +37,7 @@ async fn services_starting_together_agree_on_the_steps_bucket() -> anyhow::Resul
     for _ in 0..4 {
         let js = js.clone();
         tasks.push(tokio::spawn(async move {
-            trellis_bus::ensure_steps_bucket(&js)
+            trellis_bus::ensure_steps_bucket(&js, 1)
                 .await
                 .map(|_| ())
                 .map_err(|e| e.to_string())

@@ -23,12 +23,16 @@ use crate::store::{
 #[derive(Debug, Clone)]
 pub struct CheckpointStoreService {
     store: Arc<dyn Store>,
+    metrics: crate::metrics::Metrics,
 }
 
 impl CheckpointStoreService {
-    /// Serves `store`.
-    pub fn new(store: Arc<dyn Store>) -> Self {
-        Self { store }
+    /// Serves `store`, counting into `registry`.
+    pub fn new(store: Arc<dyn Store>, registry: &trellis_telemetry::Registry) -> Self {
+        Self {
+            store,
+            metrics: crate::metrics::Metrics::new(registry),
+        }
     }
 }
 
@@ -168,6 +172,7 @@ pub fn execution_to_proto(row: &ExecutionRow, open_questions: &[QuestionRow]) ->
         ended_at_unix_ms: row.ended_at_ms.map(to_unix_ms),
         reason: row.reason.clone(),
         last_sequence: row.last_sequence,
+        namespace: row.namespace.clone(),
         labels: row
             .labels
             .iter()
@@ -213,12 +218,27 @@ impl CheckpointStore for CheckpointStoreService {
             .into_inner()
             .checkpoint
             .ok_or_else(|| Status::invalid_argument("checkpoint: missing"))?;
+        let started = std::time::Instant::now();
         let checkpoint = checkpoint::verify_new(checkpoint, now_ms()).map_err(status)?;
         let meta = self
             .store
             .create_checkpoint(&checkpoint)
             .await
             .map_err(status)?;
+        let kind = match meta.kind {
+            CheckpointKind::Full => "full",
+            CheckpointKind::Delta => "delta",
+        };
+        let labels = [("kind", kind.to_owned())];
+        self.metrics.checkpoints.get_or_create(&labels).inc();
+        self.metrics
+            .checkpoint_bytes
+            .get_or_create(&labels)
+            .observe(meta.size_bytes as f64);
+        self.metrics
+            .checkpoint_seconds
+            .get_or_create(&labels)
+            .observe(started.elapsed().as_secs_f64());
         Ok(Response::new(v1::CreateCheckpointResponse {
             metadata: Some(metadata_to_proto(&meta)),
         }))

@@ -24,7 +24,6 @@ use prost::Message as _;
 use tokio_util::sync::CancellationToken;
 use trellis_core::ids::{ExecutionId, TaskInstanceId};
 use trellis_core::machine::{Event, EventBody, Execution};
-use trellis_core::plan::{Limits, compile_str};
 use trellis_core::record::TaskStatusRecord;
 use trellis_proto::convert::{self, LogEntry, Started};
 use trellis_proto::{subjects, v1};
@@ -384,6 +383,7 @@ impl Applier {
                     ended_at_ms: replica.run.ended_at_ms,
                     reason: replica.machine.reason().unwrap_or_default().to_owned(),
                     idempotency_key: replica.started.idempotency_key.clone(),
+                    namespace: replica.started.namespace().to_owned(),
                     labels,
                     last_sequence: tracked.last_sequence,
                     usage: replica.machine.usage(),
@@ -424,7 +424,7 @@ impl Applier {
 }
 
 fn start_replica(execution_id: ExecutionId, started: Started) -> Option<Replica> {
-    match compile_str(&started.spec, &Limits::default()) {
+    match started.compile() {
         Ok(plan) => Some(Replica {
             machine: Execution::start(
                 execution_id,
@@ -480,6 +480,7 @@ pub(crate) struct Ingest {
     store: Arc<dyn Store>,
     events: jetstream::stream::Stream,
     applier: Applier,
+    metrics: crate::metrics::Metrics,
 }
 
 impl Ingest {
@@ -488,6 +489,7 @@ impl Ingest {
     pub(crate) async fn run(
         store: Arc<dyn Store>,
         nats: async_nats::Client,
+        metrics: crate::metrics::Metrics,
         shutdown: CancellationToken,
     ) {
         let js = jetstream::new(nats);
@@ -505,6 +507,7 @@ impl Ingest {
             store,
             events: streams.events,
             applier: Applier::default(),
+            metrics,
         };
         let mut delay = Duration::from_millis(100);
         loop {
@@ -579,20 +582,29 @@ impl Ingest {
             let decoded: Vec<LogMessage> = received
                 .iter()
                 .filter_map(|message| match decode_message(&message.payload) {
-                    Ok(decoded) => Some(decoded),
+                    Ok(decoded) => {
+                        trace_ingest(message, &decoded);
+                        Some(decoded)
+                    }
                     Err(err) => {
                         tracing::warn!(subject = %message.subject, %err, "corrupt event log message skipped");
                         None
                     }
                 })
                 .collect();
+            let n_events: usize = decoded.iter().map(|m| m.events.len()).sum();
             let Some(batch) = self.take(decoded, shutdown).await else {
                 return Ok(());
             };
+            let started = std::time::Instant::now();
             if !self.write(batch, shutdown).await {
                 // Shutting down before the write landed: the messages are delivered again later.
                 return Ok(());
             }
+            self.metrics
+                .write_seconds
+                .observe(started.elapsed().as_secs_f64());
+            self.metrics.events_ingested.inc_by(n_events as u64);
             if let Err(err) = last.ack().await {
                 tracing::warn!(%err, "failed to acknowledge event log messages (they come again and are skipped)");
             }
@@ -664,6 +676,22 @@ impl Ingest {
             delay = (delay * 2).min(MAX_RETRY_DELAY);
         }
     }
+}
+
+/// Marks the read model's taking of a log message in the execution's trace, as a child of the
+/// coordinator's append (when tracing is on and the message carries its context).
+fn trace_ingest(message: &jetstream::Message, decoded: &LogMessage) {
+    use trellis_telemetry::propagation;
+    if !propagation::enabled() {
+        return;
+    }
+    let span = tracing::info_span!(
+        "events.ingest",
+        otel.kind = "consumer",
+        execution_id = %decoded.execution_id,
+        events = decoded.events.len(),
+    );
+    propagation::set_parent(&span, propagation::extract_nats(message.headers.as_ref()));
 }
 
 /// Reads an execution's log from its first event up to `up_to` (inclusive) with an ordered

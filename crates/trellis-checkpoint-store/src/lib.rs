@@ -16,6 +16,7 @@ pub mod checkpoint;
 pub mod grpc;
 mod heartbeats;
 mod ingest;
+mod metrics;
 pub mod store;
 
 use std::ffi::OsString;
@@ -27,7 +28,12 @@ use clap::Parser;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tonic::service::interceptor::InterceptedService;
+use trellis_bus::NatsOptions;
+use trellis_grpc::ServerSecurity;
+use trellis_grpc::server::Authenticate;
 use trellis_proto::v1::checkpoint_store_server::CheckpointStoreServer;
+use trellis_telemetry::Telemetry;
 
 pub use crate::store::Store;
 
@@ -47,19 +53,27 @@ pub const EVENTS_CONSUMER: &str = ingest::CONSUMER_NAME;
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Checkpoint-store settings.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct Config {
-    /// `postgres://...` or `sqlite://...` (see [`store::connect`]).
+    /// `postgres://...` or `sqlite://...` (see [`store::connect`]); may hold a password, never
+    /// logged.
     pub database_url: String,
     /// The NATS server (JetStream enabled) carrying the event log and heartbeats.
-    pub nats_url: String,
+    pub nats: NatsOptions,
+    /// TLS of the gRPC port and token authentication: only tokens of every namespace ("*", the
+    /// services' own) are let in, since checkpoints and the read model span namespaces.
+    pub security: ServerSecurity,
+    /// Metrics and readiness ("checkpoint-store").
+    pub telemetry: Telemetry,
 }
 
-impl Default for Config {
-    fn default() -> Self {
+impl Config {
+    /// The store at `database_url`, NATS at `nats_url`, nothing else set.
+    pub fn new(database_url: impl Into<String>, nats_url: impl Into<String>) -> Self {
         Self {
-            database_url: DEFAULT_DATABASE_URL.to_owned(),
-            nats_url: "nats://127.0.0.1:4222".to_owned(),
+            database_url: database_url.into(),
+            nats: NatsOptions::new(nats_url),
+            ..Self::default()
         }
     }
 }
@@ -71,12 +85,10 @@ pub enum Error {
     Store(#[from] store::Error),
     #[error(transparent)]
     Bus(#[from] trellis_bus::Error),
-    #[error("gRPC server failed: {0}")]
-    Grpc(#[from] tonic::transport::Error),
+    #[error(transparent)]
+    Grpc(#[from] trellis_grpc::Error),
     #[error("cannot read the address of the gRPC listener: {0}")]
     Listener(std::io::Error),
-    #[error("cannot build the gRPC reflection service: {0}")]
-    Reflection(#[from] tonic_reflection::server::Error),
 }
 
 /// Runs the checkpoint-store until `shutdown` is cancelled: opens the database (applying the
@@ -88,55 +100,55 @@ pub async fn run(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
+    let readiness = config.telemetry.health.component("checkpoint-store");
     let store = store::connect(&config.database_url).await?;
-    let nats = trellis_bus::connect(&config.nats_url, "trellis-checkpoint-store").await?;
+    let nats = trellis_bus::connect_with(&config.nats, "trellis-checkpoint-store").await?;
     let addr = listener.local_addr().map_err(Error::Listener)?;
+    let metrics = metrics::Metrics::new(&config.telemetry.registry);
     let background = TaskTracker::new();
     background.spawn(ingest::Ingest::run(
         store.clone(),
         nats.clone(),
+        metrics,
         shutdown.clone(),
     ));
     background.spawn(heartbeats::run(store.clone(), nats, shutdown.clone()));
     background.close();
-    tracing::info!(%addr, backend = ?store.backend(), nats = %config.nats_url, "checkpoint-store serving");
-
-    let service = grpc::CheckpointStoreService::new(store);
-    // grpc.health.v1 and reflection, so load balancers and `grpcurl` work out of the box.
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<CheckpointStoreServer<grpc::CheckpointStoreService>>()
-        .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(trellis_proto::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
-    let not_serving = shutdown.clone();
-    tokio::spawn(async move {
-        not_serving.cancelled().await;
-        health
-            .set_not_serving::<CheckpointStoreServer<grpc::CheckpointStoreService>>()
-            .await;
-    });
-    // Small request/response frames must not wait for Nagle's algorithm; tonic sets TCP_NODELAY
-    // only on listeners it binds itself.
-    let incoming = tokio_stream::StreamExt::map(
-        tokio_stream::wrappers::TcpListenerStream::new(listener),
-        |stream| {
-            stream.inspect(|s| {
-                let _ = s.set_nodelay(true);
-            })
-        },
+    tracing::info!(
+        %addr,
+        backend = ?store.backend(),
+        nats = %config.nats.shown_url(),
+        tls = config.security.tls.is_some(),
+        authentication = config.security.access.is_some(),
+        "checkpoint-store serving"
     );
-    let served = tonic::transport::Server::builder()
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(
-            CheckpointStoreServer::new(service)
-                // A 100,000-task execution's full checkpoint is a few megabytes.
-                .max_decoding_message_size(trellis_bus::MAX_PAYLOAD * 8)
-                .max_encoding_message_size(usize::MAX),
+
+    let service = grpc::CheckpointStoreService::new(store, &config.telemetry.registry);
+    let authenticate =
+        Authenticate::new(config.security.access.clone(), &config.telemetry.registry)
+            .all_namespaces_only();
+    let routes = tonic::service::Routes::new(InterceptedService::new(
+        CheckpointStoreServer::new(service)
+            // A 100,000-task execution's full checkpoint is a few megabytes.
+            .max_decoding_message_size(trellis_bus::MAX_PAYLOAD * 8)
+            .max_encoding_message_size(usize::MAX),
+        authenticate,
+    ));
+    readiness.set(true);
+    let health = config.telemetry.health.clone();
+    let stopping = shutdown.clone();
+    tokio::spawn(async move {
+        stopping.cancelled().await;
+        health.stopping().await;
+    });
+    let served =
+        trellis_grpc::server::serve::<CheckpointStoreServer<grpc::CheckpointStoreService>>(
+            listener,
+            routes,
+            &config.security,
+            &config.telemetry.registry,
+            shutdown.clone(),
         )
-        .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned())
         .await;
     // Whatever stopped the server stops the rest; the read model finishes its write first.
     shutdown.cancel();
@@ -156,15 +168,15 @@ pub async fn run(
 #[command(name = "trellis-checkpoint-store", version, about)]
 struct Args {
     /// Database: postgres://user@host/db, or sqlite://path?mode=rwc (created when missing).
-    #[arg(long, env = "TRELLIS_DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
-    database_url: String,
-    /// NATS server with JetStream.
     #[arg(
         long,
-        env = "TRELLIS_NATS_URL",
-        default_value = "nats://127.0.0.1:4222"
+        env = "TRELLIS_DATABASE_URL",
+        default_value = DEFAULT_DATABASE_URL,
+        hide_env_values = true
     )]
-    nats_url: String,
+    database_url: String,
+    #[command(flatten)]
+    nats: trellis_bus::NatsArgs,
     /// gRPC listen address.
     #[arg(
         long,
@@ -172,7 +184,17 @@ struct Args {
         default_value = "127.0.0.1:7500"
     )]
     listen: SocketAddr,
+    #[command(flatten)]
+    server: trellis_grpc::ServerArgs,
+    #[command(flatten)]
+    telemetry: trellis_telemetry::Args,
 }
+
+/// The default admin address: `/metrics`, `/healthz`, `/readyz`, gRPC health.
+const DEFAULT_ADMIN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::LOCALHOST,
+    9500,
+));
 
 /// The `trellis-checkpoint-store` binary: parses the process's arguments, installs logging, runs
 /// until SIGTERM or Ctrl-C. Exit code 2 for bad arguments, 1 when the service fails.
@@ -194,12 +216,6 @@ pub fn main_from(args: impl IntoIterator<Item = OsString>) -> ExitCode {
             };
         }
     };
-    // Another host (a test, `trellis dev`) may have installed a subscriber already.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .try_init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -211,17 +227,33 @@ pub fn main_from(args: impl IntoIterator<Item = OsString>) -> ExitCode {
         }
     };
     runtime.block_on(async move {
+        // Another host (a test, `trellis dev`) may have installed a subscriber already.
+        let _telemetry_guard =
+            trellis_telemetry::init("trellis-checkpoint-store", args.telemetry.log_format);
+        let fail = |message: String| {
+            eprintln!("trellis-checkpoint-store: {message}");
+            ExitCode::from(2)
+        };
+        let nats = match args.nats.options() {
+            Ok(nats) => nats,
+            Err(err) => return fail(err.to_string()),
+        };
+        let security = match args.server.load() {
+            Ok(security) => security,
+            Err(err) => return fail(err.to_string()),
+        };
         let listener = match TcpListener::bind(args.listen).await {
             Ok(listener) => listener,
-            Err(err) => {
-                eprintln!(
-                    "trellis-checkpoint-store: cannot listen on {}: {err}",
-                    args.listen
-                );
-                return ExitCode::from(2);
-            }
+            Err(err) => return fail(format!("cannot listen on {}: {err}", args.listen)),
         };
         let shutdown = CancellationToken::new();
+        let telemetry = Telemetry::new();
+        if let Some(addr) = args.telemetry.admin_addr_or(DEFAULT_ADMIN)
+            && let Err(err) =
+                trellis_telemetry::admin::spawn(addr, telemetry.clone(), shutdown.clone()).await
+        {
+            return fail(err.to_string());
+        }
         let signal = shutdown.clone();
         tokio::spawn(async move {
             trellis_bus::shutdown_signal().await;
@@ -229,7 +261,9 @@ pub fn main_from(args: impl IntoIterator<Item = OsString>) -> ExitCode {
         });
         let config = Config {
             database_url: args.database_url,
-            nats_url: args.nats_url,
+            nats,
+            security,
+            telemetry,
         };
         match run(config, listener, shutdown).await {
             Ok(()) => ExitCode::SUCCESS,
@@ -239,4 +273,14 @@ pub fn main_from(args: impl IntoIterator<Item = OsString>) -> ExitCode {
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        super::Args::command().debug_assert();
+    }
 }

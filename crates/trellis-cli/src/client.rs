@@ -1,12 +1,14 @@
-//! The one place that creates the gRPC client of the coordinator and turns transport failures and
-//! gRPC statuses into messages that say what to do.
+//! The one place that creates the gRPC clients of the coordinator and the planner and turns
+//! transport failures and gRPC statuses into messages that say what to do. Every call carries the
+//! credentials `main` loaded once ([`init`]): the bearer token and the TLS settings.
 
 use std::error::Error as _;
 use std::ops::ControlFlow;
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
+use trellis_grpc::{AuthChannel, ClientSecurity};
 use trellis_proto::v1::coordinator_client::CoordinatorClient;
 use trellis_proto::v1::planner_client::PlannerClient;
 use trellis_proto::v1::{ObserveExecutionRequest, ObserveExecutionResponse};
@@ -23,11 +25,42 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How many times in a row a broken event stream is reopened before giving up.
 const MAX_REOPENS: u32 = 5;
 
+/// The credentials of this process's calls.
+static SECURITY: OnceLock<ClientSecurity> = OnceLock::new();
+
+/// Sets the credentials every call of this process carries; the first call wins.
+pub fn init(security: ClientSecurity) {
+    let _ = SECURITY.set(security);
+}
+
+fn security() -> ClientSecurity {
+    SECURITY.get().cloned().unwrap_or_default()
+}
+
+/// Connects to `url` with the process's credentials.
+async fn connect(url: &str) -> Result<AuthChannel, ConnectFailure> {
+    let security = security();
+    let endpoint = security
+        .endpoint(url)
+        .map_err(|e| ConnectFailure::BadAddress(e.to_string()))?
+        .connect_timeout(CONNECT_TIMEOUT);
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| ConnectFailure::Unreachable(root_cause(&e).to_lowercase()))?;
+    Ok(security.wrap(channel))
+}
+
+enum ConnectFailure {
+    BadAddress(String),
+    Unreachable(String),
+}
+
 /// A connected coordinator client and the address it was reached at, for messages.
 #[derive(Debug, Clone)]
 pub struct Coordinator {
     pub url: String,
-    pub client: CoordinatorClient<Channel>,
+    pub client: CoordinatorClient<AuthChannel>,
 }
 
 impl Coordinator {
@@ -38,19 +71,14 @@ impl Coordinator {
     /// Bad input (exit 2) for a URL that cannot be parsed; a failure naming `trellis dev` when
     /// nothing answers there.
     pub async fn connect(url: &str) -> Result<Self, Failure> {
-        let endpoint = Endpoint::from_shared(url.to_owned())
-            .map_err(|_| {
-                Failure::bad_input(format!(
-                    "invalid coordinator address {url:?}: expected a URL such as {DEFAULT_COORDINATOR}"
-                ))
-            })?
-            .connect_timeout(CONNECT_TIMEOUT);
-        let channel = endpoint.connect().await.map_err(|e| {
-            Failure::failed(format!(
-                "{} ({})",
-                not_running(url),
-                root_cause(&e).to_lowercase()
-            ))
+        let channel = connect(url).await.map_err(|failure| match failure {
+            ConnectFailure::BadAddress(why) => Failure::bad_input(format!(
+                "invalid coordinator address {url:?}: expected a URL such as \
+                 {DEFAULT_COORDINATOR} ({why})"
+            )),
+            ConnectFailure::Unreachable(cause) => {
+                Failure::failed(format!("{} ({cause})", not_running(url)))
+            }
         })?;
         Ok(Self {
             url: url.to_owned(),
@@ -68,6 +96,12 @@ impl Coordinator {
                 Failure::bad_input(format!("{what}: {message}"))
             }
             Code::FailedPrecondition => Failure::failed(format!("{what}: {message}")),
+            Code::Unauthenticated => Failure::failed(format!(
+                "the coordinator at {} refused the call: {message} (set TRELLIS_TOKEN or pass \
+                 --token)",
+                self.url
+            )),
+            Code::PermissionDenied => Failure::failed(format!("{what}: not allowed: {message}")),
             Code::Unavailable => Failure::failed(format!("{} ({message})", not_running(&self.url))),
             Code::DeadlineExceeded => Failure::failed(format!(
                 "the coordinator at {} did not answer in time: {message}",
@@ -141,20 +175,16 @@ impl Coordinator {
 ///
 /// Bad input (exit 2) for a URL that cannot be parsed; a failure naming `trellis planner` when
 /// nothing answers there.
-pub async fn planner(url: &str) -> Result<PlannerClient<Channel>, Failure> {
-    let endpoint = Endpoint::from_shared(url.to_owned())
-        .map_err(|_| {
-            Failure::bad_input(format!(
-                "invalid planner address {url:?}: expected a URL such as http://127.0.0.1:7600"
-            ))
-        })?
-        .connect_timeout(CONNECT_TIMEOUT);
-    let channel = endpoint.connect().await.map_err(|e| {
-        Failure::failed(format!(
+pub async fn planner(url: &str) -> Result<PlannerClient<AuthChannel>, Failure> {
+    let channel = connect(url).await.map_err(|failure| match failure {
+        ConnectFailure::BadAddress(why) => Failure::bad_input(format!(
+            "invalid planner address {url:?}: expected a URL such as http://127.0.0.1:7600 \
+             ({why})"
+        )),
+        ConnectFailure::Unreachable(cause) => Failure::failed(format!(
             "no planner at {url}: start one with `trellis planner`, or drop --planner to compile \
-             here ({})",
-            root_cause(&e).to_lowercase()
-        ))
+             here ({cause})"
+        )),
     })?;
     Ok(PlannerClient::new(channel)
         .max_decoding_message_size(trellis_planner::MAX_MESSAGE_BYTES)

@@ -9,6 +9,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
+use trellis_bus::NatsOptions;
+use trellis_telemetry::Telemetry;
 
 use crate::commands::Failure;
 
@@ -51,6 +53,8 @@ pub struct Local {
     pub monitor_url: Option<String>,
     /// Its SQLite file, removed on drop.
     store_file: PathBuf,
+    /// The metrics and health every service of the cluster reports to.
+    pub telemetry: Telemetry,
     pub shutdown: CancellationToken,
     nats: Option<NatsChild>,
 }
@@ -85,6 +89,7 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         }
     };
     let shutdown = CancellationToken::new();
+    let telemetry = Telemetry::new();
     // The checkpoint-store, on SQLite (the embedded default).
     let store_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -98,8 +103,11 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         store_addr.port()
     ));
     let store_config = trellis_checkpoint_store::Config {
-        database_url: format!("sqlite://{}?mode=rwc", store_file.display()),
-        nats_url: nats_url.clone(),
+        telemetry: telemetry.clone(),
+        ..trellis_checkpoint_store::Config::new(
+            format!("sqlite://{}?mode=rwc", store_file.display()),
+            nats_url.clone(),
+        )
     };
     let store_token = shutdown.child_token();
     tokio::spawn(async move {
@@ -118,9 +126,14 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         .local_addr()
         .map_err(|e| Failure::failed(format!("cannot read the listen address: {e}")))?;
     let planner_token = shutdown.child_token();
+    let planner_config = trellis_planner::Config {
+        telemetry: telemetry.clone(),
+        ..trellis_planner::Config::default()
+    };
     tokio::spawn(async move {
-        let limits = trellis_core::plan::Limits::default();
-        if let Err(err) = trellis_planner::run(planner_listener, limits, planner_token).await {
+        if let Err(err) =
+            trellis_planner::run(planner_listener, planner_config, planner_token).await
+        {
             eprintln!("trellis: planner stopped: {err}");
         }
     });
@@ -132,9 +145,10 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         .local_addr()
         .map_err(|e| Failure::failed(format!("cannot read the listen address: {e}")))?;
     let config = trellis_coordinator::Config {
-        nats_url: nats_url.clone(),
+        nats: NatsOptions::new(nats_url.clone()),
         shards: 1,
         checkpoint_store: Some(store_url.clone()),
+        telemetry: telemetry.clone(),
         ..trellis_coordinator::Config::default()
     };
     let token = shutdown.child_token();
@@ -152,6 +166,7 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         let mut config = trellis_agent_worker::Config::new(nats_url.clone());
         config.worker_id = Some(format!("local-{}-{i}", std::process::id()));
         config.slots = options.slots;
+        config.telemetry = telemetry.clone();
         let token = shutdown.child_token();
         tokio::spawn(async move {
             let registry = trellis_agent_worker::HandlerRegistry::with_builtins();
@@ -169,11 +184,12 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
             start_monitor(
                 monitor,
                 trellis_monitor::Config {
-                    nats_url: nats_url.clone(),
-                    coordinator_url: coordinator_url.clone(),
                     checkpoint_store_url: Some(store_url.clone()),
-                    token: Some(monitor.token.clone()),
-                    flush: trellis_monitor::DEFAULT_FLUSH,
+                    token: Some(trellis_telemetry::redact::Secret::new(
+                        monitor.token.as_str(),
+                    )),
+                    telemetry: telemetry.clone(),
+                    ..trellis_monitor::Config::new(&nats_url, &coordinator_url)
                 },
                 shutdown.child_token(),
             )
@@ -188,6 +204,7 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         planner_url,
         monitor_url,
         store_file,
+        telemetry,
         shutdown,
         nats,
     })
@@ -333,13 +350,5 @@ pub fn run_local(command: impl Future<Output = Result<(), Failure>>) -> std::pro
             return std::process::ExitCode::from(crate::commands::EXIT_FAILURE);
         }
     };
-    match runtime.block_on(command) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(failure) => {
-            if !failure.message.is_empty() {
-                eprintln!("trellis: {}", failure.message);
-            }
-            std::process::ExitCode::from(failure.exit)
-        }
-    }
+    crate::commands::exit(runtime.block_on(command))
 }

@@ -47,6 +47,8 @@ struct Cli {
         default_value = client::DEFAULT_COORDINATOR
     )]
     coordinator: String,
+    #[command(flatten)]
+    client: trellis_grpc::ClientArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -68,12 +70,14 @@ enum Command {
     Answer(commands::control::AnswerArgs),
     Workers(commands::workers::WorkersArgs),
     Dev(commands::dev::DevArgs),
-    Coordinator(commands::serve::CoordinatorArgs),
+    Coordinator(trellis_coordinator::Args),
     /// Run the planner service in the foreground: compiles and analyses plans over gRPC.
     Planner(trellis_planner::Args),
     /// Run the monitor in the foreground: the live web UI and JSON API (needs NATS and a
     /// coordinator).
     Monitor(trellis_monitor::Args),
+    #[command(subcommand)]
+    Token(commands::token::TokenCommand),
     Demo(commands::demo::DemoArgs),
     Bench(commands::bench::BenchArgs),
 }
@@ -91,6 +95,18 @@ fn main() -> ExitCode {
             };
         }
     };
+    // Every gRPC call of this process carries these credentials.
+    match cli.client.load() {
+        // One command's calls (the planner's, then the coordinator's) are one trace.
+        Ok(security) => client::init(trellis_grpc::ClientSecurity {
+            traceparent: Some(trellis_telemetry::propagation::new_root_traceparent()),
+            ..security
+        }),
+        Err(e) => {
+            eprintln!("trellis: {e}");
+            return ExitCode::from(commands::EXIT_BAD_INPUT);
+        }
+    }
     let url = cli.coordinator.as_str();
     use commands::{control, inspect, run_remote, submit, workers};
     match cli.command {
@@ -108,10 +124,21 @@ fn main() -> ExitCode {
         Command::Answer(args) => run_remote(control::answer(url, args)),
         Command::Workers(args) => run_remote(workers::run(url, args)),
         Command::Dev(args) => local::run_local(commands::dev::run(args)),
-        Command::Coordinator(args) => local::run_local(commands::serve::coordinator(args)),
+        Command::Coordinator(args) => trellis_coordinator::run_with(args, &cli.client),
         Command::Planner(args) => trellis_planner::run_with(args),
-        Command::Monitor(args) => trellis_monitor::run_with(args, url.to_owned()),
+        Command::Monitor(args) => trellis_monitor::run_with(args, url.to_owned(), &cli.client),
+        Command::Token(command) => commands::token::run(command),
         Command::Demo(args) => local::run_local(commands::demo::run(args)),
         Command::Bench(args) => local::run_local(commands::bench::run(args)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        super::Cli::command().debug_assert();
     }
 }

@@ -188,6 +188,7 @@ fn start_planner() -> PlannerChild {
     let planner = PlannerChild {
         child: Command::new(TRELLIS)
             .args(["planner", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--admin-addr", "off"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -604,6 +605,7 @@ mod fake {
                     format: spec.format,
                     options: started.options,
                     started_at_unix_ms: START_MS + 100,
+                    ..ExecutionStarted::default()
                 }),
                 dispatched("i-build", 1),
                 Kind::TaskStarted(TaskStarted {

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prost::Message as _;
-use tonic::transport::{Channel, Endpoint};
 use trellis_core::checksum;
 use trellis_core::ids::ExecutionId;
 use trellis_core::machine::{Execution, SNAPSHOT_FORMAT_VERSION};
 use trellis_core::plan::Plan;
+use trellis_grpc::{AuthChannel, ClientSecurity};
 use trellis_proto::convert::{self, LogEntry};
 use trellis_proto::v1;
 use trellis_proto::v1::checkpoint_store_client::CheckpointStoreClient;
@@ -38,20 +38,20 @@ pub(crate) struct Restored {
 /// A client of the checkpoint-store; cheap to clone.
 #[derive(Clone, Debug)]
 pub(crate) struct StoreClient {
-    client: CheckpointStoreClient<Channel>,
+    client: CheckpointStoreClient<AuthChannel>,
 }
 
 impl StoreClient {
-    /// Prepares a client; the connection is made on first use, so a store that is down does not
-    /// stop the coordinator from starting.
-    pub(crate) fn new(url: &str) -> Result<Self, String> {
-        let endpoint = Endpoint::from_shared(url.to_owned())
-            .map_err(|err| format!("checkpoint-store address {url:?}: {err}"))?
+    /// Prepares a client with `security`'s token and TLS; the connection is made on first use,
+    /// so a store that is down does not stop the coordinator from starting.
+    pub(crate) fn new(url: &str, security: &ClientSecurity) -> Result<Self, String> {
+        let endpoint = security
+            .endpoint(url)
+            .map_err(|err| format!("checkpoint-store address: {err}"))?
             .connect_timeout(Duration::from_secs(1))
-            .timeout(CALL_TIMEOUT)
-            .tcp_nodelay(true);
+            .timeout(CALL_TIMEOUT);
         Ok(Self {
-            client: CheckpointStoreClient::new(endpoint.connect_lazy()),
+            client: CheckpointStoreClient::new(security.wrap(endpoint.connect_lazy())),
         })
     }
 

@@ -1,28 +1,57 @@
 //! The `trellis-coordinator` binary's command line.
 
+use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
+/// The default admin address: `/metrics`, `/healthz`, `/readyz`, gRPC health.
+const DEFAULT_ADMIN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::LOCALHOST,
+    9400,
+));
+
 /// The Trellis coordinator: runs executions, serves the `Coordinator` gRPC API.
 #[derive(Debug, Parser)]
-#[command(version, about)]
-struct Args {
-    /// NATS server with JetStream.
-    #[arg(
-        long,
-        env = "TRELLIS_NATS_URL",
-        default_value = "nats://127.0.0.1:4222"
-    )]
-    nats_url: String,
+#[command(name = "trellis-coordinator", version, about)]
+struct Binary {
+    #[command(flatten)]
+    args: Args,
+    #[command(flatten)]
+    client: trellis_grpc::ClientArgs,
+}
+
+/// Run the coordinator service in the foreground.
+///
+/// The coordinator's flags but the client credentials (the `trellis` command line has those for
+/// every subcommand).
+#[derive(Debug, clap::Args)]
+#[command(
+    long_about = "Run the coordinator service in the foreground: it owns shards of executions \
+        through leases in NATS, recovers their state from checkpoints and the event log, and \
+        serves the Coordinator gRPC API. Run two with different --id for a standby: it takes the \
+        shards over when the active one stops renewing its leases. SIGTERM or Ctrl-C stops it \
+        gracefully (its leases are released at once).",
+    after_help = "Examples (`trellis coordinator` takes the same flags):\n  \
+        trellis-coordinator --id coordinator-0                 # 127.0.0.1:7400, NATS on localhost\n  \
+        trellis-coordinator --id coordinator-1 --listen 127.0.0.1:7401 --admin-addr 127.0.0.1:9401   # a standby\n  \
+        trellis-coordinator --listen 0.0.0.0:7400 --admin-addr 0.0.0.0:9090 \\\n    \
+        --nats-url nats://nats:4222 --nats-creds /etc/trellis/nats.creds \\\n    \
+        --checkpoint-store https://trellis-checkpoint-store:7500 --token-file /etc/trellis/token \\\n    \
+        --tls-cert tls.crt --tls-key tls.key --access-file /etc/trellis/access.yaml\n\n\
+        Traces are exported over OTLP/gRPC when OTEL_EXPORTER_OTLP_ENDPOINT is set."
+)]
+pub struct Args {
+    #[command(flatten)]
+    nats: trellis_bus::NatsArgs,
     /// gRPC listen address.
     #[arg(
         long,
         env = "TRELLIS_COORDINATOR_ADDR",
         default_value = "127.0.0.1:7400"
     )]
-    listen: std::net::SocketAddr,
+    listen: SocketAddr,
     /// Number of shards executions are spread over; every coordinator of a deployment must use
     /// the same number.
     #[arg(long, env = "TRELLIS_SHARDS", default_value_t = 1)]
@@ -42,12 +71,33 @@ struct Args {
     /// How often a running execution whose state changed is checkpointed.
     #[arg(long, env = "TRELLIS_CHECKPOINT_EVERY", default_value = "10s", value_parser = humantime::parse_duration)]
     checkpoint_every: std::time::Duration,
+    #[command(flatten)]
+    server: trellis_grpc::ServerArgs,
+    #[command(flatten)]
+    telemetry: trellis_telemetry::Args,
 }
 
 /// Runs the `trellis-coordinator` binary: parses the flags, installs tracing, and runs the
 /// coordinator until SIGTERM or Ctrl-C. Another package can host the same binary by calling it
 /// from its own `main`.
 pub fn main_entry() -> ExitCode {
+    let binary = match Binary::try_parse() {
+        Ok(binary) => binary,
+        Err(err) => {
+            let _ = err.print();
+            return if err.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    run_with(binary.args, &binary.client)
+}
+
+/// Runs the coordinator with flags already parsed (`trellis coordinator` hosts it this way)
+/// until SIGTERM or Ctrl-C.
+pub fn run_with(args: Args, client: &trellis_grpc::ClientArgs) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -58,39 +108,55 @@ pub fn main_entry() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(main_async())
+    runtime.block_on(main_async(args, client))
 }
 
-async fn main_async() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
-    let args = Args::parse();
+async fn main_async(args: Args, client: &trellis_grpc::ClientArgs) -> ExitCode {
+    let _telemetry_guard =
+        trellis_telemetry::init("trellis-coordinator", args.telemetry.log_format);
+    let fail = |message: String| {
+        eprintln!("trellis-coordinator: {message}");
+        ExitCode::from(2)
+    };
+    let nats = match args.nats.options() {
+        Ok(nats) => nats,
+        Err(err) => return fail(err.to_string()),
+    };
+    let security = match args.server.load() {
+        Ok(security) => security,
+        Err(err) => return fail(err.to_string()),
+    };
+    let store_client = match client.load() {
+        Ok(client) => client,
+        Err(err) => return fail(err.to_string()),
+    };
     let listener = match tokio::net::TcpListener::bind(args.listen).await {
         Ok(listener) => listener,
-        Err(err) => {
-            eprintln!(
-                "trellis-coordinator: cannot listen on {}: {err}",
-                args.listen
-            );
-            return ExitCode::from(2);
-        }
+        Err(err) => return fail(format!("cannot listen on {}: {err}", args.listen)),
     };
     let shutdown = CancellationToken::new();
+    let telemetry = trellis_telemetry::Telemetry::new();
+    if let Some(addr) = args.telemetry.admin_addr_or(DEFAULT_ADMIN)
+        && let Err(err) =
+            trellis_telemetry::admin::spawn(addr, telemetry.clone(), shutdown.clone()).await
+    {
+        return fail(err.to_string());
+    }
     let signal = shutdown.clone();
     tokio::spawn(async move {
         trellis_bus::shutdown_signal().await;
         signal.cancel();
     });
     let config = crate::Config {
-        nats_url: args.nats_url,
+        nats,
         shards: args.shards,
         id: args.id.unwrap_or_else(crate::default_id),
         lease_ttl: args.lease_ttl,
         checkpoint_store: args.checkpoint_store,
         checkpoint_every: args.checkpoint_every,
+        security,
+        store_client,
+        telemetry,
     };
     match crate::run(config, listener, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -98,5 +164,15 @@ async fn main_async() -> ExitCode {
             eprintln!("trellis-coordinator: {err}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        super::Binary::command().debug_assert();
     }
 }

@@ -26,13 +26,19 @@ use prost::Message as _;
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
+use tracing::Instrument as _;
 use trellis_core::ids::{ExecutionId, QuestionId, TaskInstanceId};
 use trellis_core::machine::{Applied, Event, EventBody, Execution, ExecutionState};
-use trellis_core::plan::{Limits, PlanErrors, compile_str};
+use trellis_core::plan::{PlanErrors, compile_str};
+use trellis_core::quota::Quota;
 use trellis_core::record::TaskState;
+use trellis_grpc::access::{self, AccessPolicy, Principal, Scope};
 use trellis_proto::{convert, subjects, v1};
+use trellis_telemetry::Readiness;
+use trellis_telemetry::propagation::{self, Context};
 
 use crate::checkpoints::{self, FULL_EVERY, KEEP_FULL, StoreClient};
+use crate::metrics::{self, Metrics};
 use crate::recovery::{self, Recovered};
 use crate::shards::{self, LeaseEvent};
 
@@ -94,40 +100,49 @@ pub(crate) enum Request {
         /// Boxed: a compiled plan is far larger than the other requests.
         source: Box<v1::start_execution_request::PlanSource>,
         options: v1::ExecutionOptions,
+        /// Who starts it: decides the namespace and its quota.
+        principal: Principal,
+        /// The W3C `traceparent` of the call, recorded for the execution's later spans.
+        traceparent: String,
         reply: Reply<(ExecutionId, bool)>,
     },
-    Control {
+    /// A request about one execution, which the caller's scope must allow: an execution of
+    /// another namespace is answered NOT_FOUND, as if it did not exist.
+    On {
         id: ExecutionId,
+        scope: Scope,
+        action: On,
+    },
+    List {
+        scope: Scope,
+        reply: Reply<Vec<v1::Execution>>,
+    },
+}
+
+/// What to do with one execution.
+pub(crate) enum On {
+    Control {
         control: Control,
         reply: Reply<i32>,
     },
     Retry {
-        id: ExecutionId,
         reply: Reply<u32>,
     },
     Checkpoint {
-        id: ExecutionId,
         reply: Reply<v1::CheckpointMetadata>,
     },
     Answer {
-        id: ExecutionId,
         question: QuestionId,
         answer: String,
         reply: Reply<(u64, Option<TaskInstanceId>)>,
     },
     Get {
-        id: ExecutionId,
         reply: Reply<v1::Execution>,
     },
-    List {
-        reply: Reply<Vec<v1::Execution>>,
-    },
     Graph {
-        id: ExecutionId,
         reply: Reply<v1::ExecutionGraph>,
     },
     Observe {
-        id: ExecutionId,
         from: u64,
         reply: Reply<Observation>,
     },
@@ -137,13 +152,7 @@ impl Request {
     /// The execution the request is about, if one.
     fn execution(&self) -> Option<ExecutionId> {
         match self {
-            Self::Control { id, .. }
-            | Self::Retry { id, .. }
-            | Self::Checkpoint { id, .. }
-            | Self::Answer { id, .. }
-            | Self::Get { id, .. }
-            | Self::Graph { id, .. }
-            | Self::Observe { id, .. } => Some(*id),
+            Self::On { id, .. } => Some(*id),
             Self::Start { .. } | Self::List { .. } => None,
         }
     }
@@ -152,13 +161,22 @@ impl Request {
     fn fail(self, status: Status) {
         match self {
             Self::Start { reply, .. } => drop(reply.send(Err(status))),
+            Self::List { reply, .. } => drop(reply.send(Err(status))),
+            Self::On { action, .. } => action.fail(status),
+        }
+    }
+}
+
+impl On {
+    /// Answers with an error.
+    fn fail(self, status: Status) {
+        match self {
             Self::Control { reply, .. } => drop(reply.send(Err(status))),
-            Self::Retry { reply, .. } => drop(reply.send(Err(status))),
-            Self::Checkpoint { reply, .. } => drop(reply.send(Err(status))),
+            Self::Retry { reply } => drop(reply.send(Err(status))),
+            Self::Checkpoint { reply } => drop(reply.send(Err(status))),
             Self::Answer { reply, .. } => drop(reply.send(Err(status))),
-            Self::Get { reply, .. } => drop(reply.send(Err(status))),
-            Self::List { reply } => drop(reply.send(Err(status))),
-            Self::Graph { reply, .. } => drop(reply.send(Err(status))),
+            Self::Get { reply } => drop(reply.send(Err(status))),
+            Self::Graph { reply } => drop(reply.send(Err(status))),
             Self::Observe { reply, .. } => drop(reply.send(Err(status))),
         }
     }
@@ -204,6 +222,21 @@ impl Handle {
         rx.await
             .map_err(|_| Status::unavailable("the coordinator is shutting down"))?
     }
+
+    /// Asks for `action` on execution `id`, which `scope` must allow.
+    pub(crate) async fn on<T>(
+        &self,
+        id: ExecutionId,
+        scope: Scope,
+        make: impl FnOnce(Reply<T>) -> On,
+    ) -> Result<T, Status> {
+        self.request(|reply| Request::On {
+            id,
+            scope,
+            action: make(reply),
+        })
+        .await
+    }
 }
 
 /// Checkpoint bookkeeping of one execution.
@@ -227,6 +260,12 @@ struct Live {
     labels: HashMap<String, String>,
     created_at_ms: u64,
     shard: u32,
+    namespace: Arc<str>,
+    /// Whether its namespace's quota allows checkpoints.
+    checkpoints_allowed: bool,
+    /// The trace of the call that started it: the parent of its dispatch, append and checkpoint
+    /// spans (empty when that call was not traced).
+    trace: Context,
     /// The last sequence appended (or about to be).
     seq: u64,
     /// The stream sequence of the last message on this execution's log subject; the next append
@@ -251,12 +290,20 @@ struct Live {
     checkpoint: CheckpointState,
 }
 
+/// Who an execution belongs to and what it may do, fixed at its start.
+struct Tenancy {
+    namespace: Arc<str>,
+    checkpoints_allowed: bool,
+    traceparent: String,
+}
+
 impl Live {
     fn new(
         machine: Execution,
         labels: HashMap<String, String>,
         created_at_ms: u64,
         shard: u32,
+        tenancy: Tenancy,
     ) -> Self {
         let (observers, _) = broadcast::channel(OBSERVER_CAPACITY);
         Self {
@@ -264,6 +311,9 @@ impl Live {
             labels,
             created_at_ms,
             shard,
+            namespace: tenancy.namespace,
+            checkpoints_allowed: tenancy.checkpoints_allowed,
+            trace: propagation::from_traceparent(&tenancy.traceparent),
             seq: 0,
             stream_seq: 0,
             log: Vec::new(),
@@ -281,15 +331,21 @@ impl Live {
         }
     }
 
-    /// Applies an event and, when it changed the state, queues it for the log. Returns what apply
-    /// said.
+    /// Applies an event and, when it changed the state, queues it for the log and counts it.
+    /// Returns what apply said.
     fn record(
         &mut self,
         id: ExecutionId,
         event: Event,
+        metrics: &Metrics,
     ) -> Result<Applied, trellis_core::machine::ApplyError> {
+        // Read before apply: a settled attempt's times and labels describe the attempt.
+        let counted = self.count(&event, metrics);
         let applied = self.machine.apply(&event)?;
         if let Applied::Changed { stop } = &applied {
+            if let Some(count) = counted {
+                count();
+            }
             self.seq += 1;
             self.pending
                 .push(convert::event_to_proto(id, self.seq, &event));
@@ -301,15 +357,45 @@ impl Live {
         Ok(applied)
     }
 
+    /// Returns what to count for `event` once it is applied: the attempt outcomes by queue and
+    /// type, and the dispatch latency when a worker takes a task. `None` for other events.
+    fn count<'m>(&self, event: &Event, metrics: &'m Metrics) -> Option<Box<dyn FnOnce() + 'm>> {
+        let (instance, family) = match &event.body {
+            EventBody::TaskStarted { instance, .. } => {
+                let assignment = self.machine.assignment(*instance)?;
+                let (ready_at, _) = self.machine.instance_times(*instance)?;
+                let seconds = event.at_ms.saturating_sub(ready_at) as f64 / 1000.0;
+                let labels = [("queue", assignment.queue.to_owned())];
+                return Some(Box::new(move || {
+                    metrics
+                        .dispatch_latency
+                        .get_or_create(&labels)
+                        .observe(seconds);
+                }));
+            }
+            EventBody::TaskCompleted { instance, .. } => (instance, &metrics.completed),
+            EventBody::TaskFailed { instance, .. } | EventBody::TaskTimedOut { instance, .. } => {
+                (instance, &metrics.failed)
+            }
+            EventBody::TaskLost { instance, .. } => (instance, &metrics.lost),
+            _ => return None,
+        };
+        let assignment = self.machine.assignment(*instance)?;
+        let labels = metrics::task_labels(assignment.queue, assignment.task_type);
+        Some(Box::new(move || {
+            family.get_or_create(&labels).inc();
+        }))
+    }
+
     /// Lets the machine decide until it has nothing more to do now.
-    fn decide(&mut self, id: ExecutionId, now: u64) {
+    fn decide(&mut self, id: ExecutionId, now: u64, metrics: &Metrics) {
         for _ in 0..1_000 {
             let commands = self.machine.decide(now);
             if commands.is_empty() {
                 return;
             }
             for command in commands {
-                if let Err(err) = self.record(id, command.into_event(now)) {
+                if let Err(err) = self.record(id, command.into_event(now), metrics) {
                     // A decision the machine refuses is a bug in the machine; stop deciding for
                     // this turn rather than loop.
                     tracing::error!(%id, %err, "decision refused");
@@ -335,6 +421,7 @@ impl Live {
             reason: self.machine.reason().unwrap_or_default().to_owned(),
             last_sequence: self.seq,
             labels: self.labels.clone(),
+            namespace: self.namespace.to_string(),
             open_questions: self
                 .machine
                 .open_questions()
@@ -366,6 +453,11 @@ pub(crate) struct Setup {
     pub(crate) store: Option<StoreClient>,
     pub(crate) shards: u32,
     pub(crate) checkpoint_every: Duration,
+    /// Namespaces, quotas and limits; `None`: one namespace, no quota, default limits.
+    pub(crate) access: Option<Arc<AccessPolicy>>,
+    pub(crate) metrics: Metrics,
+    /// Ready while this coordinator owns a shard.
+    pub(crate) readiness: Readiness,
 }
 
 /// The engine, before it is spawned.
@@ -377,6 +469,10 @@ pub(crate) struct Engine {
     store: Option<StoreClient>,
     shards: u32,
     checkpoint_every_ms: u64,
+    access: Option<Arc<AccessPolicy>>,
+    limits: access::Limits,
+    metrics: Metrics,
+    readiness: Readiness,
     tx: mpsc::Sender<Input>,
     shutdown: CancellationToken,
     /// Shards whose executions this engine holds and whose results it consumes.
@@ -385,7 +481,8 @@ pub(crate) struct Engine {
     acquiring: HashSet<u32>,
     consumers: HashMap<u32, CancellationToken>,
     executions: HashMap<ExecutionId, Live>,
-    by_key: HashMap<String, ExecutionId>,
+    /// Idempotency keys, per namespace: a key only finds executions of the caller's namespace.
+    by_key: HashMap<(Arc<str>, String), ExecutionId>,
     dirty: Vec<ExecutionId>,
     /// Executions being loaded from the log, with the requests waiting for them.
     loading: HashMap<ExecutionId, Vec<Request>>,
@@ -408,6 +505,13 @@ impl Engine {
             store: setup.store,
             shards: setup.shards.max(1),
             checkpoint_every_ms: setup.checkpoint_every.as_millis() as u64,
+            limits: setup
+                .access
+                .as_ref()
+                .map_or_else(access::Limits::default, |access| access.limits()),
+            access: setup.access,
+            metrics: setup.metrics,
+            readiness: setup.readiness,
             tx: tx.clone(),
             shutdown: shutdown.clone(),
             owned: HashSet::new(),
@@ -456,7 +560,7 @@ impl Engine {
             let now = now_ms();
             for id in &self.dirty {
                 if let Some(live) = self.executions.get_mut(id) {
-                    live.decide(*id, now);
+                    live.decide(*id, now, &self.metrics);
                 }
             }
             let fenced = self.flush(now).await;
@@ -477,6 +581,9 @@ impl Engine {
                 reply();
             }
             self.checkpoints(now);
+            self.metrics
+                .executions_live
+                .set(self.executions.len() as i64);
         }
         for token in self.consumers.values() {
             token.cancel();
@@ -572,27 +679,51 @@ impl Engine {
 
     /// Applies one result; returns the execution it belongs to.
     fn result(&mut self, message: &jetstream::Message, now: u64) -> Option<ExecutionId> {
-        let result = match v1::TaskResult::decode(message.payload.clone()) {
+        let mut result = match v1::TaskResult::decode(message.payload.clone()) {
             Ok(result) => result,
             Err(err) => {
                 tracing::warn!(subject = %message.subject, %err, "corrupt task result set aside");
+                self.metrics.set_aside("corrupt");
                 return None;
             }
         };
+        // The worker's span is the parent: dispatch → run → result is one line of the trace.
+        let span = propagation::enabled().then(|| {
+            let span = tracing::info_span!(
+                "task.result",
+                otel.kind = "consumer",
+                execution_id = %result.execution_id,
+                task_instance_id = %result.task_instance_id,
+                attempt = result.attempt,
+            );
+            propagation::set_parent(&span, propagation::extract_nats(message.headers.as_ref()));
+            span
+        });
+        let _entered = span.as_ref().map(tracing::Span::enter);
+        if let Some(why) = enforce_payload_limit(&mut result, self.limits.max_payload_bytes) {
+            tracing::warn!(
+                execution_id = %result.execution_id,
+                task_instance_id = %result.task_instance_id,
+                %why,
+                "task result over the payload limit: the attempt fails"
+            );
+        }
         let (id, event) = match convert::result_to_event(&result, now) {
             Ok(converted) => converted,
             Err(err) => {
                 tracing::warn!(subject = %message.subject, %err, "invalid task result set aside");
+                self.metrics.set_aside("invalid");
                 return None;
             }
         };
         let Some(live) = self.executions.get_mut(&id) else {
             if !self.waiting_for(id) {
                 tracing::warn!(%id, "task result for an unknown execution set aside");
+                self.metrics.set_aside("unknown_execution");
             }
             return Some(id);
         };
-        match live.record(id, event) {
+        match live.record(id, event, &self.metrics) {
             Ok(Applied::Changed { .. }) => self.mark(id),
             Ok(Applied::Ignored(reason)) => {
                 tracing::debug!(%id, ?reason, "duplicate task result ignored")
@@ -670,7 +801,17 @@ impl Engine {
             self.executions.remove(id);
         }
         self.by_key.retain(|_, id| !gone.contains(id));
+        self.readiness.set(!self.owned.is_empty());
         tracing::warn!(shard, executions = gone.len(), "shard given up");
+    }
+
+    /// Returns the quota of `namespace`: the access file's, or none without one. A namespace the
+    /// file no longer declares (an execution started before it was removed) runs unlimited.
+    fn quota(&self, namespace: &str) -> Quota {
+        self.access
+            .as_ref()
+            .and_then(|access| access.quota(namespace).cloned())
+            .unwrap_or(Quota::UNLIMITED)
     }
 
     fn adopt(&mut self, shard: u32, acquire: bool, recovered: Vec<Recovered>) {
@@ -692,11 +833,18 @@ impl Engine {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
+            let namespace: Arc<str> = Arc::from(execution.started.namespace());
+            let tenancy = Tenancy {
+                checkpoints_allowed: self.quota(&namespace).checkpoints,
+                namespace: namespace.clone(),
+                traceparent: execution.started.traceparent.clone(),
+            };
             let mut live = Live::new(
                 execution.machine,
                 labels,
                 execution.started.started_at_ms,
                 shard,
+                tenancy,
             );
             live.seq = execution.seq;
             live.stream_seq = execution.stream_seq;
@@ -721,7 +869,7 @@ impl Engine {
             }
             if !execution.started.idempotency_key.is_empty() {
                 self.by_key
-                    .insert(execution.started.idempotency_key.clone(), id);
+                    .insert((namespace, execution.started.idempotency_key.clone()), id);
             }
             self.executions.insert(id, live);
             self.mark(id);
@@ -735,6 +883,7 @@ impl Engine {
                 self.tx.clone(),
                 token,
             ));
+            self.readiness.set(true);
             tracing::info!(shard, "shard owned");
         }
     }
@@ -808,9 +957,11 @@ impl Engine {
             Request::Start {
                 source,
                 options,
+                principal,
+                traceparent,
                 reply,
             } => {
-                let result = self.start(*source, options, now);
+                let result = self.start(*source, options, &principal, traceparent, now);
                 if let Ok((id, _)) = &result {
                     self.mark(*id);
                 }
@@ -819,7 +970,43 @@ impl Engine {
                     let _ = reply.send(result);
                 }));
             }
-            Request::Control { id, control, reply } => {
+            Request::List { scope, reply } => {
+                let mut all: Vec<_> = self
+                    .executions
+                    .iter()
+                    .filter(|(_, live)| scope.allows(&live.namespace))
+                    .map(|(id, live)| live.summary(*id, now))
+                    .collect();
+                all.sort_by(|a, b| b.execution_id.cmp(&a.execution_id));
+                let _ = reply.send(Ok(all));
+            }
+            Request::On { id, scope, action } => {
+                // Loaded above, unless it vanished in between.
+                let Some(live) = self.executions.get(&id) else {
+                    action.fail(not_found(id));
+                    return;
+                };
+                // Another namespace's execution does not exist for this caller: the same answer
+                // as an unknown id, and nothing is read or changed.
+                if !scope.allows(&live.namespace) {
+                    action.fail(not_found(id));
+                    return;
+                }
+                self.on(id, action, now, replies);
+            }
+        }
+    }
+
+    /// Carries out `action` on execution `id`, which is in memory and the caller may act on.
+    fn on(
+        &mut self,
+        id: ExecutionId,
+        action: On,
+        now: u64,
+        replies: &mut Vec<Box<dyn FnOnce() + Send>>,
+    ) {
+        match action {
+            On::Control { control, reply } => {
                 let result = self.control(id, control, now);
                 if result.is_ok() {
                     self.mark(id);
@@ -828,7 +1015,7 @@ impl Engine {
                     let _ = reply.send(result);
                 }));
             }
-            Request::Retry { id, reply } => {
+            On::Retry { reply } => {
                 let result = self.retry(id, now);
                 if result.is_ok() {
                     self.mark(id);
@@ -837,56 +1024,30 @@ impl Engine {
                     let _ = reply.send(result);
                 }));
             }
-            Request::Checkpoint { id, reply } => {
-                match (&self.store, self.executions.get_mut(&id)) {
-                    (None, _) => {
-                        let _ = reply.send(Err(Status::failed_precondition(
+            On::Checkpoint { reply } => match (&self.store, self.executions.get_mut(&id)) {
+                (None, _) => {
+                    let _ = reply.send(Err(Status::failed_precondition(
                         "this coordinator has no checkpoint-store (start it with --checkpoint-store)",
                     )));
-                    }
-                    (Some(_), Some(live)) => live.checkpoint.waiting.push(reply),
-                    (Some(_), None) => {
-                        let _ = reply.send(Err(not_found(id)));
-                    }
                 }
-            }
-            Request::Answer {
-                id,
+                (Some(_), Some(live)) if !live.checkpoints_allowed => {
+                    let _ = reply.send(Err(Status::failed_precondition(format!(
+                        "checkpoints are not enabled for namespace {:?}: its quota does not allow \
+                         them (set `checkpoints: true` for it in the access file)",
+                        live.namespace
+                    ))));
+                }
+                (Some(_), Some(live)) => live.checkpoint.waiting.push(reply),
+                (Some(_), None) => {
+                    let _ = reply.send(Err(not_found(id)));
+                }
+            },
+            On::Answer {
                 question,
                 answer,
                 reply,
             } => {
-                let result = match self.executions.get_mut(&id) {
-                    None => Err(not_found(id)),
-                    Some(live) => {
-                        let options = live
-                            .machine
-                            .open_question(question)
-                            .map(|open| open.options.clone())
-                            .unwrap_or_default();
-                        if !options.is_empty() && !options.contains(&answer) {
-                            Err(Status::invalid_argument(format!(
-                                "answer: {answer:?} is not one of the options of question \
-                                 {question}: {}",
-                                options.join(", ")
-                            )))
-                        } else {
-                            let event = Event {
-                                at_ms: now,
-                                body: EventBody::QuestionAnswered { question, answer },
-                            };
-                            match live.record(id, event) {
-                                Ok(Applied::Changed { .. }) => {
-                                    Ok((live.seq, live.machine.question_continuation(question)))
-                                }
-                                Ok(Applied::Ignored(_)) => Err(Status::failed_precondition(
-                                    format!("question {question} was already answered"),
-                                )),
-                                Err(err) => Err(Status::failed_precondition(err.to_string())),
-                            }
-                        }
-                    }
-                };
+                let result = self.answer(id, question, answer, now);
                 if result.is_ok() {
                     self.mark(id);
                 }
@@ -894,7 +1055,7 @@ impl Engine {
                     let _ = reply.send(result);
                 }));
             }
-            Request::Get { id, reply } => {
+            On::Get { reply } => {
                 let _ = reply.send(
                     self.executions
                         .get(&id)
@@ -902,16 +1063,7 @@ impl Engine {
                         .ok_or_else(|| not_found(id)),
                 );
             }
-            Request::List { reply } => {
-                let mut all: Vec<_> = self
-                    .executions
-                    .iter()
-                    .map(|(id, live)| live.summary(*id, now))
-                    .collect();
-                all.sort_by(|a, b| b.execution_id.cmp(&a.execution_id));
-                let _ = reply.send(Ok(all));
-            }
-            Request::Graph { id, reply } => {
+            On::Graph { reply } => {
                 let result = match self.executions.get(&id) {
                     None => Err(not_found(id)),
                     Some(live) => trellis_core::graph::build(live.machine.records())
@@ -920,7 +1072,7 @@ impl Engine {
                 };
                 let _ = reply.send(result);
             }
-            Request::Observe { id, from, reply } => {
+            On::Observe { from, reply } => {
                 let result = match self.executions.get(&id) {
                     None => Err(not_found(id)),
                     Some(live) => {
@@ -939,15 +1091,74 @@ impl Engine {
         }
     }
 
+    /// Records a human's answer to an open question.
+    fn answer(
+        &mut self,
+        id: ExecutionId,
+        question: QuestionId,
+        answer: String,
+        now: u64,
+    ) -> Result<(u64, Option<TaskInstanceId>), Status> {
+        if answer.len() > self.limits.max_payload_bytes {
+            return Err(Status::invalid_argument(format!(
+                "answer: {} bytes, over the limit of {} bytes (limits.max_payload_bytes)",
+                answer.len(),
+                self.limits.max_payload_bytes
+            )));
+        }
+        let live = self.executions.get_mut(&id).ok_or_else(|| not_found(id))?;
+        let options = live
+            .machine
+            .open_question(question)
+            .map(|open| open.options.clone())
+            .unwrap_or_default();
+        if !options.is_empty() && !options.contains(&answer) {
+            return Err(Status::invalid_argument(format!(
+                "answer: {answer:?} is not one of the options of question {question}: {}",
+                options.join(", ")
+            )));
+        }
+        let event = Event {
+            at_ms: now,
+            body: EventBody::QuestionAnswered { question, answer },
+        };
+        match live.record(id, event, &self.metrics) {
+            Ok(Applied::Changed { .. }) => {
+                Ok((live.seq, live.machine.question_continuation(question)))
+            }
+            Ok(Applied::Ignored(_)) => Err(Status::failed_precondition(format!(
+                "question {question} was already answered"
+            ))),
+            Err(err) => Err(Status::failed_precondition(err.to_string())),
+        }
+    }
+
     fn start(
         &mut self,
         source: v1::start_execution_request::PlanSource,
         options: v1::ExecutionOptions,
+        principal: &Principal,
+        traceparent: String,
         now: u64,
     ) -> Result<(ExecutionId, bool), Status> {
         use v1::start_execution_request::PlanSource;
+        let namespace = principal
+            .namespace_for(&options.namespace)
+            .map_err(|why| Status::permission_denied(format!("namespace: {why}")))?;
+        access::check_namespace_name(&namespace)
+            .map_err(|why| Status::invalid_argument(format!("namespace: {why}")))?;
+        if let Some(access) = &self.access
+            && access.quota(&namespace).is_none()
+        {
+            return Err(Status::invalid_argument(format!(
+                "namespace: no namespace {namespace:?} in the access file (it declares: {})",
+                access.namespaces().join(", ")
+            )));
+        }
         if !options.idempotency_key.is_empty()
-            && let Some(id) = self.by_key.get(&options.idempotency_key)
+            && let Some(id) = self
+                .by_key
+                .get(&(namespace.clone(), options.idempotency_key.clone()))
         {
             return Ok((*id, false));
         }
@@ -957,7 +1168,8 @@ impl Engine {
                  start executions on the active coordinator",
             ));
         }
-        let limits = Limits::default();
+        let quota = self.quota(&namespace);
+        let limits = self.limits.plan();
         let invalid = |source: &str, errors: PlanErrors| {
             let lines: Vec<String> = errors.iter().map(|e| format!("{source}: {e}")).collect();
             Status::invalid_argument(lines.join("\n"))
@@ -990,6 +1202,21 @@ impl Engine {
                 (plan, text, v1::PlanFormat::Json)
             }
         };
+        let violations = quota.check_plan(&plan);
+        if !violations.is_empty() {
+            let lines: Vec<String> = violations.iter().map(ToString::to_string).collect();
+            return Err(Status::permission_denied(format!(
+                "the plan uses failure actions namespace {namespace:?} may not use:\n{}",
+                lines.join("\n")
+            )));
+        }
+        // The quota's cap is enforced at run time: the plan runs with it, and the log records
+        // it so every replay compiles the same plan.
+        let asked = plan.options.max_concurrency;
+        let capped = quota.cap_concurrency(asked);
+        let max_concurrency_cap = (capped != asked).then_some(capped).flatten();
+        let mut plan = plan;
+        plan.options.max_concurrency = capped;
         // `ExecutionStarted` logs the spec whole, in one message with up to a batch of other
         // events: refuse what the NATS server would refuse, rather than retry that append forever.
         let max_payload = self.nats.server_info().max_payload;
@@ -1026,17 +1253,30 @@ impl Engine {
                     .iter()
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect(),
+                namespace: namespace.to_string(),
+                max_concurrency_cap,
+                traceparent: traceparent.clone(),
             },
         );
-        let mut live = Live::new(machine, options.labels.clone(), now, shard);
+        let tenancy = Tenancy {
+            namespace: namespace.clone(),
+            checkpoints_allowed: quota.checkpoints,
+            traceparent,
+        };
+        let mut live = Live::new(machine, options.labels.clone(), now, shard, tenancy);
         live.seq = 1;
         live.pending.push(started);
         live.index_put = true;
         self.executions.insert(id, live);
         if !options.idempotency_key.is_empty() {
-            self.by_key.insert(options.idempotency_key, id);
+            self.by_key
+                .insert((namespace.clone(), options.idempotency_key), id);
         }
-        tracing::info!(%id, shard, "execution started");
+        self.metrics
+            .executions_started
+            .get_or_create(&[("namespace", namespace.to_string())])
+            .inc();
+        tracing::info!(%id, shard, %namespace, caller = %principal.name, "execution started");
         Ok((id, true))
     }
 
@@ -1047,7 +1287,7 @@ impl Engine {
             Control::Resume => EventBody::ResumeRequested,
             Control::Cancel(reason) => EventBody::CancelRequested { reason },
         };
-        live.record(id, Event { at_ms: now, body })
+        live.record(id, Event { at_ms: now, body }, &self.metrics)
             .map_err(|err| Status::failed_precondition(err.to_string()))?;
         Ok(convert::execution_state_to_proto(live.machine.state()))
     }
@@ -1068,6 +1308,7 @@ impl Engine {
                 at_ms: now,
                 body: EventBody::RunStarted { run },
             },
+            &self.metrics,
         )
         .map_err(|err| Status::failed_precondition(err.to_string()))?;
         live.index_put = true;
@@ -1114,6 +1355,8 @@ impl Engine {
         }
 
         // (1) The log, one round per chunk so each append names the sequence it follows.
+        let append_started = std::time::Instant::now();
+        let mut n_events = 0u64;
         let mut queues: Vec<(ExecutionId, VecDeque<(u64, Bytes)>)> = Vec::new();
         for id in &dirty {
             let Some(live) = self.executions.get(id) else {
@@ -1122,6 +1365,7 @@ impl Engine {
             if live.pending.is_empty() {
                 continue;
             }
+            n_events += live.pending.len() as u64;
             let chunks = live
                 .pending
                 .chunks(EVENTS_PER_MESSAGE)
@@ -1145,7 +1389,18 @@ impl Engine {
                 let Some(live) = self.executions.get(id) else {
                     continue;
                 };
-                let headers = append_headers(*id, first, live.stream_seq);
+                let mut headers = append_headers(*id, first, live.stream_seq);
+                if propagation::enabled() {
+                    // Readers of the log (the checkpoint-store) continue the execution's trace.
+                    let span = tracing::info_span!(
+                        "events.append",
+                        otel.kind = "producer",
+                        execution_id = %id,
+                        first_sequence = first,
+                    );
+                    propagation::set_parent(&span, live.trace.clone());
+                    propagation::inject_nats(&propagation::context_of(&span), &mut headers);
+                }
                 let publish = self.js.publish_with_headers(
                     subjects::events(*id),
                     headers.clone(),
@@ -1195,6 +1450,12 @@ impl Engine {
                 }
             }
         }
+        if n_events > 0 {
+            self.metrics.events_appended.inc_by(n_events);
+            self.metrics
+                .append_seconds
+                .observe(append_started.elapsed().as_secs_f64());
+        }
         for id in &fenced {
             if let Some(live) = self.executions.remove(id) {
                 self.by_key.retain(|_, v| v != id);
@@ -1227,6 +1488,27 @@ impl Engine {
                     subjects::MSG_ID_HEADER,
                     subjects::task_msg_id(instance, assignment.attempt).as_str(),
                 );
+                self.metrics
+                    .dispatched
+                    .get_or_create(&metrics::task_labels(
+                        assignment.queue,
+                        assignment.task_type,
+                    ))
+                    .inc();
+                if propagation::enabled() {
+                    // The worker's run of the task is a child of this span.
+                    let span = tracing::info_span!(
+                        "task.dispatch",
+                        otel.kind = "producer",
+                        execution_id = %id,
+                        task_instance_id = %instance,
+                        task_id = assignment.task_id,
+                        attempt = assignment.attempt,
+                        queue = assignment.queue,
+                    );
+                    propagation::set_parent(&span, live.trace.clone());
+                    propagation::inject_nats(&propagation::context_of(&span), &mut headers);
+                }
                 let subject = subjects::tasks(assignment.queue);
                 let payload = Bytes::from(message.encode_to_vec());
                 outgoing.push((subject, headers, payload));
@@ -1247,6 +1529,13 @@ impl Engine {
             if terminal && live.indexed && live.pending.is_empty() {
                 finished.push(shards::index_key(live.shard, *id));
                 live.indexed = false;
+                self.metrics
+                    .executions_finished
+                    .get_or_create(&[
+                        ("namespace", live.namespace.to_string()),
+                        ("state", live.machine.state().as_str().to_owned()),
+                    ])
+                    .inc();
             }
             live.progress_due |= !live.pending.is_empty();
             // Idle executions (woken only by the clock tick) publish nothing: a snapshot costs a
@@ -1394,7 +1683,7 @@ impl Engine {
         };
         for (id, live) in &mut self.executions {
             let ckpt = &mut live.checkpoint;
-            if ckpt.in_flight || !live.pending.is_empty() {
+            if ckpt.in_flight || !live.pending.is_empty() || !live.checkpoints_allowed {
                 continue;
             }
             let paused = live.machine.state() == ExecutionState::Paused;
@@ -1458,8 +1747,40 @@ impl Engine {
             let store = store.clone();
             let tx = self.tx.clone();
             let (id, sequence) = (*id, live.seq);
-            tokio::spawn(async move {
+            let metrics = self.metrics.clone();
+            let span = if propagation::enabled() {
+                let span = tracing::info_span!(
+                    "checkpoint.create",
+                    execution_id = %id,
+                    sequence,
+                    full,
+                );
+                propagation::set_parent(&span, live.trace.clone());
+                span
+            } else {
+                tracing::Span::none()
+            };
+            let kind = if full { "full" } else { "delta" };
+            let size = checkpoint.state.len() as f64;
+            let work = async move {
+                let started = std::time::Instant::now();
                 let result = store.create(checkpoint).await;
+                let labels = [("kind", kind.to_owned())];
+                match &result {
+                    Ok(_) => {
+                        metrics
+                            .checkpoint_seconds
+                            .get_or_create(&labels)
+                            .observe(started.elapsed().as_secs_f64());
+                        metrics
+                            .checkpoint_bytes
+                            .get_or_create(&labels)
+                            .observe(size);
+                    }
+                    Err(_) => {
+                        metrics.checkpoint_failures.inc();
+                    }
+                }
                 if full
                     && result.is_ok()
                     && let Err(err) = store.prune(id, KEEP_FULL).await
@@ -1474,7 +1795,8 @@ impl Engine {
                         result,
                     })
                     .await;
-            });
+            };
+            tokio::spawn(work.instrument(span));
         }
     }
 
@@ -1594,6 +1916,37 @@ fn history(log: &[(u64, Bytes)], from: u64) -> Vec<v1::Event> {
         }
     }
     events
+}
+
+/// Turns a result whose payload is over `max_bytes` (a completed output, a step's state, a
+/// spawned subtask's input) into a failure of the attempt that is not retried, since the same
+/// work would produce the same payload. Returns why, when it did.
+fn enforce_payload_limit(result: &mut v1::TaskResult, max_bytes: usize) -> Option<String> {
+    use v1::task_result::Outcome;
+    let over = match result.outcome.as_ref()? {
+        Outcome::Completed(completed) => {
+            (completed.output.len() > max_bytes).then_some(("output", completed.output.len()))
+        }
+        Outcome::StepCheckpoint(step) => (step.merged_state.len() > max_bytes)
+            .then_some(("the state of step", step.merged_state.len())),
+        Outcome::Spawned(spawned) => spawned
+            .group
+            .as_ref()
+            .and_then(|group| group.members.iter().map(|m| m.input.len()).max())
+            .filter(|largest| *largest > max_bytes)
+            .map(|largest| ("a subtask's input", largest)),
+        _ => None,
+    };
+    let (what, size) = over?;
+    let why = format!(
+        "{what} is {size} bytes, over the deployment's limit of {max_bytes} bytes \
+         (limits.max_payload_bytes of the access file)"
+    );
+    result.outcome = Some(Outcome::Failed(v1::task_result::Failed {
+        error: why.clone(),
+        retryable: false,
+    }));
+    Some(why)
 }
 
 fn not_found(id: ExecutionId) -> Status {

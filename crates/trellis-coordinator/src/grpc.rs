@@ -9,7 +9,9 @@ use trellis_core::ids::{ExecutionId, QuestionId};
 use trellis_proto::v1;
 use trellis_proto::v1::coordinator_server::Coordinator;
 
-use crate::engine::{self, Control, Handle};
+use trellis_grpc::server::principal;
+
+use crate::engine::{self, Control, Handle, On};
 use crate::workers::Registry;
 
 /// The gRPC face of the coordinator.
@@ -36,10 +38,16 @@ impl CoordinatorService {
 
 impl CoordinatorService {
     /// Pauses, resumes or cancels an execution; returns its state afterwards.
-    async fn control(&self, execution_id_field: &str, control: Control) -> Result<i32, Status> {
+    async fn control<T>(
+        &self,
+        request: &Request<T>,
+        execution_id_field: &str,
+        control: Control,
+    ) -> Result<i32, Status> {
+        let scope = principal(request)?.scope;
         let id = execution_id("execution_id", execution_id_field)?;
         self.engine
-            .request(|reply| engine::Request::Control { id, control, reply })
+            .on(id, scope, |reply| On::Control { control, reply })
             .await
     }
 }
@@ -68,6 +76,7 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<v1::StartExecutionRequest>,
     ) -> Result<Response<v1::StartExecutionResponse>, Status> {
+        let principal = principal(&request)?;
         let request = request.into_inner();
         let Some(source) = request.plan_source else {
             return Err(Status::invalid_argument(
@@ -75,11 +84,16 @@ impl Coordinator for CoordinatorService {
             ));
         };
         let options = request.options.unwrap_or_default();
+        let traceparent =
+            trellis_telemetry::propagation::traceparent(&trellis_telemetry::propagation::current())
+                .unwrap_or_default();
         let (id, created) = self
             .engine
             .request(|reply| engine::Request::Start {
                 source: Box::new(source),
                 options,
+                principal,
+                traceparent,
                 reply,
             })
             .await?;
@@ -93,10 +107,16 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<v1::PauseExecutionRequest>,
     ) -> Result<Response<v1::PauseExecutionResponse>, Status> {
+        let scope = principal(&request)?.scope;
         let request = request.into_inner();
         let reason = or_default(request.reason, "paused by request");
+        let id = execution_id("execution_id", &request.execution_id)?;
         let state = self
-            .control(&request.execution_id, Control::Pause(reason))
+            .engine
+            .on(id, scope, |reply| On::Control {
+                control: Control::Pause(reason),
+                reply,
+            })
             .await?;
         Ok(Response::new(v1::PauseExecutionResponse { state }))
     }
@@ -106,7 +126,7 @@ impl Coordinator for CoordinatorService {
         request: Request<v1::ResumeExecutionRequest>,
     ) -> Result<Response<v1::ResumeExecutionResponse>, Status> {
         let state = self
-            .control(&request.into_inner().execution_id, Control::Resume)
+            .control(&request, &request.get_ref().execution_id, Control::Resume)
             .await?;
         Ok(Response::new(v1::ResumeExecutionResponse { state }))
     }
@@ -115,10 +135,13 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<v1::CancelExecutionRequest>,
     ) -> Result<Response<v1::CancelExecutionResponse>, Status> {
-        let request = request.into_inner();
-        let reason = or_default(request.reason, "cancelled by request");
+        let reason = or_default(request.get_ref().reason.clone(), "cancelled by request");
         let state = self
-            .control(&request.execution_id, Control::Cancel(reason))
+            .control(
+                &request,
+                &request.get_ref().execution_id,
+                Control::Cancel(reason),
+            )
             .await?;
         Ok(Response::new(v1::CancelExecutionResponse { state }))
     }
@@ -127,10 +150,11 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<v1::RetryExecutionRequest>,
     ) -> Result<Response<v1::RetryExecutionResponse>, Status> {
+        let scope = principal(&request)?.scope;
         let id = execution_id("execution_id", &request.into_inner().execution_id)?;
         let run_number = self
             .engine
-            .request(|reply| engine::Request::Retry { id, reply })
+            .on(id, scope, |reply| On::Retry { reply })
             .await?;
         Ok(Response::new(v1::RetryExecutionResponse { run_number }))
     }
@@ -139,10 +163,11 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<v1::CheckpointExecutionRequest>,
     ) -> Result<Response<v1::CheckpointExecutionResponse>, Status> {
+        let scope = principal(&request)?.scope;
         let id = execution_id("execution_id", &request.into_inner().execution_id)?;
         let checkpoint = self
             .engine
-            .request(|reply| engine::Request::Checkpoint { id, reply })
+            .on(id, scope, |reply| On::Checkpoint { reply })
             .await?;
         Ok(Response::new(v1::CheckpointExecutionResponse {
             checkpoint: Some(checkpoint),
@@ -153,11 +178,9 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<v1::GetExecutionRequest>,
     ) -> Result<Response<v1::GetExecutionResponse>, Status> {
+        let scope = principal(&request)?.scope;
         let id = execution_id("execution_id", &request.into_inner().execution_id)?;
-        let execution = self
-            .engine
-            .request(|reply| engine::Request::Get { id, reply })
-            .await?;
+        let execution = self.engine.on(id, scope, |reply| On::Get { reply }).await?;
         Ok(Response::new(v1::GetExecutionResponse {
             execution: Some(execution),
         }))
@@ -167,13 +190,15 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<v1::ListExecutionsRequest>,
     ) -> Result<Response<v1::ListExecutionsResponse>, Status> {
+        let scope = principal(&request)?.scope;
         let request = request.into_inner();
         let mut executions = self
             .engine
-            .request(|reply| engine::Request::List { reply })
+            .request(|reply| engine::Request::List { scope, reply })
             .await?;
         executions.retain(|e| {
-            (request.states.is_empty() || request.states.contains(&e.state))
+            (request.namespace.is_empty() || e.namespace == request.namespace)
+                && (request.states.is_empty() || request.states.contains(&e.state))
                 && (request.name_contains.is_empty() || e.name.contains(&request.name_contains))
                 && request
                     .labels
@@ -200,12 +225,13 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<v1::ObserveExecutionRequest>,
     ) -> Result<Response<Self::ObserveExecutionStream>, Status> {
+        let scope = principal(&request)?.scope;
         let request = request.into_inner();
         let id = execution_id("execution_id", &request.execution_id)?;
         let from = request.from_sequence;
         let mut observation = self
             .engine
-            .request(|reply| engine::Request::Observe { id, from, reply })
+            .on(id, scope, |reply| On::Observe { from, reply })
             .await?;
         if let Some((from, until)) = observation.backfill.take() {
             // The engine holds the log after its checkpoint only; older events come from JetStream.
@@ -220,10 +246,11 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<v1::GetExecutionGraphRequest>,
     ) -> Result<Response<v1::GetExecutionGraphResponse>, Status> {
+        let scope = principal(&request)?.scope;
         let id = execution_id("execution_id", &request.into_inner().execution_id)?;
         let graph = self
             .engine
-            .request(|reply| engine::Request::Graph { id, reply })
+            .on(id, scope, |reply| On::Graph { reply })
             .await?;
         Ok(Response::new(v1::GetExecutionGraphResponse {
             graph: Some(graph),
@@ -234,6 +261,7 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<v1::AnswerQuestionRequest>,
     ) -> Result<Response<v1::AnswerQuestionResponse>, Status> {
+        let scope = principal(&request)?.scope;
         let request = request.into_inner();
         let id = execution_id("execution_id", &request.execution_id)?;
         let question: QuestionId = request.question_id.parse().map_err(|_| {
@@ -245,8 +273,7 @@ impl Coordinator for CoordinatorService {
         let answer = request.answer;
         let (sequence, instance) = self
             .engine
-            .request(|reply| engine::Request::Answer {
-                id,
+            .on(id, scope, |reply| On::Answer {
                 question,
                 answer,
                 reply,
@@ -262,6 +289,8 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<v1::ListWorkersRequest>,
     ) -> Result<Response<v1::ListWorkersResponse>, Status> {
+        // Workers serve queues, not namespaces: any authenticated caller may list them.
+        principal(&request)?;
         let request = request.into_inner();
         Ok(Response::new(v1::ListWorkersResponse {
             workers: self

@@ -11,6 +11,7 @@ mod checkpoints;
 mod cli;
 mod engine;
 mod grpc;
+mod metrics;
 mod recovery;
 mod shards;
 mod workers;
@@ -21,16 +22,22 @@ use std::time::Duration;
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tonic::service::interceptor::InterceptedService;
+use trellis_bus::NatsOptions;
+use trellis_grpc::server::Authenticate;
+use trellis_grpc::{ClientSecurity, ServerSecurity};
 use trellis_proto::v1::coordinator_server::CoordinatorServer;
+use trellis_telemetry::Telemetry;
 
-pub use cli::main_entry;
+pub use cli::{Args, main_entry, run_with};
 
 /// Coordinator settings.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
-    /// The NATS server (JetStream enabled).
-    pub nats_url: String,
+    /// The NATS server (JetStream enabled), its credentials and TLS.
+    #[serde(skip)]
+    pub nats: NatsOptions,
     /// Number of shards executions are spread over (`trellis.results.<shard>`). Every
     /// coordinator of a deployment must use the same number; workers learn the shard of each
     /// task from its assignment.
@@ -48,17 +55,29 @@ pub struct Config {
     /// How often a running execution whose state changed is checkpointed.
     #[serde(with = "millis")]
     pub checkpoint_every: Duration,
+    /// TLS of the gRPC port and token authentication with namespaces, quotas and limits.
+    #[serde(skip)]
+    pub security: ServerSecurity,
+    /// The token and TLS of calls to the checkpoint-store.
+    #[serde(skip)]
+    pub store_client: ClientSecurity,
+    /// Metrics and readiness ("coordinator": ready while it owns a shard).
+    #[serde(skip)]
+    pub telemetry: Telemetry,
 }
 
 impl Default for Config {
     fn default() -> Self {
         Self {
-            nats_url: "nats://127.0.0.1:4222".to_owned(),
+            nats: NatsOptions::default(),
             shards: 1,
             id: default_id(),
             lease_ttl: Duration::from_secs(3),
             checkpoint_store: None,
             checkpoint_every: Duration::from_secs(10),
+            security: ServerSecurity::default(),
+            store_client: ClientSecurity::default(),
+            telemetry: Telemetry::default(),
         }
     }
 }
@@ -96,12 +115,10 @@ pub enum Error {
     Bus(#[from] trellis_bus::Error),
     #[error("cannot subscribe to {subject}: {message}")]
     Subscribe { subject: String, message: String },
-    #[error("gRPC server failed: {0}")]
-    Grpc(#[from] tonic::transport::Error),
+    #[error(transparent)]
+    Grpc(#[from] trellis_grpc::Error),
     #[error("cannot read the address of the gRPC listener: {0}")]
     Listener(std::io::Error),
-    #[error("cannot build the gRPC reflection service: {0}")]
-    Reflection(#[from] tonic_reflection::server::Error),
     #[error("cannot open the key-value bucket {bucket}: {message}")]
     Bucket { bucket: String, message: String },
     #[error("invalid configuration: {0}")]
@@ -136,17 +153,25 @@ pub async fn run(
     let store = config
         .checkpoint_store
         .as_deref()
-        .map(checkpoints::StoreClient::new)
+        .map(|url| checkpoints::StoreClient::new(url, &config.store_client))
         .transpose()
         .map_err(Error::Config)?;
-    let nats = trellis_bus::connect(&config.nats_url, "trellis-coordinator").await?;
+    let metrics = metrics::Metrics::new(&config.telemetry.registry);
+    let readiness = config.telemetry.health.component("coordinator");
+    let nats = trellis_bus::connect_with(&config.nats, "trellis-coordinator").await?;
     let js = async_nats::jetstream::new(nats.clone());
-    let streams = trellis_bus::ensure_streams(&js).await?;
-    let (leases, index) = shards::buckets(&js, config.lease_ttl).await?;
+    let replicas = config.nats.replicas;
+    let streams = trellis_bus::ensure_streams(&js, replicas).await?;
+    let (leases, index) = shards::buckets(&js, config.lease_ttl, replicas).await?;
     // Workers keep durable steps here; creating it with the streams saves each worker the race.
-    trellis_bus::ensure_steps_bucket(&js).await?;
-    let registry = workers::Registry::start(&nats, shutdown.clone()).await?;
+    trellis_bus::ensure_steps_bucket(&js, replicas).await?;
+    let registry = workers::Registry::start(&nats, metrics.clone(), shutdown.clone()).await?;
     let events = streams.events.clone();
+    tokio::spawn(metrics::watch_queues(
+        streams.tasks.clone(),
+        metrics.clone(),
+        shutdown.clone(),
+    ));
     let (handle, inputs) = engine::Engine::spawn(
         engine::Setup {
             nats: nats.clone(),
@@ -156,6 +181,9 @@ pub async fn run(
             store,
             shards: config.shards,
             checkpoint_every: config.checkpoint_every,
+            access: config.security.access.clone(),
+            metrics,
+            readiness,
         },
         shutdown.clone(),
     );
@@ -173,42 +201,38 @@ pub async fn run(
     // for them instead of finding no shard.
     let _ = first_pass_done.await;
     let addr = listener.local_addr().map_err(Error::Listener)?;
-    tracing::info!(%addr, nats = %config.nats_url, id = %config.id, shards = config.shards, "coordinator serving");
-    let service = grpc::CoordinatorService::new(handle, registry, events);
-    // grpc.health.v1 and reflection, so load balancers and `grpcurl` work out of the box.
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<CoordinatorServer<grpc::CoordinatorService>>()
-        .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(trellis_proto::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
-    let not_serving = shutdown.clone();
-    tokio::spawn(async move {
-        not_serving.cancelled().await;
-        health
-            .set_not_serving::<CoordinatorServer<grpc::CoordinatorService>>()
-            .await;
-    });
-    // Small request/response frames must not wait for Nagle's algorithm (a 40 ms stall against
-    // delayed ACKs); tonic sets TCP_NODELAY only on listeners it binds itself.
-    let incoming = tokio_stream::StreamExt::map(
-        tokio_stream::wrappers::TcpListenerStream::new(listener),
-        |stream| {
-            stream.inspect(|s| {
-                let _ = s.set_nodelay(true);
-            })
-        },
+    tracing::info!(
+        %addr,
+        nats = %config.nats.shown_url(),
+        id = %config.id,
+        shards = config.shards,
+        tls = config.security.tls.is_some(),
+        mutual_tls = config.security.mutual_tls,
+        authentication = config.security.access.is_some(),
+        "coordinator serving"
     );
-    tonic::transport::Server::builder()
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(
-            CoordinatorServer::new(service)
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES),
-        )
-        .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
-        .await?;
+    let service = grpc::CoordinatorService::new(handle, registry, events);
+    let authenticate =
+        Authenticate::new(config.security.access.clone(), &config.telemetry.registry);
+    let routes = tonic::service::Routes::new(InterceptedService::new(
+        CoordinatorServer::new(service)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        authenticate,
+    ));
+    let health = config.telemetry.health.clone();
+    let stopping = shutdown.clone();
+    tokio::spawn(async move {
+        stopping.cancelled().await;
+        health.stopping().await;
+    });
+    trellis_grpc::server::serve::<CoordinatorServer<grpc::CoordinatorService>>(
+        listener,
+        routes,
+        &config.security,
+        &config.telemetry.registry,
+        shutdown,
+    )
+    .await?;
     Ok(())
 }

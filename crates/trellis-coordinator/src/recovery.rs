@@ -9,7 +9,6 @@ use async_nats::jetstream::stream::{RawMessageErrorKind, Stream};
 use bytes::Bytes;
 use trellis_core::ids::ExecutionId;
 use trellis_core::machine::Execution;
-use trellis_core::plan::{Limits, compile_str};
 use trellis_proto::convert::{self, LogEntry, Started};
 use trellis_proto::subjects;
 
@@ -140,7 +139,7 @@ pub(crate) async fn recover(
     let Some(LogEntry::Started(started)) = batch.entries.first().cloned() else {
         return Err(malformed("sequence 1 is not execution_started".to_owned()));
     };
-    let plan = compile_str(&started.spec, &Limits::default()).map_err(|errors| {
+    let plan = started.compile().map_err(|errors| {
         malformed(format!(
             "its plan no longer compiles: {}",
             errors

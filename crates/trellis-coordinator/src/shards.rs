@@ -39,10 +39,11 @@ pub(crate) enum LeaseEvent {
     Lost(u32),
 }
 
-/// Opens (or creates) the two buckets.
+/// Opens (or creates, with `replicas` copies) the two buckets.
 pub(crate) async fn buckets(
     js: &jetstream::Context,
     lease_ttl: Duration,
+    replicas: usize,
 ) -> Result<(kv::Store, kv::Store), crate::Error> {
     let leases = open_or_create(
         js,
@@ -52,6 +53,7 @@ pub(crate) async fn buckets(
             history: 1,
             max_age: lease_ttl,
             storage: jetstream::stream::StorageType::File,
+            num_replicas: replicas,
             ..Default::default()
         },
     )
@@ -63,6 +65,7 @@ pub(crate) async fn buckets(
             description: "unfinished executions per shard (key: <shard>.<execution id>)".to_owned(),
             history: 1,
             storage: jetstream::stream::StorageType::File,
+            num_replicas: replicas,
             ..Default::default()
         },
     )
@@ -89,7 +92,7 @@ async fn open_or_create(
         deny_purge: false,
         allow_direct: true,
         discard: jetstream::stream::DiscardPolicy::New,
-        num_replicas: 1,
+        num_replicas: config.num_replicas.max(1),
         ..Default::default()
     };
     let mut attempts = 0u64;

@@ -19,6 +19,8 @@ struct Entry {
     last: v1::WorkerHeartbeat,
     first_seen_ms: u64,
     last_seen_ms: u64,
+    /// Missed heartbeats since the last one, already counted in the metric.
+    missed_counted: u32,
 }
 
 /// Shared view of the workers.
@@ -31,6 +33,7 @@ impl Registry {
     /// Subscribes to heartbeats and keeps the registry up to date until `shutdown`.
     pub(crate) async fn start(
         nats: &async_nats::Client,
+        metrics: crate::metrics::Metrics,
         shutdown: CancellationToken,
     ) -> Result<Self, crate::Error> {
         let mut subscription = nats
@@ -42,10 +45,17 @@ impl Registry {
             })?;
         let registry = Self::default();
         let inner = Arc::clone(&registry.inner);
+        let interval = trellis_bus::HEARTBEAT_INTERVAL;
+        let mut sweep = tokio::time::interval(interval);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tokio::spawn(async move {
             loop {
                 let message = tokio::select! {
                     () = shutdown.cancelled() => return,
+                    _ = sweep.tick() => {
+                        count_missed(&inner, &metrics, now_ms(), interval.as_millis() as u64);
+                        continue;
+                    }
                     message = subscription.next() => message,
                 };
                 let Some(message) = message else { return };
@@ -68,14 +78,48 @@ impl Registry {
                         last: heartbeat.clone(),
                         first_seen_ms: now,
                         last_seen_ms: now,
+                        missed_counted: 0,
                     });
                 entry.last = heartbeat;
                 entry.last_seen_ms = now;
+                entry.missed_counted = 0;
             }
         });
         Ok(registry)
     }
+}
 
+/// Counts the heartbeat intervals each worker missed since the last sweep (up to the point it is
+/// declared terminated, so a worker that is gone for good stops counting) and how many are alive.
+fn count_missed(
+    inner: &Mutex<HashMap<String, Entry>>,
+    metrics: &crate::metrics::Metrics,
+    now: u64,
+    interval_ms: u64,
+) {
+    let mut workers = inner
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut alive = 0;
+    for entry in workers.values_mut() {
+        let terminated = entry.last.state == v1::WorkerState::Terminated as i32;
+        // Half an interval of grace: a heartbeat a few milliseconds late is not a missed one.
+        let late = now.saturating_sub(entry.last_seen_ms + interval_ms / 2);
+        let missed = ((late / interval_ms.max(1)) as u32).min(MISSED_BEFORE_TERMINATED);
+        if !terminated && missed > entry.missed_counted {
+            metrics
+                .missed_heartbeats
+                .inc_by(u64::from(missed - entry.missed_counted));
+            entry.missed_counted = missed;
+        }
+        if !terminated && missed < MISSED_BEFORE_TERMINATED {
+            alive += 1;
+        }
+    }
+    metrics.workers_alive.set(alive);
+}
+
+impl Registry {
     /// Returns the workers with their state as seen now.
     pub(crate) fn list(&self, queue: &str, include_terminated: bool) -> Vec<v1::WorkerInfo> {
         let now = now_ms();

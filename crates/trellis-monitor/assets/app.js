@@ -300,11 +300,12 @@
   async function api(path, { method = 'GET', body, signal } = {}) {
     const headers = { Accept: 'application/json' };
     const init = { method, headers, signal, cache: 'no-store' };
+    // Controls always need the token; reads too when the monitor forwards tokens.
+    const t = token.get();
+    if (t) headers.Authorization = `Bearer ${t}`;
     if (method !== 'GET') {
       headers['Content-Type'] = 'application/json';
       init.body = JSON.stringify(body || {});
-      const t = token.get();
-      if (t) headers.Authorization = `Bearer ${t}`;
     }
     let res;
     try {
@@ -746,7 +747,7 @@
       };
       this.reason = h('input', { id: 'control-reason', type: 'text', placeholder: 'reason (optional, pause / cancel)' });
       this.hint = h('span', { id: 'controls-disabled-hint', class: 'hint', hidden: true },
-        'controls disabled: start the monitor with --token');
+        'controls disabled: start the monitor with --monitor-token');
       this.ok = h('span', { id: 'control-ok', class: 'control-ok' });
       this.error = h('div', { id: 'control-error', class: 'control-error', role: 'alert', hidden: true });
       this.el = h('div', null,
@@ -2217,7 +2218,11 @@
 
     openLive() {
       if (this.es || !this.alive) return;
-      const es = new EventSource(`/api/executions/${enc(this.id)}/live`);
+      // EventSource cannot send headers: a token goes in the address, which the monitor accepts
+      // for this stream only.
+      const t = token.get();
+      const auth = t ? `?access_token=${encodeURIComponent(t)}` : '';
+      const es = new EventSource(`/api/executions/${enc(this.id)}/live${auth}`);
       this.es = es;
       this.header.setLive('connecting');
       const handle = (fn) => (msg) => {
@@ -2515,6 +2520,9 @@
         config.version = data.version || '';
         config.loaded = true;
         banner.clear('config');
+        if (data.token_required && !token.get()) {
+          banner.set('config', 'This monitor needs your token: enter it in the token field.');
+        }
         document.getElementById('controls-hint').hidden = config.controls;
         document.getElementById('version').textContent = config.version ? `v${config.version}` : '';
         if (current && current.onConfig) current.onConfig();

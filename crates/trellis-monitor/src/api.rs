@@ -1,5 +1,11 @@
 //! The HTTP API of `API.md`: reads from the coordinator, the checkpoint-store and the live hubs;
 //! controls forwarded to the coordinator once the caller's token checks out.
+//!
+//! Who may do what depends on [`Access`]: with a shared token, reads are open and controls need
+//! the token; when forwarding tokens, every call carries the caller's bearer token to the
+//! coordinator, which decides (namespaces included), and reads the monitor serves itself (the
+//! live projections, checkpoints) are first checked by asking the coordinator for the execution
+//! with that token.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -16,11 +22,12 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 use trellis_core::ids::ExecutionId;
+use trellis_grpc::AuthChannel;
 use trellis_proto::v1;
 use trellis_proto::v1::checkpoint_store_client::CheckpointStoreClient;
 use trellis_proto::v1::coordinator_client::CoordinatorClient;
+use trellis_telemetry::redact::Secret;
 
 use crate::assets;
 use crate::hub::{Hub, HubError, Hubs};
@@ -35,11 +42,92 @@ const MAX_EVENTS_PAGE: usize = 5_000;
 #[derive(Clone, Debug)]
 pub struct App {
     pub hubs: Arc<Hubs>,
-    pub coordinator: CoordinatorClient<Channel>,
-    pub store: Option<CheckpointStoreClient<Channel>>,
-    /// Controls require it; `None` refuses every control.
-    pub token: Option<Arc<str>>,
+    pub coordinator: CoordinatorClient<AuthChannel>,
+    pub store: Option<CheckpointStoreClient<AuthChannel>>,
+    pub access: Access,
     pub shutdown: CancellationToken,
+}
+
+/// Who may read and control through the monitor.
+#[derive(Clone, Debug)]
+pub enum Access {
+    /// Reads are open; every control is refused.
+    ReadOnly,
+    /// Reads are open; controls need this token.
+    SharedToken(Secret),
+    /// Every call needs the caller's bearer token, which the coordinator checks: a token sees
+    /// and controls only its namespace's executions.
+    ForwardTokens,
+}
+
+impl Access {
+    fn controls(&self) -> bool {
+        !matches!(self, Self::ReadOnly)
+    }
+}
+
+impl App {
+    /// How callers are authorized, for the log (never the token).
+    pub fn access_mode(&self) -> &'static str {
+        match self.access {
+            Access::ReadOnly => "read-only",
+            Access::SharedToken(_) => "control token",
+            Access::ForwardTokens => "forwarded tokens",
+        }
+    }
+}
+
+/// The caller's bearer token, when the monitor forwards tokens.
+#[derive(Debug)]
+pub struct Caller(Option<Secret>);
+
+impl axum::extract::FromRequestParts<App> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        app: &App,
+    ) -> Result<Self, Self::Rejection> {
+        if !matches!(app.access, Access::ForwardTokens) {
+            return Ok(Self(None));
+        }
+        let from_header = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|token| !token.is_empty())
+            .map(Secret::new);
+        // EventSource cannot set headers: the live stream may carry the token in its address.
+        let from_query = || {
+            Query::<Vec<(String, String)>>::try_from_uri(&parts.uri)
+                .ok()?
+                .0
+                .into_iter()
+                .find(|(key, _)| key == "access_token")
+                .map(|(_, value)| Secret::new(value))
+        };
+        match from_header.or_else(from_query) {
+            Some(token) => Ok(Self(Some(token))),
+            None => Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "this monitor needs your token: send `Authorization: Bearer <token>` (enter it \
+                 in the UI's token field)",
+            )),
+        }
+    }
+}
+
+impl Caller {
+    /// A request to a service, carrying the caller's token when there is one.
+    fn request<T>(&self, message: T) -> Result<tonic::Request<T>, ApiError> {
+        let mut request = tonic::Request::new(message);
+        if let Some(token) = &self.0 {
+            trellis_grpc::client::on_behalf_of(&mut request, token)?;
+        }
+        Ok(request)
+    }
 }
 
 /// An error answer: `{"error": message}` with a status.
@@ -152,13 +240,31 @@ fn execution_id(text: &str) -> Result<ExecutionId, ApiError> {
 
 async fn config(State(app): State<App>) -> Response {
     json(&json!({
-        "controls": app.token.is_some(),
+        "controls": app.access.controls(),
+        // Every call needs the caller's token: the UI asks for it before reading.
+        "token_required": matches!(app.access, Access::ForwardTokens),
         "version": env!("CARGO_PKG_VERSION"),
     }))
 }
 
+/// When tokens are forwarded, checks with the coordinator that the caller may see execution
+/// `id` (another namespace's execution is not found, as for the coordinator itself).
+async fn authorize_read(app: &App, caller: &Caller, id: ExecutionId) -> Result<(), ApiError> {
+    if caller.0.is_none() {
+        return Ok(());
+    }
+    app.coordinator
+        .clone()
+        .get_execution(caller.request(v1::GetExecutionRequest {
+            execution_id: id.to_string(),
+        })?)
+        .await?;
+    Ok(())
+}
+
 async fn list_executions(
     State(mut app): State<App>,
+    caller: Caller,
     // Pairs rather than a struct: `state` may repeat.
     query: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult {
@@ -182,7 +288,7 @@ async fn list_executions(
     }
     let response = app
         .coordinator
-        .list_executions(v1::ListExecutionsRequest {
+        .list_executions(caller.request(v1::ListExecutionsRequest {
             states,
             name_contains: name,
             page: Some(v1::PageRequest {
@@ -190,7 +296,7 @@ async fn list_executions(
                 page_token: String::new(),
             }),
             ..Default::default()
-        })
+        })?)
         .await?
         .into_inner();
     let executions: Vec<ExecutionView> = response
@@ -207,13 +313,17 @@ fn execution_state_from_name(name: &str) -> Option<v1::ExecutionState> {
         .filter(|state| *state != v1::ExecutionState::Unspecified)
 }
 
-async fn get_execution(State(mut app): State<App>, Path(id): Path<String>) -> ApiResult {
+async fn get_execution(
+    State(mut app): State<App>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> ApiResult {
     let id = execution_id(&id)?;
     let execution = app
         .coordinator
-        .get_execution(v1::GetExecutionRequest {
+        .get_execution(caller.request(v1::GetExecutionRequest {
             execution_id: id.to_string(),
-        })
+        })?)
         .await?
         .into_inner()
         .execution
@@ -231,12 +341,15 @@ async fn get_execution(State(mut app): State<App>, Path(id): Path<String>) -> Ap
     })))
 }
 
-async fn hub(app: &App, id: &str) -> Result<Arc<Hub>, ApiError> {
-    Ok(app.hubs.get(execution_id(id)?).await?)
+/// The live projection of execution `id`, once the caller may see it.
+async fn hub(app: &App, caller: &Caller, id: &str) -> Result<Arc<Hub>, ApiError> {
+    let id = execution_id(id)?;
+    authorize_read(app, caller, id).await?;
+    Ok(app.hubs.get(id).await?)
 }
 
-async fn plan(State(app): State<App>, Path(id): Path<String>) -> ApiResult {
-    let hub = hub(&app, &id).await?;
+async fn plan(State(app): State<App>, caller: Caller, Path(id): Path<String>) -> ApiResult {
+    let hub = hub(&app, &caller, &id).await?;
     let plan = hub.plan().ok_or_else(|| {
         ApiError::new(
             StatusCode::BAD_GATEWAY,
@@ -246,8 +359,8 @@ async fn plan(State(app): State<App>, Path(id): Path<String>) -> ApiResult {
     Ok(json(&*plan))
 }
 
-async fn instances(State(app): State<App>, Path(id): Path<String>) -> ApiResult {
-    let hub = hub(&app, &id).await?;
+async fn instances(State(app): State<App>, caller: Caller, Path(id): Path<String>) -> ApiResult {
+    let hub = hub(&app, &caller, &id).await?;
     let (seq, instances) = hub.instances();
     Ok(json(&json!({ "seq": seq, "instances": instances })))
 }
@@ -260,6 +373,7 @@ struct EventsQuery {
 
 async fn events(
     State(app): State<App>,
+    caller: Caller,
     Path(id): Path<String>,
     query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult {
@@ -275,7 +389,7 @@ async fn events(
             "limit {limit} is out of range: ask for 1 to {MAX_EVENTS_PAGE} events"
         )));
     }
-    let hub = hub(&app, &id).await?;
+    let hub = hub(&app, &caller, &id).await?;
     let (events, next) = app
         .hubs
         .events(&hub, query.from.unwrap_or(1), limit)
@@ -283,8 +397,10 @@ async fn events(
     Ok(json(&json!({ "events": events, "next": next })))
 }
 
-async fn checkpoints(State(app): State<App>, Path(id): Path<String>) -> ApiResult {
+async fn checkpoints(State(app): State<App>, caller: Caller, Path(id): Path<String>) -> ApiResult {
     let id = execution_id(&id)?;
+    // The store serves every namespace to the monitor's own token: the caller's is checked first.
+    authorize_read(&app, &caller, id).await?;
     let Some(mut store) = app.store.clone() else {
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -310,13 +426,13 @@ async fn checkpoints(State(app): State<App>, Path(id): Path<String>) -> ApiResul
     Ok(json(&json!({ "checkpoints": checkpoints })))
 }
 
-async fn workers(State(mut app): State<App>) -> ApiResult {
+async fn workers(State(mut app): State<App>, caller: Caller) -> ApiResult {
     let response = app
         .coordinator
-        .list_workers(v1::ListWorkersRequest {
+        .list_workers(caller.request(v1::ListWorkersRequest {
             queue: String::new(),
             include_terminated: true,
-        })
+        })?)
         .await?
         .into_inner();
     let workers: Vec<WorkerView> = response
@@ -335,11 +451,12 @@ struct LiveQuery {
 /// The live stream: a snapshot, then every update of the execution's hub, as Server-Sent Events.
 async fn live(
     State(app): State<App>,
+    caller: Caller,
     Path(id): Path<String>,
     Query(query): Query<LiveQuery>,
 ) -> ApiResult {
     let records = !matches!(query.records.as_deref(), Some("0" | "false"));
-    let hub = hub(&app, &id).await?;
+    let hub = hub(&app, &caller, &id).await?;
     let (snapshot, receiver) = hub.subscribe(records);
     struct Live {
         hub: Arc<Hub>,
@@ -386,13 +503,18 @@ async fn live(
     Ok(response)
 }
 
-/// Checks the bearer token of a control request.
+/// Checks the bearer token of a control request against the shared token; when tokens are
+/// forwarded, the coordinator checks the caller's instead.
 fn authorize(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(expected) = app.token.as_deref() else {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "controls are disabled: this monitor was started without --token",
-        ));
+    let expected = match &app.access {
+        Access::ForwardTokens => return Ok(()),
+        Access::SharedToken(token) => token.expose(),
+        Access::ReadOnly => {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "controls are disabled: this monitor was started without --monitor-token",
+            ));
+        }
     };
     let given = headers
         .get(header::AUTHORIZATION)
@@ -447,6 +569,7 @@ fn body_fields(body: &Bytes) -> Result<HashMap<String, String>, ApiError> {
 
 async fn control(
     State(mut app): State<App>,
+    caller: Caller,
     Path((id, action)): Path<(String, String)>,
     headers: HeaderMap,
     body: Bytes,
@@ -464,44 +587,46 @@ async fn control(
         "pause" => {
             let r = app
                 .coordinator
-                .pause_execution(v1::PauseExecutionRequest {
+                .pause_execution(caller.request(v1::PauseExecutionRequest {
                     execution_id,
                     reason,
-                })
+                })?)
                 .await?;
             state_of(r.into_inner().state)
         }
         "resume" => {
             let r = app
                 .coordinator
-                .resume_execution(v1::ResumeExecutionRequest {
+                .resume_execution(caller.request(v1::ResumeExecutionRequest {
                     execution_id,
                     reason,
-                })
+                })?)
                 .await?;
             state_of(r.into_inner().state)
         }
         "cancel" => {
             let r = app
                 .coordinator
-                .cancel_execution(v1::CancelExecutionRequest {
+                .cancel_execution(caller.request(v1::CancelExecutionRequest {
                     execution_id,
                     reason,
-                })
+                })?)
                 .await?;
             state_of(r.into_inner().state)
         }
         "retry" => {
             let r = app
                 .coordinator
-                .retry_execution(v1::RetryExecutionRequest { execution_id })
+                .retry_execution(caller.request(v1::RetryExecutionRequest { execution_id })?)
                 .await?;
             json!({ "run_number": r.into_inner().run_number })
         }
         "checkpoint" => {
             let r = app
                 .coordinator
-                .checkpoint_execution(v1::CheckpointExecutionRequest { execution_id })
+                .checkpoint_execution(
+                    caller.request(v1::CheckpointExecutionRequest { execution_id })?,
+                )
                 .await?
                 .into_inner();
             json!({ "checkpoint": r.checkpoint.as_ref().map(CheckpointView::from_proto) })
@@ -519,6 +644,7 @@ async fn control(
 
 async fn answer(
     State(mut app): State<App>,
+    caller: Caller,
     Path((id, question)): Path<(String, String)>,
     headers: HeaderMap,
     body: Bytes,
@@ -532,14 +658,16 @@ async fn answer(
         .ok_or_else(|| ApiError::bad_request("field `answer` is missing or empty"))?;
     let response = app
         .coordinator
-        .answer_question(v1::AnswerQuestionRequest {
-            execution_id: id.to_string(),
-            question_id: question.clone(),
-            answer,
-            answered_by: fields
-                .remove("answered_by")
-                .unwrap_or_else(|| "monitor".to_owned()),
-        })
+        .answer_question(
+            caller.request(v1::AnswerQuestionRequest {
+                execution_id: id.to_string(),
+                question_id: question.clone(),
+                answer,
+                answered_by: fields
+                    .remove("answered_by")
+                    .unwrap_or_else(|| "monitor".to_owned()),
+            })?,
+        )
         .await?
         .into_inner();
     tracing::info!(%id, %question, "question answered");

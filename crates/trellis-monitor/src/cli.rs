@@ -6,12 +6,21 @@ use std::time::Duration;
 
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
+use trellis_grpc::ClientSecurity;
+use trellis_telemetry::redact::Secret;
+
+/// The default admin address: `/metrics`, `/healthz`, `/readyz`, gRPC health.
+const DEFAULT_ADMIN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::LOCALHOST,
+    9700,
+));
 
 /// The Trellis monitor: a live web UI and JSON API over executions, workers and checkpoints.
 ///
 /// Open the address it prints in a browser. Reads need nothing; controls (pause, resume, cancel,
-/// retry, checkpoint, answer) need the token given with --token, sent as
+/// retry, checkpoint, answer) need the token given with --monitor-token, sent as
 /// `Authorization: Bearer <token>` (the UI asks for it, or takes `?token=` from its address).
+/// With --forward-tokens, every call needs the caller's own token, which the coordinator checks.
 #[derive(Debug, Parser)]
 #[command(name = "trellis-monitor", version, about)]
 struct Binary {
@@ -24,47 +33,71 @@ struct Binary {
         default_value = "http://127.0.0.1:7400"
     )]
     coordinator: String,
+    #[command(flatten)]
+    client: trellis_grpc::ClientArgs,
 }
 
-/// The monitor's flags, but the coordinator's address (the `trellis` command line has that one
-/// for every subcommand).
+/// The monitor's flags, but the coordinator's address and the client credentials (the `trellis`
+/// command line has those for every subcommand).
 #[derive(Debug, clap::Args)]
 #[command(
     after_help = "Examples (the `trellis-monitor` binary takes the same flags):\n  \
         trellis monitor                                  # http://127.0.0.1:7700, read-only\n  \
         TRELLIS_MONITOR_TOKEN=$(openssl rand -hex 16) trellis monitor --listen 0.0.0.0:7700\n  \
-        trellis monitor --coordinator http://coordinator:7400 --checkpoint-store http://store:7500\n\n\
+        trellis monitor --coordinator http://coordinator:7400 --checkpoint-store http://store:7500\n  \
+        trellis monitor --forward-tokens --token-file /etc/trellis/service-token   # with an access file\n\n\
         API: curl http://127.0.0.1:7700/api/executions"
 )]
 pub struct Args {
     /// HTTP listen address.
     #[arg(long, env = "TRELLIS_MONITOR_ADDR", default_value = crate::DEFAULT_ADDR)]
     pub listen: SocketAddr,
-    /// NATS server with the event log.
-    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
-    pub nats: String,
+    #[command(flatten)]
+    pub nats: trellis_bus::NatsArgs,
     /// Checkpoint-store gRPC address (for the checkpoints of an execution).
-    #[arg(long, env = "TRELLIS_CHECKPOINT_STORE")]
+    #[arg(long, env = "TRELLIS_CHECKPOINT_STORE_URL")]
     pub checkpoint_store: Option<String>,
     /// Token that controls require; without one every control is refused.
-    #[arg(long, env = "TRELLIS_MONITOR_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
+    #[arg(
+        long = "monitor-token",
+        env = "TRELLIS_MONITOR_TOKEN",
+        hide_env_values = true,
+        conflicts_with = "forward_tokens"
+    )]
+    pub monitor_token: Option<Secret>,
+    /// Forward each caller's bearer token to the coordinator, which decides what it may see and
+    /// do (for coordinators started with an access file); the monitor's own --token is then
+    /// used only for the checkpoint-store.
+    #[arg(long, env = "TRELLIS_MONITOR_FORWARD_TOKENS")]
+    pub forward_tokens: bool,
     /// How often live streams get an update while events arrive, in milliseconds.
     #[arg(long, default_value_t = crate::DEFAULT_FLUSH.as_millis() as u64,
           value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub flush_ms: u64,
+    #[command(flatten)]
+    pub telemetry: trellis_telemetry::Args,
 }
 
 impl Args {
     /// The service configuration these flags describe.
-    pub fn config(&self, coordinator_url: String) -> crate::Config {
-        crate::Config {
-            nats_url: self.nats.clone(),
+    pub fn config(
+        &self,
+        coordinator_url: String,
+        client: ClientSecurity,
+    ) -> Result<crate::Config, String> {
+        Ok(crate::Config {
+            nats: self.nats.options().map_err(|err| err.to_string())?,
             coordinator_url,
             checkpoint_store_url: self.checkpoint_store.clone(),
-            token: self.token.clone().filter(|t| !t.is_empty()),
+            token: self
+                .monitor_token
+                .clone()
+                .filter(|t| !t.expose().is_empty()),
+            forward_tokens: self.forward_tokens,
+            client,
             flush: Duration::from_millis(self.flush_ms),
-        }
+            telemetry: trellis_telemetry::Telemetry::new(),
+        })
     }
 }
 
@@ -72,11 +105,15 @@ impl Args {
 /// SIGTERM or Ctrl-C.
 pub fn main_entry() -> ExitCode {
     let binary = Binary::parse();
-    run_with(binary.args, binary.coordinator)
+    run_with(binary.args, binary.coordinator, &binary.client)
 }
 
 /// Serves with flags already parsed (`trellis monitor` hosts the service this way).
-pub fn run_with(args: Args, coordinator_url: String) -> ExitCode {
+pub fn run_with(
+    args: Args,
+    coordinator_url: String,
+    client: &trellis_grpc::ClientArgs,
+) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -87,17 +124,30 @@ pub fn run_with(args: Args, coordinator_url: String) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    // `try_init`: a host process (the `trellis` CLI) may have installed one already.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .try_init();
-    runtime.block_on(serve(args, coordinator_url))
+    let client = match client.load() {
+        Ok(client) => client,
+        Err(err) => {
+            eprintln!("trellis-monitor: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    runtime.block_on(async move {
+        // A host process (the `trellis` CLI) may have installed a subscriber already.
+        let _telemetry_guard =
+            trellis_telemetry::init("trellis-monitor", args.telemetry.log_format);
+        serve(args, coordinator_url, client).await
+    })
 }
 
 /// Serves with `args` until SIGTERM or Ctrl-C.
-pub async fn serve(args: Args, coordinator_url: String) -> ExitCode {
+pub async fn serve(args: Args, coordinator_url: String, client: ClientSecurity) -> ExitCode {
+    let config = match args.config(coordinator_url, client) {
+        Ok(config) => config,
+        Err(err) => {
+            eprintln!("trellis-monitor: {err}");
+            return ExitCode::from(2);
+        }
+    };
     let listener = match tokio::net::TcpListener::bind(args.listen).await {
         Ok(listener) => listener,
         Err(err) => {
@@ -110,20 +160,39 @@ pub async fn serve(args: Args, coordinator_url: String) -> ExitCode {
         }
     };
     let shutdown = CancellationToken::new();
+    if let Some(addr) = args.telemetry.admin_addr_or(DEFAULT_ADMIN)
+        && let Err(err) =
+            trellis_telemetry::admin::spawn(addr, config.telemetry.clone(), shutdown.clone()).await
+    {
+        eprintln!("trellis-monitor: {err}");
+        return ExitCode::from(2);
+    }
     let signal = shutdown.clone();
     tokio::spawn(async move {
         trellis_bus::shutdown_signal().await;
         signal.cancel();
     });
-    if args.token.as_deref().is_none_or(str::is_empty) {
-        eprintln!("trellis-monitor: no --token given: the UI is read-only, controls are refused");
+    if config.token.is_none() && !config.forward_tokens {
+        eprintln!(
+            "trellis-monitor: no --monitor-token given: the UI is read-only, controls are refused"
+        );
     }
     eprintln!("trellis-monitor: http://{}", args.listen);
-    match crate::run(args.config(coordinator_url), listener, shutdown).await {
+    match crate::run(config, listener, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("trellis-monitor: {err}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        super::Binary::command().debug_assert();
     }
 }

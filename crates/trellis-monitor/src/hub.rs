@@ -24,7 +24,6 @@ use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 use trellis_core::ids::ExecutionId;
 use trellis_core::machine::Execution;
-use trellis_core::plan::{Limits, compile_str};
 use trellis_proto::convert::{self, LogEntry, Started};
 use trellis_proto::{subjects, v1};
 
@@ -443,7 +442,7 @@ impl Hub {
 
     /// Builds the state machine from the log's first entry.
     fn start(&self, state: &mut Projection, started: Started) {
-        match compile_str(&started.spec, &Limits::default()) {
+        match started.compile() {
             Ok(plan) => {
                 state.machine = Some(Execution::start(
                     self.id,

@@ -8,20 +8,24 @@
 //!   every 50 ms while events arrive.
 //! - Controls (pause, resume, cancel, retry, checkpoint, answer) go to the coordinator over gRPC
 //!   and require the configured bearer token; without it they are refused and change nothing.
+//!   With `forward_tokens`, every call instead carries the caller's own token to the
+//!   coordinator, which decides what the caller may see and do (namespaces included).
 //! - The UI's assets are compiled into the binary.
 //!
 //! `main.rs` is a thin shell around [`main_entry`]; `trellis monitor` and `trellis dev` host the
 //! same service.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::{Channel, Endpoint};
+use trellis_bus::NatsOptions;
+use trellis_grpc::{AuthChannel, ClientSecurity};
 use trellis_proto::v1::checkpoint_store_client::CheckpointStoreClient;
 use trellis_proto::v1::coordinator_client::CoordinatorClient;
+use trellis_telemetry::Telemetry;
+use trellis_telemetry::redact::Secret;
 
 pub mod api;
 mod assets;
@@ -41,15 +45,40 @@ const STREAMS_TIMEOUT: Duration = Duration::from_secs(60);
 /// What the monitor connects to.
 #[derive(Clone, Debug)]
 pub struct Config {
-    pub nats_url: String,
+    pub nats: NatsOptions,
     /// The coordinator's gRPC address (`http://host:port`).
     pub coordinator_url: String,
     /// The checkpoint-store's gRPC address; without it `/checkpoints` says so.
     pub checkpoint_store_url: Option<String>,
-    /// The bearer token controls require; `None` disables every control.
-    pub token: Option<String>,
+    /// The bearer token controls require; `None` disables every control (unless tokens are
+    /// forwarded).
+    pub token: Option<Secret>,
+    /// Forward each caller's bearer token to the coordinator, which authorizes every read and
+    /// control; excludes `token`.
+    pub forward_tokens: bool,
+    /// The monitor's own token and TLS for its calls (the checkpoint-store takes only tokens of
+    /// every namespace).
+    pub client: ClientSecurity,
     /// How often live streams are updated.
     pub flush: Duration,
+    /// Metrics and readiness ("monitor").
+    pub telemetry: Telemetry,
+}
+
+impl Config {
+    /// A monitor of the services at these addresses, read-only, default settings.
+    pub fn new(nats_url: &str, coordinator_url: &str) -> Self {
+        Self {
+            nats: NatsOptions::new(nats_url),
+            coordinator_url: coordinator_url.to_owned(),
+            checkpoint_store_url: None,
+            token: None,
+            forward_tokens: false,
+            client: ClientSecurity::default(),
+            flush: DEFAULT_FLUSH,
+            telemetry: Telemetry::default(),
+        }
+    }
 }
 
 /// Why the monitor stopped.
@@ -67,21 +96,16 @@ pub enum Error {
     },
     #[error("HTTP server failed: {0}")]
     Serve(std::io::Error),
+    #[error("invalid configuration: {0}")]
+    Config(String),
 }
 
-fn channel(name: &'static str, url: &str) -> Result<Channel, Error> {
-    Endpoint::from_shared(url.to_owned())
-        .map(|endpoint| {
-            endpoint
-                .connect_timeout(Duration::from_secs(5))
-                .tcp_nodelay(true)
-                .connect_lazy()
-        })
-        .map_err(|err| Error::Url {
-            name,
-            url: url.to_owned(),
-            message: err.to_string(),
-        })
+fn channel(name: &'static str, url: &str, client: &ClientSecurity) -> Result<AuthChannel, Error> {
+    client.lazy_channel(url).map_err(|err| Error::Url {
+        name,
+        url: url.to_owned(),
+        message: err.to_string(),
+    })
 }
 
 /// Serves the monitor on `listener` until `shutdown` fires.
@@ -95,14 +119,31 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
     let addr: SocketAddr = listener.local_addr().map_err(Error::Listener)?;
-    let coordinator = CoordinatorClient::new(channel("coordinator", &config.coordinator_url)?)
-        .max_decoding_message_size(64 * 1024 * 1024);
+    let access = match (&config.token, config.forward_tokens) {
+        (Some(_), true) => {
+            return Err(Error::Config(
+                "a control token and forwarded tokens exclude each other: with forwarded \
+                 tokens the coordinator authorizes every call"
+                    .to_owned(),
+            ));
+        }
+        (Some(token), false) => api::Access::SharedToken(token.clone()),
+        (None, true) => api::Access::ForwardTokens,
+        (None, false) => api::Access::ReadOnly,
+    };
+    let readiness = config.telemetry.health.component("monitor");
+    let coordinator = CoordinatorClient::new(channel(
+        "coordinator",
+        &config.coordinator_url,
+        &config.client,
+    )?)
+    .max_decoding_message_size(64 * 1024 * 1024);
     let store = config
         .checkpoint_store_url
         .as_deref()
-        .map(|url| channel("checkpoint-store", url).map(CheckpointStoreClient::new))
+        .map(|url| channel("checkpoint-store", url, &config.client).map(CheckpointStoreClient::new))
         .transpose()?;
-    let nats = trellis_bus::connect(&config.nats_url, "trellis-monitor").await?;
+    let nats = trellis_bus::connect_with(&config.nats, "trellis-monitor").await?;
     let js = async_nats::jetstream::new(nats);
     let streams = tokio::select! {
         () = shutdown.cancelled() => return Ok(()),
@@ -112,11 +153,12 @@ pub async fn run(
         hubs: hub::Hubs::new(streams.events, config.flush, shutdown.clone()),
         coordinator,
         store,
-        token: config.token.map(Arc::from),
+        access,
         shutdown: shutdown.clone(),
     };
-    tracing::info!(%addr, controls = app.token.is_some(), "monitor serving");
+    tracing::info!(%addr, access = ?app.access_mode(), "monitor serving");
     let router = api::router(app);
+    readiness.set(true);
     // Live updates are small writes that must not wait for Nagle's algorithm.
     let listener = axum::serve::ListenerExt::tap_io(listener, |stream| {
         let _ = stream.set_nodelay(true);

@@ -16,6 +16,7 @@ use trellis_proto::v1;
 pub struct ExecutionView {
     pub id: String,
     pub name: String,
+    pub namespace: String,
     pub state: &'static str,
     pub run_number: u32,
     pub created_at_ms: i64,
@@ -60,6 +61,11 @@ impl ExecutionView {
         Self {
             id: execution.execution_id.clone(),
             name: execution.name.clone(),
+            namespace: if execution.namespace.is_empty() {
+                "default".to_owned()
+            } else {
+                execution.namespace.clone()
+            },
             state: execution_state_name(execution.state),
             run_number: execution.run_number,
             created_at_ms: execution.created_at_unix_ms,
@@ -85,6 +91,7 @@ impl ExecutionView {
         Self {
             id: machine.id().to_string(),
             name: machine.plan().name.clone(),
+            namespace: started.namespace().to_owned(),
             state: progress.state.as_str(),
             run_number: machine.run_number(),
             created_at_ms: started.started_at_ms as i64,

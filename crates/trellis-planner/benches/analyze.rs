@@ -47,7 +47,10 @@ fn benches(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("a current-thread runtime builds");
-    let service = PlannerService::default();
+    let service = PlannerService::new(
+        trellis_core::plan::Limits::default(),
+        &trellis_telemetry::Registry::new(),
+    );
     let spec = v1::PlanSpec {
         text: spec_text(100_000),
         format: v1::PlanFormat::Yaml.into(),

@@ -24,21 +24,37 @@ pub struct Args {
     /// gRPC listen address.
     #[arg(long, env = "TRELLIS_PLANNER_ADDR", default_value = crate::DEFAULT_ADDR)]
     pub listen: SocketAddr,
-    /// Most tasks a plan may have.
-    #[arg(long, env = "TRELLIS_PLAN_MAX_TASKS", default_value_t = Limits::default().max_tasks)]
-    pub max_tasks: usize,
-    /// Largest plan text accepted, in bytes.
-    #[arg(long, env = "TRELLIS_PLAN_MAX_BYTES", default_value_t = Limits::default().max_input_bytes)]
-    pub max_input_bytes: usize,
+    /// Most tasks a plan may have (default: the access file's `limits.max_tasks`, else 200000).
+    #[arg(long, env = "TRELLIS_PLAN_MAX_TASKS")]
+    pub max_tasks: Option<usize>,
+    /// Largest plan text accepted, in bytes (default: the access file's `limits.max_plan_bytes`,
+    /// else 64 MiB).
+    #[arg(long, env = "TRELLIS_PLAN_MAX_BYTES")]
+    pub max_input_bytes: Option<usize>,
+    #[command(flatten)]
+    pub server: trellis_grpc::ServerArgs,
+    #[command(flatten)]
+    pub telemetry: trellis_telemetry::Args,
 }
 
+/// The default admin address: `/metrics`, `/healthz`, `/readyz`, gRPC health.
+const DEFAULT_ADMIN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::LOCALHOST,
+    9600,
+));
+
 impl Args {
-    /// The plan limits these flags set.
-    pub fn limits(&self) -> Limits {
+    /// The plan limits these flags set, over those of `security`'s access file.
+    pub fn limits(&self, security: &trellis_grpc::ServerSecurity) -> Limits {
+        let base = security
+            .access
+            .as_ref()
+            .map(|access| access.limits().plan())
+            .unwrap_or_default();
         Limits {
-            max_tasks: self.max_tasks,
-            max_input_bytes: self.max_input_bytes,
-            ..Limits::default()
+            max_tasks: self.max_tasks.unwrap_or(base.max_tasks),
+            max_input_bytes: self.max_input_bytes.unwrap_or(base.max_input_bytes),
+            ..base
         }
     }
 }
@@ -62,13 +78,12 @@ pub fn run_with(args: Args) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    // `try_init`: a host process (the `trellis` CLI) may have installed one already.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .try_init();
-    runtime.block_on(serve(args))
+    runtime.block_on(async move {
+        // A host process (the `trellis` CLI) may have installed a subscriber already.
+        let _telemetry_guard =
+            trellis_telemetry::init("trellis-planner", args.telemetry.log_format);
+        serve(args).await
+    })
 }
 
 /// Serves with `args` until SIGTERM or Ctrl-C; for the binary and `trellis planner`.
@@ -84,13 +99,33 @@ pub async fn serve(args: Args) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let security = match args.server.load() {
+        Ok(security) => security,
+        Err(err) => {
+            eprintln!("trellis-planner: {err}");
+            return ExitCode::from(2);
+        }
+    };
     let shutdown = CancellationToken::new();
+    let telemetry = trellis_telemetry::Telemetry::new();
+    if let Some(addr) = args.telemetry.admin_addr_or(DEFAULT_ADMIN)
+        && let Err(err) =
+            trellis_telemetry::admin::spawn(addr, telemetry.clone(), shutdown.clone()).await
+    {
+        eprintln!("trellis-planner: {err}");
+        return ExitCode::from(2);
+    }
     let signal = shutdown.clone();
     tokio::spawn(async move {
-        shutdown_signal().await;
+        trellis_telemetry::shutdown_signal().await;
         signal.cancel();
     });
-    match crate::run(listener, args.limits(), shutdown).await {
+    let config = crate::Config {
+        limits: args.limits(&security),
+        security,
+        telemetry,
+    };
+    match crate::run(listener, config, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("trellis-planner: {err}");
@@ -99,26 +134,12 @@ pub async fn serve(args: Args) -> ExitCode {
     }
 }
 
-/// Completes on SIGTERM (what Kubernetes sends) or Ctrl-C.
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        super::Args::command().debug_assert();
     }
 }

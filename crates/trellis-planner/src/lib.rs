@@ -11,14 +11,21 @@
 
 use std::net::SocketAddr;
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 use trellis_core::analysis::analyze;
 use trellis_core::plan::{Limits, Plan, PlanErrors};
+use trellis_grpc::ServerSecurity;
+use trellis_grpc::server::Authenticate;
 use trellis_proto::convert;
 use trellis_proto::v1;
 use trellis_proto::v1::planner_server::{Planner, PlannerServer};
+use trellis_telemetry::Telemetry;
+use trellis_telemetry::metrics::Labels1;
 
 mod cli;
 
@@ -36,22 +43,47 @@ pub const MAX_MESSAGE_BYTES: usize = 80 * 1024 * 1024;
 pub enum Error {
     #[error("cannot read the listener's address: {0}")]
     Listener(std::io::Error),
-    #[error("cannot build the gRPC reflection service: {0}")]
-    Reflection(#[from] tonic_reflection::server::Error),
-    #[error("gRPC server failed: {0}")]
-    Transport(#[from] tonic::transport::Error),
+    #[error(transparent)]
+    Grpc(#[from] trellis_grpc::Error),
+}
+
+/// Planner settings.
+#[derive(Clone, Debug, Default)]
+pub struct Config {
+    /// Enforced on every plan.
+    pub limits: Limits,
+    /// TLS of the gRPC port and token authentication (any valid token may compile).
+    pub security: ServerSecurity,
+    /// Metrics and readiness ("planner").
+    pub telemetry: Telemetry,
 }
 
 /// The `Planner` gRPC service.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct PlannerService {
     limits: Limits,
+    /// Plans compiled or analysed, by `result`: `compiled` or `invalid`.
+    plans: Family<Labels1, Counter>,
 }
 
 impl PlannerService {
-    /// Returns a service that enforces `limits` on every plan.
-    pub fn new(limits: Limits) -> Self {
-        Self { limits }
+    /// Returns a service that enforces `limits` on every plan and counts into `registry`.
+    pub fn new(limits: Limits, registry: &trellis_telemetry::Registry) -> Self {
+        Self {
+            limits,
+            plans: registry.metric(
+                "trellis_planner_plans",
+                "Plans compiled or analysed, by result (compiled, invalid).",
+                Family::default,
+            ),
+        }
+    }
+
+    fn count(&self, compiled: bool) {
+        let result = if compiled { "compiled" } else { "invalid" };
+        self.plans
+            .get_or_create(&[("result", result.to_owned())])
+            .inc();
     }
 
     /// Compiles what a request names: a spec with its param values, or a wire plan (validated
@@ -80,7 +112,9 @@ impl Planner for PlannerService {
         let spec = request
             .spec
             .ok_or_else(|| Status::invalid_argument("spec: missing"))?;
-        let result = match self.compile(Source::Spec(&spec)) {
+        let compiled = self.compile(Source::Spec(&spec));
+        self.count(compiled.is_ok());
+        let result = match compiled {
             Ok(plan) => {
                 tracing::debug!(plan = %plan.name, tasks = plan.len(), "plan compiled");
                 v1::compile_plan_response::Result::Plan(convert::plan_to_proto(&plan))
@@ -112,6 +146,7 @@ impl Planner for PlannerService {
                 ));
             }
         };
+        self.count(compiled.is_ok());
         let result = match compiled {
             Ok(plan) => {
                 let analysis = analyze(&plan);
@@ -136,41 +171,40 @@ impl Planner for PlannerService {
 /// The server could not be built or failed while serving.
 pub async fn run(
     listener: TcpListener,
-    limits: Limits,
+    config: Config,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
     let addr: SocketAddr = listener.local_addr().map_err(Error::Listener)?;
-    tracing::info!(%addr, "planner serving");
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<PlannerServer<PlannerService>>().await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(trellis_proto::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
-    let not_serving = shutdown.clone();
-    tokio::spawn(async move {
-        not_serving.cancelled().await;
-        health
-            .set_not_serving::<PlannerServer<PlannerService>>()
-            .await;
-    });
-    // Small replies must not wait for Nagle's algorithm; tonic sets TCP_NODELAY only on
-    // listeners it binds itself.
-    let incoming = tokio_stream::StreamExt::map(
-        tokio_stream::wrappers::TcpListenerStream::new(listener),
-        |stream| {
-            stream.inspect(|s| {
-                let _ = s.set_nodelay(true);
-            })
-        },
+    tracing::info!(
+        %addr,
+        tls = config.security.tls.is_some(),
+        authentication = config.security.access.is_some(),
+        "planner serving"
     );
-    let service = PlannerServer::new(PlannerService::new(limits))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    tonic::transport::Server::builder()
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(service)
-        .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
-        .await?;
+    let readiness = config.telemetry.health.component("planner");
+    let service = PlannerServer::new(PlannerService::new(
+        config.limits,
+        &config.telemetry.registry,
+    ))
+    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let authenticate =
+        Authenticate::new(config.security.access.clone(), &config.telemetry.registry);
+    let routes = tonic::service::Routes::new(InterceptedService::new(service, authenticate));
+    readiness.set(true);
+    let health = config.telemetry.health.clone();
+    let stopping = shutdown.clone();
+    tokio::spawn(async move {
+        stopping.cancelled().await;
+        health.stopping().await;
+    });
+    trellis_grpc::server::serve::<PlannerServer<PlannerService>>(
+        listener,
+        routes,
+        &config.security,
+        &config.telemetry.registry,
+        shutdown,
+    )
+    .await?;
     Ok(())
 }

@@ -473,6 +473,40 @@ pub struct Started {
     /// The caller's idempotency key; empty when none was given.
     pub idempotency_key: String,
     pub labels: BTreeMap<String, String>,
+    /// The namespace the execution runs in; empty in logs written before namespaces, read as
+    /// `default`.
+    pub namespace: String,
+    /// The namespace quota's cap on running task instances, when lower than the plan's.
+    pub max_concurrency_cap: Option<u32>,
+    /// The W3C `traceparent` of the call that started the execution; empty when not traced.
+    pub traceparent: String,
+}
+
+impl Started {
+    /// Compiles the recorded spec into the plan the execution runs: the same plan as at the
+    /// start, with the quota's concurrency cap applied. The log already accepted this spec, so
+    /// the deployment's size limits do not apply again (they may have changed since).
+    pub fn compile(&self) -> Result<trellis_core::plan::Plan, trellis_core::plan::PlanErrors> {
+        let limits = trellis_core::plan::Limits {
+            max_input_bytes: usize::MAX,
+            max_tasks: usize::MAX,
+            ..trellis_core::plan::Limits::default()
+        };
+        let mut plan = trellis_core::plan::compile_str(&self.spec, &limits)?;
+        if let Some(cap) = self.max_concurrency_cap {
+            plan.options.max_concurrency = Some(cap);
+        }
+        Ok(plan)
+    }
+
+    /// The namespace, `default` for logs written before namespaces.
+    pub fn namespace(&self) -> &str {
+        if self.namespace.is_empty() {
+            "default"
+        } else {
+            &self.namespace
+        }
+    }
 }
 
 /// Returns the log entry (always sequence 1) recording the start of an execution.
@@ -493,8 +527,11 @@ pub fn started_to_proto(execution_id: ExecutionId, started: &Started) -> v1::Eve
                     .iter()
                     .map(|(key, value)| (key.clone(), value.clone()))
                     .collect(),
+                namespace: started.namespace.clone(),
             }),
             started_at_unix_ms: instant_to_proto(started.started_at_ms),
+            max_concurrency_cap: started.max_concurrency_cap,
+            traceparent: started.traceparent.clone(),
         })),
     }
 }
@@ -665,6 +702,16 @@ fn decode_event(at: &At<'_>, event: &v1::Event) -> Result<LogEntry, ConvertError
                 )?,
                 idempotency_key: options.idempotency_key,
                 labels: options.labels.into_iter().collect(),
+                namespace: options.namespace,
+                max_concurrency_cap: match started.max_concurrency_cap {
+                    Some(0) => {
+                        return Err(at.field("max_concurrency_cap").error(
+                            ConvertErrorKind::Inconsistent("a concurrency cap of 0 runs nothing"),
+                        ));
+                    }
+                    cap => cap,
+                },
+                traceparent: started.traceparent.clone(),
             }));
         }
         v1::event::Kind::TaskStarted(started) => {

@@ -133,6 +133,9 @@ async fn a_standby_coordinator_takes_over_the_shards_of_a_killed_one_and_finishe
                     "the standby should refuse StartExecution with UNAVAILABLE while the other coordinator holds every shard, got {other:?}"
                 ),
             }
+            // Only the active coordinator is ready, so a Kubernetes Service routes to it alone.
+            system.expect_ready(ACTIVE, true).await?;
+            system.expect_ready(STANDBY, false).await?;
             let execution_id = system.start_plan(ACTIVE, &plan.yaml()).await?;
             let threshold = (plan.n_completed() as f64 * KILL_ACTIVE_AT) as u64;
             let execution = system
@@ -172,6 +175,7 @@ async fn a_standby_coordinator_takes_over_the_shards_of_a_killed_one_and_finishe
                 "the standby serves the execution {:?} after the kill",
                 killed_at.elapsed()
             );
+            system.expect_ready(STANDBY, true).await?;
 
             let execution = system
                 .wait_until(STANDBY, &execution_id, deadline, "the end of the execution", is_terminal)

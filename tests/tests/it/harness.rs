@@ -326,6 +326,7 @@ mod tests {
         let logs = tempfile::tempdir()?;
         let coordinator = free_addr()?;
         let spec = Spec::new("coordinator", env!("CARGO_BIN_EXE_sys-coordinator"))
+            .flag("--admin-addr", "off")
             .flag("--nats-url", nats.url())
             .flag("--listen", coordinator.to_string())
             .ready(Ready::GrpcHealth {

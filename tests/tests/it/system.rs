@@ -54,6 +54,8 @@ pub struct Options {
 #[derive(Debug)]
 pub struct Coordinator {
     pub addr: SocketAddr,
+    /// Its admin server: `/metrics`, `/readyz`.
+    pub admin: SocketAddr,
     pub service: Service,
 }
 
@@ -130,6 +132,7 @@ impl System {
             service_spec(
                 "checkpoint-store",
                 env!("CARGO_BIN_EXE_sys-checkpoint-store"),
+                harness::free_addr()?,
             )
             .flag("--database-url", database_url)
             .flag("--nats-url", nats.url())
@@ -145,8 +148,9 @@ impl System {
         let mut coordinators = Vec::new();
         for id in &options.coordinators {
             let addr = harness::free_addr()?;
+            let admin = harness::free_addr()?;
             let service = Service::start(
-                service_spec(id, env!("CARGO_BIN_EXE_sys-coordinator"))
+                service_spec(id, env!("CARGO_BIN_EXE_sys-coordinator"), admin)
                     .flag("--nats-url", nats.url())
                     .flag("--listen", addr.to_string())
                     .flag("--shards", SHARDS.to_string())
@@ -160,21 +164,29 @@ impl System {
                 logs.path(),
             )
             .await?;
-            coordinators.push(Coordinator { addr, service });
+            coordinators.push(Coordinator {
+                addr,
+                admin,
+                service,
+            });
         }
 
         // The monitor reads the log on NATS and asks the first coordinator for lists.
         let monitor_addr = harness::free_addr()?;
         let monitor = Service::start(
-            service_spec("monitor", env!("CARGO_BIN_EXE_sys-monitor"))
-                .flag("--nats", nats.url())
-                .flag("--listen", monitor_addr.to_string())
-                .flag("--coordinator", format!("http://{}", coordinators[0].addr))
-                .flag("--checkpoint-store", format!("http://{store_addr}"))
-                .ready(Ready::Http {
-                    addr: monitor_addr,
-                    path: "/api/health",
-                }),
+            service_spec(
+                "monitor",
+                env!("CARGO_BIN_EXE_sys-monitor"),
+                harness::free_addr()?,
+            )
+            .flag("--nats-url", nats.url())
+            .flag("--listen", monitor_addr.to_string())
+            .flag("--coordinator", format!("http://{}", coordinators[0].addr))
+            .flag("--checkpoint-store", format!("http://{store_addr}"))
+            .ready(Ready::Http {
+                addr: monitor_addr,
+                path: "/api/health",
+            }),
             logs.path(),
         )
         .await?;
@@ -183,12 +195,16 @@ impl System {
         for idx in 1..=options.workers {
             let worker_id = format!("worker-{idx}");
             let service = Service::start(
-                service_spec(&worker_id, env!("CARGO_BIN_EXE_sys-agent-worker"))
-                    .flag("--nats-url", nats.url())
-                    .flag("--worker-id", worker_id.as_str())
-                    .flag("--queues", "fanout,sleep,noop")
-                    .flag("--slots", WORKER_SLOTS.to_string())
-                    .flag("--shards", SHARDS.to_string()),
+                service_spec(
+                    &worker_id,
+                    env!("CARGO_BIN_EXE_sys-agent-worker"),
+                    harness::free_addr()?,
+                )
+                .flag("--nats-url", nats.url())
+                .flag("--worker-id", worker_id.as_str())
+                .flag("--queues", "fanout,sleep,noop")
+                .flag("--slots", WORKER_SLOTS.to_string())
+                .flag("--shards", SHARDS.to_string()),
                 logs.path(),
             )
             .await?;
@@ -477,9 +493,45 @@ impl Drop for System {
 }
 
 /// A spec of a service binary with the log level of the test run (`RUST_LOG`, default `info`).
-fn service_spec(name: &str, binary: &str) -> Spec {
+impl System {
+    /// Checks that coordinator `idx` answers `/readyz` on its admin port as `ready` says (200, or
+    /// 503 naming the coordinator), within a few seconds.
+    pub async fn expect_ready(&self, idx: usize, ready: bool) -> anyhow::Result<()> {
+        let coordinator = self
+            .coordinators
+            .get(idx)
+            .ok_or_else(|| anyhow::anyhow!("no coordinator {idx}"))?;
+        let url = format!("http://{}/readyz", coordinator.admin);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let response = reqwest::get(&url).await?;
+            let status = response.status().as_u16();
+            let body = response.text().await?;
+            let as_expected = if ready {
+                status == 200
+            } else {
+                status == 503 && body.contains("coordinator")
+            };
+            if as_expected {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "coordinator {idx} should {}be ready; GET /readyz answered {status} {body:?}",
+                if ready { "" } else { "not " }
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// A service process with its admin server (metrics, health) on `admin`: several services of
+/// one kind run on this host, so none may take its default admin port.
+fn service_spec(name: &str, binary: &str, admin: SocketAddr) -> Spec {
     let log_level = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".to_owned());
-    Spec::new(name, binary).env("RUST_LOG", log_level)
+    Spec::new(name, binary)
+        .env("RUST_LOG", log_level)
+        .flag("--admin-addr", admin.to_string())
 }
 
 /// Returns a `StartExecution` request for the plan `yaml`.

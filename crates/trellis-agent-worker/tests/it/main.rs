@@ -38,7 +38,7 @@ impl Harness {
         let server = NatsServer::start()?;
         let client = async_nats::connect(server.url()).await?;
         let js = jetstream::new(client.clone());
-        trellis_bus::ensure_streams(&js).await?;
+        trellis_bus::ensure_streams(&js, 1).await?;
         let results = client.subscribe(subjects::RESULTS_WILDCARD).await?;
         client.flush().await?;
         Ok(Harness {

@@ -20,6 +20,8 @@ async fn a_worker_process_killed_with_sigkill_loses_its_task_to_another_worker()
         .args([
             "--nats-url",
             &harness.server.url(),
+            "--admin-addr",
+            "off",
             "--worker-id",
             "doomed",
             "--queues",
@@ -84,6 +86,8 @@ async fn a_step_wise_task_killed_after_step_two_of_four_resumes_at_step_three() 
         .args([
             "--nats-url",
             &harness.server.url(),
+            "--admin-addr",
+            "off",
             "--worker-id",
             "doomed",
             "--queues",

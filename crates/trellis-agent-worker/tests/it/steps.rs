@@ -116,7 +116,7 @@ async fn store_steps(
     task: &TaskAssignment,
     names: &[&str],
 ) -> anyhow::Result<jetstream::kv::Store> {
-    let steps = trellis_bus::ensure_steps_bucket(&harness.js).await?;
+    let steps = trellis_bus::ensure_steps_bucket(&harness.js, 1).await?;
     let mut state = json!({});
     let mut trace = Vec::new();
     let mut recorded = Vec::new();

@@ -258,6 +258,8 @@ pub struct ExecutionRow {
     /// Why it paused, failed or was cancelled; empty otherwise.
     pub reason: String,
     pub idempotency_key: String,
+    /// The namespace it runs in.
+    pub namespace: String,
     pub labels: BTreeMap<String, String>,
     /// Every event at or below this sequence is in the read model.
     pub last_sequence: u64,

@@ -139,7 +139,8 @@ const EXECUTION_COLUMNS: &str = "execution_id, name, state, run_number, created_
      started_at_unix_ms, ended_at_unix_ms, reason, idempotency_key, last_sequence, tokens_used, \
      cost, pending_tasks, queued_tasks, blocked_tasks, running_tasks, waiting_for_subtasks_tasks, \
      waiting_for_human_tasks, retry_scheduled_tasks, completed_tasks, failed_tasks, \
-     skipped_tasks, cancelled_tasks, total_tasks, done_tasks, percent_complete, wave, waves";
+     skipped_tasks, cancelled_tasks, total_tasks, done_tasks, percent_complete, wave, waves, \
+     namespace";
 
 /// The count columns, in `TaskState::ALL` order (the order of `StateCounts`).
 const COUNT_COLUMNS: [&str; 11] = [
@@ -173,6 +174,7 @@ fn execution_from_row(row: &DbRow) -> Result<ExecutionRow, Error> {
         ended_at_ms: column::<Option<i64>>(row, "ended_at_unix_ms")?.map(from_i64),
         reason: column(row, "reason")?,
         idempotency_key: column(row, "idempotency_key")?,
+        namespace: column(row, "namespace")?,
         labels: BTreeMap::new(),
         last_sequence: from_i64(column(row, "last_sequence")?),
         usage: Usage {
@@ -463,6 +465,7 @@ impl Store for StoreImpl {
                     .push_bind(row.progress.percent)
                     .push_bind(to_i32(row.progress.wave))
                     .push_bind(to_i32(row.progress.waves))
+                    .push_bind(text(&row.namespace))
                     .push_bind(now);
             });
             query.push(
@@ -481,7 +484,8 @@ impl Store for StoreImpl {
             query.push(
                 "total_tasks = excluded.total_tasks, done_tasks = excluded.done_tasks, \
                  percent_complete = excluded.percent_complete, wave = excluded.wave, \
-                 waves = excluded.waves, updated_at_unix_ms = excluded.updated_at_unix_ms \
+                 waves = excluded.waves, namespace = excluded.namespace, \
+                 updated_at_unix_ms = excluded.updated_at_unix_ms \
                  WHERE executions.last_sequence < excluded.last_sequence",
             );
             query

@@ -412,6 +412,7 @@ fn execution_row(execution_id: ExecutionId, name: &str, last_sequence: u64) -> E
         ended_at_ms: None,
         reason: String::new(),
         idempotency_key: "key-1".to_owned(),
+        namespace: "team-a".to_owned(),
         labels: BTreeMap::from([("team".to_owned(), "infra".to_owned())]),
         last_sequence,
         usage: Usage {

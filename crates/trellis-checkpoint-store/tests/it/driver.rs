@@ -61,6 +61,7 @@ impl Driver {
                 .iter()
                 .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
                 .collect(),
+            ..Started::default()
         };
         let machine = Execution::start(id, Arc::new(plan), 1, now_ms);
         Ok(Self {

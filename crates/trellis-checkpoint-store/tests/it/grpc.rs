@@ -57,11 +57,7 @@ fn check_code<T: std::fmt::Debug>(result: Result<T, tonic::Status>, code: Code, 
 async fn checkpoints_through_grpc() -> anyhow::Result<()> {
     let server = NatsServer::start()?;
     let store = TestStore::postgres().await?;
-    let service = Service::start(Config {
-        database_url: store.url.clone(),
-        nats_url: server.url(),
-    })
-    .await?;
+    let service = Service::start(Config::new(store.url.clone(), server.url())).await?;
     let mut client = service.client().await?;
     let execution_id = Uuid::now_v7().to_string();
 
@@ -363,6 +359,7 @@ async fn execution_records_are_listed_and_paged() -> anyhow::Result<()> {
                         String::new()
                     },
                     idempotency_key: String::new(),
+                    namespace: "default".to_owned(),
                     labels: [("n".to_owned(), n.to_string())].into_iter().collect(),
                     last_sequence: 7,
                     usage: Usage::default(),
@@ -372,11 +369,7 @@ async fn execution_records_are_listed_and_paged() -> anyhow::Result<()> {
             })
             .await?;
     }
-    let service = Service::start(Config {
-        database_url: store.url.clone(),
-        nats_url: server.url(),
-    })
-    .await?;
+    let service = Service::start(Config::new(store.url.clone(), server.url())).await?;
     let mut client = service.client().await?;
     let failed = client
         .list_execution_records(v1::ListExecutionRecordsRequest {

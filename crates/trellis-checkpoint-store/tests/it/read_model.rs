@@ -47,7 +47,7 @@ async fn nats() -> anyhow::Result<(NatsServer, async_nats::jetstream::Context)> 
     let client = trellis_bus::connect(&server.url(), "read-model-test").await?;
     let js = async_nats::jetstream::new(client);
     // The test plays the coordinator, which creates the streams.
-    trellis_bus::ensure_streams(&js).await?;
+    trellis_bus::ensure_streams(&js, 1).await?;
     Ok((server, js))
 }
 
@@ -105,11 +105,7 @@ async fn all_instances(
 async fn a_real_execution_log_becomes_queryable_task_instances() -> anyhow::Result<()> {
     let (server, js) = nats().await?;
     let store = TestStore::sqlite().await?;
-    let service = Service::start(Config {
-        database_url: store.url.clone(),
-        nats_url: server.url(),
-    })
-    .await?;
+    let service = Service::start(Config::new(store.url.clone(), server.url())).await?;
     let mut client = service.client().await?;
 
     let mut driver = Driver::start(SPEC, &[("team", "infra")])?;
@@ -207,10 +203,7 @@ async fn a_real_execution_log_becomes_queryable_task_instances() -> anyhow::Resu
 async fn a_restarted_store_rebuilds_its_replica_from_the_log() -> anyhow::Result<()> {
     let (server, js) = nats().await?;
     let store = TestStore::sqlite().await?;
-    let config = Config {
-        database_url: store.url.clone(),
-        nats_url: server.url(),
-    };
+    let config = Config::new(store.url.clone(), server.url());
     let service = Service::start(config.clone()).await?;
     let mut client = service.client().await?;
     let mut driver = Driver::start(SPEC, &[])?;
@@ -259,11 +252,7 @@ async fn a_new_run_of_a_cancelled_execution_is_followed() -> anyhow::Result<()> 
 
     let (server, js) = nats().await?;
     let store = TestStore::sqlite().await?;
-    let service = Service::start(Config {
-        database_url: store.url.clone(),
-        nats_url: server.url(),
-    })
-    .await?;
+    let service = Service::start(Config::new(store.url.clone(), server.url())).await?;
     let mut client = service.client().await?;
     let mut driver = Driver::start(SPEC, &[])?;
     let execution_id = driver.id.to_string();
@@ -322,11 +311,7 @@ async fn a_new_run_of_a_cancelled_execution_is_followed() -> anyhow::Result<()> 
 async fn a_large_group_reaches_postgres() -> anyhow::Result<()> {
     let (server, js) = nats().await?;
     let store = TestStore::postgres().await?;
-    let service = Service::start(Config {
-        database_url: store.url.clone(),
-        nats_url: server.url(),
-    })
-    .await?;
+    let service = Service::start(Config::new(store.url.clone(), server.url())).await?;
     let mut client = service.client().await?;
     let mut driver = Driver::start(SPEC, &[])?.with_members(5_000);
     let execution_id = driver.id.to_string();
@@ -392,11 +377,7 @@ async fn a_large_group_reaches_postgres() -> anyhow::Result<()> {
 async fn heartbeats_become_workers() -> anyhow::Result<()> {
     let (server, _js) = nats().await?;
     let store = TestStore::postgres().await?;
-    let service = Service::start(Config {
-        database_url: store.url.clone(),
-        nats_url: server.url(),
-    })
-    .await?;
+    let service = Service::start(Config::new(store.url.clone(), server.url())).await?;
     let nats = trellis_bus::connect(&server.url(), "heartbeat-test").await?;
     // Heartbeats are core NATS messages: the ones sent before the store subscribed are lost, as
     // they would be in production, so workers keep sending until they show up.

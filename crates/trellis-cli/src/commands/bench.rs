@@ -326,6 +326,7 @@ impl ChildCoordinator {
                 "bench-recovery",
             ])
             .args(["--listen", &addr.to_string(), "--lease-ttl", "3s"])
+            .args(["--admin-addr", "off"])
             .env("RUST_LOG", "error")
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())

@@ -54,6 +54,7 @@ pub async fn run(_args: DemoArgs) -> Result<(), Failure> {
             json: false,
             labels: Vec::new(),
             idempotency_key: None,
+            namespace: None,
         },
     )
     .await;

@@ -39,6 +39,15 @@ pub struct DevArgs {
     /// The token the monitor's controls require; a random one when not given.
     #[arg(long, env = "TRELLIS_MONITOR_TOKEN", hide_env_values = true)]
     pub monitor_token: Option<String>,
+    /// Where every service's metrics (`/metrics`) and health (`/healthz`, `/readyz`) are served;
+    /// `off` disables it.
+    #[arg(
+        long,
+        env = "TRELLIS_ADMIN_ADDR",
+        value_name = "ADDR|off",
+        default_value = "127.0.0.1:9464"
+    )]
+    pub admin_addr: String,
 }
 
 /// Runs `trellis dev` until Ctrl-C.
@@ -60,10 +69,29 @@ pub async fn run(args: DevArgs) -> Result<(), Failure> {
         }),
     })
     .await?;
+    let admin = if args.admin_addr.eq_ignore_ascii_case("off") {
+        "off".to_owned()
+    } else {
+        let addr: SocketAddr = args.admin_addr.parse().map_err(|_| {
+            Failure::bad_input(format!(
+                "--admin-addr: {:?} is not an address such as 127.0.0.1:9400, nor `off`",
+                args.admin_addr
+            ))
+        })?;
+        let bound = trellis_telemetry::admin::spawn(
+            addr,
+            local.telemetry.clone(),
+            local.shutdown.child_token(),
+        )
+        .await
+        .map_err(|e| Failure::failed(e.to_string()))?;
+        format!("http://{bound}/metrics")
+    };
     let monitor = local.monitor_url.clone().unwrap_or_default();
     eprintln!(
         "trellis dev: coordinator at {}, planner at {}, NATS at {}, {} workers\n  \
          monitor: {monitor}/?token={token}\n  \
+         metrics: {admin}\n  \
          try: trellis submit --wait examples/demo.yaml\n  \
          or:  TRELLIS_PLANNER={} trellis submit --wait examples/demo.yaml\n  Ctrl-C stops",
         local.coordinator_url, local.planner_url, local.nats_url, args.workers, local.planner_url

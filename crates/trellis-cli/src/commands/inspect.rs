@@ -41,6 +41,9 @@ pub struct ListArgs {
     /// Only executions whose plan name contains this text.
     #[arg(long, value_name = "TEXT")]
     pub name: Option<String>,
+    /// Only executions of this namespace (a token sees only its own anyway).
+    #[arg(long, value_name = "NAME")]
+    pub namespace: Option<String>,
     /// At most this many executions.
     #[arg(long, default_value_t = 50)]
     pub limit: u32,
@@ -147,6 +150,7 @@ pub async fn list(coordinator_url: &str, args: ListArgs) -> Result<(), Failure> 
                 .map(|&s| ExecutionState::from(s) as i32)
                 .collect(),
             name_contains: args.name.clone().unwrap_or_default(),
+            namespace: args.namespace.clone().unwrap_or_default(),
             page: Some(PageRequest {
                 page_size: args
                     .limit

@@ -7,8 +7,8 @@ pub mod demo;
 pub mod dev;
 pub mod inspect;
 pub mod plan;
-pub mod serve;
 pub mod submit;
+pub mod token;
 pub mod workers;
 
 use std::fs::File;
@@ -79,7 +79,12 @@ pub fn run_remote(command: impl Future<Output = Result<(), Failure>>) -> ExitCod
             return ExitCode::from(EXIT_FAILURE);
         }
     };
-    match runtime.block_on(command) {
+    exit(runtime.block_on(command))
+}
+
+/// Maps a command's outcome to the exit code, printing the failure's message.
+pub fn exit(outcome: Result<(), Failure>) -> ExitCode {
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
             if !failure.message.is_empty() {

@@ -50,6 +50,9 @@ pub struct SubmitArgs {
     /// Starting again with the same key returns the execution already started with it.
     #[arg(long, value_name = "KEY")]
     pub idempotency_key: Option<String>,
+    /// The namespace to run in (default: the token's own, or `default` without authentication).
+    #[arg(long, env = "TRELLIS_NAMESPACE", value_name = "NAME")]
+    pub namespace: Option<String>,
 }
 
 /// Runs `trellis submit`.
@@ -79,6 +82,7 @@ pub async fn run_with_id(coordinator_url: &str, args: SubmitArgs) -> Result<Stri
         options: Some(ExecutionOptions {
             idempotency_key: args.idempotency_key.clone().unwrap_or_default(),
             labels: args.labels.iter().cloned().collect(),
+            namespace: args.namespace.clone().unwrap_or_default(),
         }),
     };
     let started = coordinator

@@ -599,8 +599,10 @@ mod tests {
                 labels: [("team", "infra"), ("env", "ci")]
                     .map(|(k, v)| (k.to_owned(), v.to_owned()))
                     .into(),
+                ..ExecutionOptions::default()
             }),
             started_at_unix_ms: 1_793_628_187_000,
+            ..ExecutionStarted::default()
         });
         assert_eq!(
             describe(Some(&started)),

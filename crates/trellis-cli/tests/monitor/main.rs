@@ -51,6 +51,8 @@ pub fn start_dev() -> Dev {
             TOKEN,
             "--workers",
             "1",
+            "--admin-addr",
+            "127.0.0.1:0",
         ])
         .env("NATS_URL", nats.url())
         .env("RUST_LOG", "warn")

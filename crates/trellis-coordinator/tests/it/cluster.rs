@@ -55,7 +55,7 @@ pub async fn start_with(workers: usize, registry: impl Fn() -> HandlerRegistry) 
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("a free port");
     let addr = listener.local_addr().expect("bound address");
     let config = trellis_coordinator::Config {
-        nats_url: nats.url(),
+        nats: trellis_bus::NatsOptions::new(nats.url()),
         shards: 1,
         ..trellis_coordinator::Config::default()
     };

@@ -54,7 +54,7 @@ impl Coordinator {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("a free port");
         let addr = listener.local_addr().expect("bound address");
         let config = trellis_coordinator::Config {
-            nats_url: nats_url.to_owned(),
+            nats: trellis_bus::NatsOptions::new(nats_url),
             shards: SHARDS,
             id: id.to_owned(),
             lease_ttl,

@@ -31,7 +31,11 @@ async fn serve(limits: Limits) -> Served {
         .expect("a bound listener has an address");
     let shutdown = CancellationToken::new();
     let token = shutdown.clone();
-    tokio::spawn(async move { trellis_planner::run(listener, limits, token).await });
+    let config = trellis_planner::Config {
+        limits,
+        ..trellis_planner::Config::default()
+    };
+    tokio::spawn(async move { trellis_planner::run(listener, config, token).await });
     let endpoint = Channel::from_shared(format!("http://{addr}")).expect("a valid URL");
     let mut tries = 0;
     let channel = loop {

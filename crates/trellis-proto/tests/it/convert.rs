@@ -236,11 +236,60 @@ fn execution_started_round_trips() {
         started_at_ms: AT_MS,
         idempotency_key: "req-42".to_owned(),
         labels: BTreeMap::from([("team".to_owned(), "infra".to_owned())]),
+        namespace: "team-a".to_owned(),
+        max_concurrency_cap: Some(3),
+        traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned(),
     };
     let proto = started_to_proto(execution_id(), &started);
     assert_eq!(proto.sequence, 1);
     let decoded = v1::Event::decode(proto.encode_to_vec().as_slice()).expect("decodes");
     assert_eq!(event_from_proto(&decoded), Ok(LogEntry::Started(started)));
+}
+
+#[test]
+fn a_recorded_concurrency_cap_is_applied_on_every_recompilation() {
+    let started = Started {
+        spec: "name: p\noptions: {max_concurrency: 8}\ntasks:\n  - {id: a, type: noop}\n"
+            .to_owned(),
+        max_concurrency_cap: Some(3),
+        ..Started::default()
+    };
+    let plan = started.compile().expect("the spec compiles");
+    assert_eq!(plan.options.max_concurrency, Some(3));
+    let uncapped = Started {
+        max_concurrency_cap: None,
+        ..started
+    };
+    assert_eq!(
+        uncapped
+            .compile()
+            .expect("the spec compiles")
+            .options
+            .max_concurrency,
+        Some(8)
+    );
+    // Logs written before namespaces read as `default`.
+    assert_eq!(uncapped.namespace(), "default");
+}
+
+#[test]
+fn a_cap_of_zero_is_refused_as_a_contradiction() {
+    let mut proto = started_to_proto(
+        execution_id(),
+        &Started {
+            spec: "name: p\ntasks:\n  - {id: a, type: noop}\n".to_owned(),
+            started_at_ms: AT_MS,
+            ..Started::default()
+        },
+    );
+    if let Some(v1::event::Kind::ExecutionStarted(started)) = proto.kind.as_mut() {
+        started.max_concurrency_cap = Some(0);
+    }
+    let err = event_from_proto(&proto).expect_err("a cap of 0 runs nothing");
+    assert_eq!(
+        err.to_string(),
+        "event.execution_started.max_concurrency_cap: a concurrency cap of 0 runs nothing"
+    );
 }
 
 #[test]

@@ -1,0 +1,69 @@
+//! The worker's metrics (Prometheus names; counters are scraped with `_total`):
+//!
+//! - `trellis_worker_tasks` by `queue`, `type` and `outcome` (`completed`, `failed`, `spawned`,
+//!   `asked`): attempts this process ran to an end;
+//! - `trellis_task_duration_seconds` by `queue`, `type` and `outcome`: how long the handler ran;
+//! - `trellis_worker_tasks_handed_back`: attempts handed back unfinished (shutdown, no slot);
+//! - `trellis_worker_running` and `trellis_worker_slots`: handlers running now, and slots;
+//! - `trellis_worker_heartbeats`: heartbeats sent;
+//! - `trellis_worker_messages_set_aside` by `reason`: task messages that were not assignments.
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use trellis_telemetry::Registry;
+use trellis_telemetry::metrics::{HistogramFamily, Labels1, Labels3, latency_family};
+
+/// The worker's metric families; shared by every worker of the process.
+#[derive(Clone, Debug)]
+pub(crate) struct Metrics {
+    pub(crate) tasks: Family<Labels3, Counter>,
+    pub(crate) duration: HistogramFamily<Labels3>,
+    pub(crate) handed_back: Counter,
+    pub(crate) running: Gauge,
+    pub(crate) slots: Gauge,
+    pub(crate) heartbeats: Counter,
+    pub(crate) set_aside: Family<Labels1, Counter>,
+}
+
+impl Metrics {
+    pub(crate) fn new(registry: &Registry) -> Self {
+        Self {
+            tasks: registry.metric(
+                "trellis_worker_tasks",
+                "Task attempts run to an end, by queue, task type and outcome.",
+                Family::default,
+            ),
+            duration: registry.metric(
+                "trellis_task_duration_seconds",
+                "How long task handlers ran, by queue, task type and outcome.",
+                latency_family,
+            ),
+            handed_back: registry.metric(
+                "trellis_worker_tasks_handed_back",
+                "Task attempts handed back unfinished for another delivery.",
+                Counter::default,
+            ),
+            running: registry.metric(
+                "trellis_worker_running",
+                "Task handlers running now.",
+                Gauge::default,
+            ),
+            slots: registry.metric(
+                "trellis_worker_slots",
+                "Task handlers the workers of this process run at most at once.",
+                Gauge::default,
+            ),
+            heartbeats: registry.metric(
+                "trellis_worker_heartbeats",
+                "Heartbeats sent.",
+                Counter::default,
+            ),
+            set_aside: registry.metric(
+                "trellis_worker_messages_set_aside",
+                "Task messages set aside because they are not valid assignments, by reason.",
+                Family::default,
+            ),
+        }
+    }
+}

@@ -1,0 +1,2 @@
+-- The namespace each execution runs in (executions started before namespaces ran in `default`).
+ALTER TABLE executions ADD COLUMN namespace TEXT NOT NULL DEFAULT 'default';
