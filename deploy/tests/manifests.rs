@@ -126,8 +126,11 @@ const NO_PDB: &[(&str, &str)] = &[(
 #[derive(Debug, Clone, Copy)]
 struct Overlay {
     name: &'static str,
-    /// `TRELLIS_NATS_REPLICAS` of every service.
-    nats_replicas: u64,
+    /// The NATS Helm values files (under deploy/nats) the overlay runs against, in the order
+    /// given to `helm --values`.
+    nats_values: &'static [&'static str],
+    /// The NATS servers of those values, and so `TRELLIS_NATS_REPLICAS` of every service.
+    nats_nodes: u64,
     /// Whether every Deployment must keep its pods on separate nodes.
     spread: bool,
 }
@@ -135,12 +138,14 @@ struct Overlay {
 const OVERLAYS: &[Overlay] = &[
     Overlay {
         name: "dev",
-        nats_replicas: 1,
+        nats_values: &["values.yaml", "values-dev.yaml"],
+        nats_nodes: 1,
         spread: false,
     },
     Overlay {
         name: "prod",
-        nats_replicas: 3,
+        nats_values: &["values.yaml"],
+        nats_nodes: 3,
         spread: true,
     },
 ];
@@ -226,6 +231,13 @@ fn parse_yaml_documents(text: &str, origin: &str) -> Vec<Value> {
 fn rendered() -> &'static [Rendered] {
     static RENDERED: OnceLock<Vec<Rendered>> = OnceLock::new();
     RENDERED.get_or_init(|| OVERLAYS.iter().map(|overlay| render(*overlay)).collect())
+}
+
+fn overlay(name: &str) -> Overlay {
+    *OVERLAYS
+        .iter()
+        .find(|overlay| overlay.name == name)
+        .unwrap_or_else(|| panic!("no overlay {name}"))
 }
 
 fn rendered_overlay(name: &str) -> Rendered {
@@ -966,12 +978,12 @@ fn check_environment(rendered: &Rendered, nats: &Value, report: &mut Report) {
         }
         // Streams replicated as the overlay's NATS cluster allows.
         let replicas = value_of(&workload.env, "TRELLIS_NATS_REPLICAS");
-        if replicas != Some(overlay.nats_replicas.to_string().as_str()) {
+        if replicas != Some(overlay.nats_nodes.to_string().as_str()) {
             report.fail(
                 at,
                 format!(
                     "TRELLIS_NATS_REPLICAS must be {} in this overlay, is {replicas:?}",
-                    overlay.nats_replicas
+                    overlay.nats_nodes
                 ),
             );
         }
@@ -1281,14 +1293,32 @@ fn consumer_name(queue: &str) -> String {
 // ---------------------------------------------------------------------------------------------
 // The NATS Helm values
 
-fn nats_values() -> Value {
-    let path = deploy_dir().join("nats/values.yaml");
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|error| panic!("cannot read {}: {error}", path.display()));
-    parse_yaml_documents(&text, "deploy/nats/values.yaml")
-        .into_iter()
-        .next()
-        .unwrap_or(Value::Null)
+/// The Helm values an overlay runs NATS with: its files merged as Helm merges them (maps key by
+/// key, anything else replaced).
+fn nats_values(overlay: &Overlay) -> Value {
+    let mut merged = Value::Null;
+    for file in overlay.nats_values {
+        let path = deploy_dir().join("nats").join(file);
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|error| panic!("cannot read {}: {error}", path.display()));
+        let values = parse_yaml_documents(&text, &format!("deploy/nats/{file}"))
+            .into_iter()
+            .next()
+            .unwrap_or(Value::Null);
+        merge_values(&mut merged, values);
+    }
+    merged
+}
+
+fn merge_values(into: &mut Value, from: Value) {
+    match (into, from) {
+        (Value::Object(into), Value::Object(from)) => {
+            for (key, value) in from {
+                merge_values(into.entry(key).or_insert(Value::Null), value);
+            }
+        }
+        (into, from) => *into = from,
+    }
 }
 
 fn nats_cluster_size(nats: &Value) -> u64 {
@@ -1320,10 +1350,12 @@ fn nats_account(nats: &Value) -> String {
         .unwrap_or_else(|| "<no account with user trellis>".to_owned())
 }
 
-/// JetStream on file storage in PVCs, a 3-node cluster, monitoring on 8222, `max_payload` of
-/// 8 MiB, and a password for Trellis's user that comes from a Secret.
-fn check_nats_values(nats: &Value, report: &mut Report) {
-    let at = "deploy/nats/values.yaml";
+/// JetStream on file storage in PVCs, the overlay's number of nodes (a cluster of 3 in prod),
+/// monitoring on 8222, `max_payload` of 8 MiB, and a password for Trellis's user that comes from
+/// a Secret.
+fn check_nats_values(overlay: &Overlay, nats: &Value, report: &mut Report) {
+    let at = format!("deploy/nats/{}", overlay.nats_values.join(" + "));
+    let at = at.as_str();
     if nats.pointer("/config/jetstream/enabled") != Some(&json!(true)) {
         report.fail(at, "config.jetstream.enabled must be true");
     }
@@ -1344,13 +1376,17 @@ fn check_nats_values(nats: &Value, report: &mut Report) {
             );
         }
     }
-    if nats.pointer("/config/cluster/enabled") != Some(&json!(true))
-        || nats
-            .pointer("/config/cluster/replicas")
-            .and_then(Value::as_u64)
-            != Some(3)
-    {
-        report.fail(at, "config.cluster must be enabled with replicas: 3");
+    let nodes = nats_cluster_size(nats);
+    if nodes != overlay.nats_nodes {
+        let wanted = if overlay.nats_nodes > 1 {
+            format!(
+                "config.cluster must be enabled with replicas: {}",
+                overlay.nats_nodes
+            )
+        } else {
+            "config.cluster must be disabled (one server)".to_owned()
+        };
+        report.fail(at, format!("{wanted}; the values give {nodes} server(s)"));
     }
     if nats.pointer("/config/monitor/enabled") == Some(&json!(false))
         || nats
@@ -1460,20 +1496,24 @@ fn overlays_pass_the_kubernetes_schemas() {
 
 #[test]
 fn overlays_pass_the_checks_schemas_cannot_make() {
-    let nats = nats_values();
     for rendered in rendered() {
         assert_clean(
-            &check_all(rendered, &nats),
+            &check_all(rendered, &nats_values(&rendered.overlay)),
             &format!("overlays/{}", rendered.overlay.name),
         );
     }
 }
 
 #[test]
-fn nats_values_give_trellis_a_replicated_jetstream_cluster() {
-    let mut report = Report::default();
-    check_nats_values(&nats_values(), &mut report);
-    assert_clean(&report.0, "deploy/nats/values.yaml");
+fn nats_values_give_trellis_a_jetstream_cluster_of_each_overlays_size() {
+    for overlay in OVERLAYS {
+        let mut report = Report::default();
+        check_nats_values(overlay, &nats_values(overlay), &mut report);
+        assert_clean(
+            &report.0,
+            &format!("NATS values of overlays/{}", overlay.name),
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1509,7 +1549,7 @@ fn remove(doc: &mut Value, pointer: &str) {
 fn assert_reported(break_it: impl FnOnce(&mut Vec<Value>), expected: &[&str]) {
     let mut rendered = rendered_overlay("prod");
     break_it(&mut rendered.docs);
-    let errors = check_all(&rendered, &nats_values());
+    let errors = check_all(&rendered, &nats_values(&rendered.overlay));
     let found = errors
         .iter()
         .any(|error| expected.iter().all(|part| error.contains(part)));
@@ -1958,17 +1998,32 @@ fn broken_nats_values_are_reported() {
             "password must be << $VARIABLE >>",
         ),
     ];
+    let prod = overlay("prod");
     for (pointer, value, expected) in cases {
-        let mut nats = nats_values();
+        let mut nats = nats_values(&prod);
         set(&mut nats, pointer, value.clone());
         let mut report = Report::default();
-        check_nats_values(&nats, &mut report);
+        check_nats_values(&prod, &nats, &mut report);
         assert!(
             report.0.iter().any(|error| error.contains(expected)),
             "setting {pointer} to {value} should report {expected:?}, got {:?}",
             report.0
         );
     }
+    // The dev overlay's single server, clustered by mistake.
+    let dev = overlay("dev");
+    let mut nats = nats_values(&dev);
+    set(&mut nats, "/config/cluster/enabled", json!(true));
+    let mut report = Report::default();
+    check_nats_values(&dev, &nats, &mut report);
+    assert!(
+        report
+            .0
+            .iter()
+            .any(|error| error.contains("config.cluster must be disabled")),
+        "a clustered dev NATS should be reported, got {:?}",
+        report.0
+    );
 }
 
 #[test]
