@@ -116,6 +116,13 @@ const OPERATOR_SECRETS: &[(&str, &[&str])] = &[
     ("trellis-tokens", &["access.yaml", "service-token"]),
 ];
 
+/// Services that must never run two pods at once, and why: one replica, and a Recreate rollout
+/// (a rolling update runs the old and the new pod together).
+const SINGLETONS: &[(&str, &str)] = &[(
+    CHECKPOINT_STORE,
+    "the read model has one writer: two pods would split the event log between them",
+)];
+
 /// Deployments that have no PodDisruptionBudget, and why.
 const NO_PDB: &[(&str, &str)] = &[(
     COORDINATOR,
@@ -779,6 +786,23 @@ fn check_deployments(rendered: &Rendered, report: &mut Report) {
                 format!("TRELLIS_ADMIN_ADDR must listen on port {ADMIN_PORT} for the probes, is {other:?}"),
             ),
         }
+        // Single writers never run twice.
+        if let Some((_, why)) = SINGLETONS
+            .iter()
+            .find(|(service, _)| Some(*service) == workload.service)
+        {
+            let replicas = doc.pointer("/spec/replicas").and_then(Value::as_u64);
+            let strategy = str_at(doc, "/spec/strategy/type");
+            if replicas != Some(1) || strategy != "Recreate" {
+                report.fail(
+                    at,
+                    format!(
+                        "must run one pod with strategy Recreate ({why}), has replicas {replicas:?} \
+                         and strategy {strategy:?}"
+                    ),
+                );
+            }
+        }
         // The worker drains within the kubelet's grace period.
         if workload.service == Some(WORKER) {
             let shutdown_ms = match value_of(&workload.env, "TRELLIS_SHUTDOWN_GRACE_MS") {
@@ -1105,6 +1129,10 @@ fn check_spread(rendered: &Rendered, report: &mut Report) {
         return;
     }
     for doc in of_kind(&rendered.docs, "Deployment") {
+        // A single pod has nothing to spread.
+        if doc.pointer("/spec/replicas").and_then(Value::as_u64) == Some(1) {
+            continue;
+        }
         let labels = string_map(doc.pointer("/spec/template/metadata/labels"));
         let pod = doc
             .pointer("/spec/template/spec")
@@ -1942,6 +1970,36 @@ fn a_coordinator_rollout_that_would_wait_forever_is_reported() {
             }
         },
         &["TRELLIS_COORDINATOR_ID must come from the pod name"],
+    );
+}
+
+#[test]
+fn a_second_checkpoint_store_is_reported() {
+    assert_reported(
+        |docs| {
+            set(
+                doc_mut(docs, "Deployment", CHECKPOINT_STORE),
+                "/spec/replicas",
+                json!(2),
+            )
+        },
+        &[
+            "Deployment/trellis-checkpoint-store",
+            "must run one pod with strategy Recreate",
+        ],
+    );
+    assert_reported(
+        |docs| {
+            set(
+                doc_mut(docs, "Deployment", CHECKPOINT_STORE),
+                "/spec/strategy",
+                json!({"type": "RollingUpdate"}),
+            )
+        },
+        &[
+            "Deployment/trellis-checkpoint-store",
+            "must run one pod with strategy Recreate",
+        ],
     );
 }
 
