@@ -95,6 +95,9 @@ pub async fn connect_with(options: &NatsOptions, name: &str) -> Result<async_nat
                 return Err(Error::Unauthorized { url, source });
             }
             Kind::Tls => return Err(Error::Tls { url, source }),
+            // A failed TLS handshake (an unknown issuer, a certificate the server refused)
+            // comes as an I/O error holding invalid data: no retry will fix it.
+            Kind::Io if is_invalid_data(&source) => return Err(Error::Tls { url, source }),
             Kind::ServerParse => return Err(Error::Connect { url, source }),
             Kind::Dns | Kind::TimedOut | Kind::Io | Kind::MaxReconnects => {}
         }
@@ -107,6 +110,21 @@ pub async fn connect_with(options: &NatsOptions, name: &str) -> Result<async_nat
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_secs(5));
     }
+}
+
+/// Returns whether an I/O error in `error`'s causes says the peer sent data that is not valid
+/// (what rustls reports for a refused certificate).
+fn is_invalid_data(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        if let Some(io) = inner.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::InvalidData
+        {
+            return true;
+        }
+        cause = inner.source();
+    }
+    false
 }
 
 /// The three streams of DESIGN.md §3.

@@ -184,7 +184,15 @@ impl NatsOptions {
     ) -> Result<async_nats::ConnectOptions, Error> {
         let mut options = async_nats::ConnectOptions::new();
         match &self.auth {
-            NatsAuth::None => {}
+            // The client takes no credentials from the URL by itself: `nats://user:pw@host`
+            // and `nats://token@host` are honoured here.
+            NatsAuth::None => match url_credentials(&self.url) {
+                Some((user, Some(password))) => {
+                    options = options.user_and_password(user, password);
+                }
+                Some((token, None)) => options = options.token(token),
+                None => {}
+            },
             NatsAuth::UserPassword { user, password } => {
                 options = options.user_and_password(user.clone(), password.expose().to_owned());
             }
@@ -244,6 +252,39 @@ impl NatsOptions {
     }
 }
 
+/// The credentials of the first URL of `urls`: `(user, Some(password))`, `(token, None)`, or
+/// none; percent-escapes decoded.
+fn url_credentials(urls: &str) -> Option<(String, Option<String>)> {
+    let first = urls.split(',').next()?.trim();
+    let addr: async_nats::ServerAddr = first.parse().ok()?;
+    let user = percent_decode(addr.username()?);
+    Some((user, addr.password().map(percent_decode)))
+}
+
+/// Decodes `%XX` escapes; malformed ones are kept as written.
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = (bytes[i] == b'%')
+            .then(|| text.get(i + 1..i + 3))
+            .flatten()
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match escaped {
+            Some(byte) => {
+                decoded.push(byte);
+                i += 3;
+            }
+            None => {
+                decoded.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&decoded).into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use clap::Parser as _;
@@ -287,6 +328,20 @@ mod tests {
             options(&["--nats-replicas", "3"]).expect("valid").replicas,
             3
         );
+    }
+
+    #[test]
+    fn credentials_in_urls_are_read_and_decoded() {
+        assert_eq!(
+            url_credentials("nats://u:p%40ss@h:4222,nats://x:y@h2:4222"),
+            Some(("u".to_owned(), Some("p@ss".to_owned())))
+        );
+        assert_eq!(
+            url_credentials("nats://s3cret@h:4222"),
+            Some(("s3cret".to_owned(), None))
+        );
+        assert_eq!(url_credentials("nats://h:4222"), None);
+        assert_eq!(percent_decode("a%2"), "a%2");
     }
 
     #[test]

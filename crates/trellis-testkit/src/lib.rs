@@ -1,13 +1,16 @@
 //! Test support shared by Trellis tests: a real `nats-server -js` per test ([`NatsServer`]), a
-//! private PostgreSQL cluster per test ([`Postgres`]) and small polling helpers ([`wait_for`]).
+//! private PostgreSQL cluster per test ([`Postgres`]), a private certificate authority for TLS
+//! ([`TestPki`]) and small polling helpers ([`wait_for`]).
 //!
 //! Tests that need NATS or PostgreSQL fail loudly when the server cannot start; they never skip,
 //! so a machine without `nats-server` or PostgreSQL shows up as a red test run with the command
 //! that fixes it.
 
 mod postgres;
+mod tls;
 
 pub use postgres::Postgres;
+pub use tls::TestPki;
 
 use std::future::Future;
 use std::io::Read;
@@ -28,6 +31,8 @@ pub struct NatsServer {
     child: Option<Child>,
     binary: PathBuf,
     port: u16,
+    /// Configuration appended to the server's file: authorization, TLS.
+    extra_config: String,
     // Kept for its `Drop`, which removes the store and the log.
     dir: tempfile::TempDir,
 }
@@ -37,6 +42,12 @@ impl NatsServer {
     ///
     /// Fails, naming the fix, when no `nats-server` binary is found on `PATH` or in `/usr/sbin`.
     pub fn start() -> anyhow::Result<NatsServer> {
+        Self::start_with_config("")
+    }
+
+    /// Starts a server whose configuration file also holds `extra` (nats-server configuration
+    /// syntax), e.g. an `authorization { ... }` or `tls { ... }` block.
+    pub fn start_with_config(extra: &str) -> anyhow::Result<NatsServer> {
         let binary = find_binary()?;
         let dir = tempfile::Builder::new()
             .prefix("trellis-nats-")
@@ -47,6 +58,7 @@ impl NatsServer {
             child: None,
             binary,
             port,
+            extra_config: extra.to_owned(),
             dir,
         };
         server.spawn()?;
@@ -96,7 +108,11 @@ impl NatsServer {
         let config_path = self.dir.path().join("nats.conf");
         std::fs::write(
             &config_path,
-            format!("max_payload: {}\n", trellis_bus::MAX_PAYLOAD),
+            format!(
+                "max_payload: {}\n{}\n",
+                trellis_bus::MAX_PAYLOAD,
+                self.extra_config
+            ),
         )
         .with_context(|| format!("failed to write {}", config_path.display()))?;
         let child = Command::new(&self.binary)
