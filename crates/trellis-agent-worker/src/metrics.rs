@@ -3,6 +3,8 @@
 //! - `trellis_worker_tasks` by `queue`, `type` and `outcome` (`completed`, `failed`, `spawned`,
 //!   `asked`): attempts this process ran to an end;
 //! - `trellis_task_duration_seconds` by `queue`, `type` and `outcome`: how long the handler ran;
+//! - `trellis_task_queue_wait_seconds` by `queue`: how long an assignment waited on its queue
+//!   before this worker took it (first deliveries);
 //! - `trellis_worker_tasks_handed_back`: attempts handed back unfinished (shutdown, no slot);
 //! - `trellis_worker_running` and `trellis_worker_slots`: handlers running now, and slots;
 //! - `trellis_worker_heartbeats`: heartbeats sent;
@@ -19,6 +21,7 @@ use trellis_telemetry::metrics::{HistogramFamily, Labels1, Labels3, latency_fami
 pub(crate) struct Metrics {
     pub(crate) tasks: Family<Labels3, Counter>,
     pub(crate) duration: HistogramFamily<Labels3>,
+    pub(crate) queue_wait: HistogramFamily<Labels1>,
     pub(crate) handed_back: Counter,
     pub(crate) running: Gauge,
     pub(crate) slots: Gauge,
@@ -37,6 +40,11 @@ impl Metrics {
             duration: registry.metric(
                 "trellis_task_duration_seconds",
                 "How long task handlers ran, by queue, task type and outcome.",
+                latency_family,
+            ),
+            queue_wait: registry.metric(
+                "trellis_task_queue_wait_seconds",
+                "How long an assignment waited on its queue before a worker took it, by queue.",
                 latency_family,
             ),
             handed_back: registry.metric(

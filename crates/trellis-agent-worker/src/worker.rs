@@ -367,6 +367,16 @@ impl Worker {
         finished_tx: &mpsc::Sender<Finished>,
     ) {
         let delivered = message.info().map_or(1, |info| info.delivered);
+        // How long the assignment waited in the queue: JetStream's timestamp of the message to
+        // now (first deliveries only; a redelivery's wait includes the lost worker's run).
+        let queued_seconds = message
+            .info()
+            .ok()
+            .filter(|info| info.delivered == 1)
+            .map(|info| {
+                let published_ms = info.published.unix_timestamp_nanos() / 1_000_000;
+                (i128::from(now_unix_ms()) - published_ms).max(0) as f64 / 1000.0
+            });
         let progress_subject = message.message.reply.clone();
         let (message, acker) = message.split();
         let parent = propagation::extract_nats(message.headers.as_ref());
@@ -428,6 +438,12 @@ impl Worker {
             ("queue", assignment.queue.clone()),
             ("type", assignment.task_type.clone()),
         ];
+        if let Some(seconds) = queued_seconds {
+            self.metrics
+                .queue_wait
+                .get_or_create(&[("queue", assignment.queue.clone())])
+                .observe(seconds);
+        }
         lock(&self.running).insert(assignment.task_instance_id.clone(), running.clone());
         let worker = self.clone();
         let finished_tx = finished_tx.clone();

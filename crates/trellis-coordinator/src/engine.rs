@@ -358,10 +358,15 @@ impl Live {
     }
 
     /// Returns what to count for `event` once it is applied: the attempt outcomes by queue and
-    /// type, and the dispatch latency when a worker takes a task. `None` for other events.
+    /// type, and the dispatch latency of an instance's first dispatch (from the instance becoming
+    /// ready to its assignment being sent). `None` for other events.
     fn count<'m>(&self, event: &Event, metrics: &'m Metrics) -> Option<Box<dyn FnOnce() + 'm>> {
         let (instance, family) = match &event.body {
-            EventBody::TaskStarted { instance, .. } => {
+            EventBody::TaskDispatched {
+                instance,
+                attempt: 1,
+                ..
+            } => {
                 let assignment = self.machine.assignment(*instance)?;
                 let (ready_at, _) = self.machine.instance_times(*instance)?;
                 let seconds = event.at_ms.saturating_sub(ready_at) as f64 / 1000.0;
@@ -1526,7 +1531,9 @@ impl Engine {
                     .await;
             }
             let terminal = live.machine.state().is_terminal();
-            if terminal && live.indexed && live.pending.is_empty() {
+            // The log holds this turn's events by now (an execution whose append was refused
+            // was dropped above), the last ones included.
+            if terminal && live.indexed {
                 finished.push(shards::index_key(live.shard, *id));
                 live.indexed = false;
                 self.metrics

@@ -3,8 +3,10 @@
 //! - `trellis_tasks_dispatched`, `trellis_tasks_completed`, `trellis_tasks_failed`,
 //!   `trellis_tasks_lost` by `queue` and `type`: task attempts sent to workers, and the outcomes
 //!   the state machine applied (a failed attempt counts whatever its retry does next);
-//! - `trellis_task_dispatch_latency_seconds` by `queue`: from an instance becoming ready to a
-//!   worker taking it (seed 003's "task dispatch", goal p95 < 50 ms);
+//! - `trellis_task_dispatch_latency_seconds` by `queue`: from an instance becoming ready to its
+//!   first assignment being sent to the queue (seed 003's "task dispatch", goal p95 < 50 ms;
+//!   concurrency limits and file conflicts count in it); the workers measure the wait in the
+//!   queue after it (`trellis_task_queue_wait_seconds`);
 //! - `trellis_queue_depth` and `trellis_queue_in_flight` by `queue`: task messages waiting on
 //!   `trellis.tasks.<queue>` and delivered but not yet done, read from JetStream every 5 s;
 //! - `trellis_events_appended` and `trellis_event_append_seconds`: events written to the logs and
@@ -85,7 +87,7 @@ impl Metrics {
             ),
             dispatch_latency: registry.metric(
                 "trellis_task_dispatch_latency_seconds",
-                "From a task instance becoming ready to a worker taking it, by queue.",
+                "From a task instance becoming ready to its first assignment being sent, by queue.",
                 latency_family,
             ),
             queue_depth: registry.metric(

@@ -143,12 +143,8 @@ async fn one_execution_is_one_trace_across_planner_coordinator_worker_and_store(
         let Some(v1::compile_plan_response::Result::Plan(plan)) = compiled.result else {
             panic!("the planner answered {compiled:?}");
         };
-        let mut coordinator = CoordinatorClient::new(
-            client
-                .connect(&coordinator_url)
-                .await
-                .expect("coordinator"),
-        );
+        let mut coordinator =
+            CoordinatorClient::new(client.connect(&coordinator_url).await.expect("coordinator"));
         coordinator
             .start_execution(v1::StartExecutionRequest {
                 plan_source: Some(v1::start_execution_request::PlanSource::Plan(plan)),
@@ -179,7 +175,10 @@ async fn one_execution_is_one_trace_across_planner_coordinator_worker_and_store(
         if execution.state == v1::ExecutionState::Completed as i32 {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "not completed: {execution:?}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not completed: {execution:?}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     coordinator
@@ -224,14 +223,28 @@ async fn one_execution_is_one_trace_across_planner_coordinator_worker_and_store(
             .collect::<Vec<_>>()
     };
     let dispatches = of_execution("task.dispatch");
-    assert_eq!(dispatches.len(), 2, "one dispatch per task: {dispatches:#?}");
+    assert_eq!(
+        dispatches.len(),
+        2,
+        "one dispatch per task: {dispatches:#?}"
+    );
     let runs: HashMap<String, &SpanData> = of_execution("task.run")
         .into_iter()
-        .map(|span| (attribute(span, "task_instance_id").unwrap_or_default(), span))
+        .map(|span| {
+            (
+                attribute(span, "task_instance_id").unwrap_or_default(),
+                span,
+            )
+        })
         .collect();
     let results: HashMap<String, &SpanData> = of_execution("task.result")
         .into_iter()
-        .map(|span| (attribute(span, "task_instance_id").unwrap_or_default(), span))
+        .map(|span| {
+            (
+                attribute(span, "task_instance_id").unwrap_or_default(),
+                span,
+            )
+        })
         .collect();
     for dispatch in dispatches {
         child_of(dispatch, start_id, trace);
@@ -240,7 +253,10 @@ async fn one_execution_is_one_trace_across_planner_coordinator_worker_and_store(
             .get(&instance)
             .unwrap_or_else(|| panic!("no task.run span of {instance}"));
         child_of(run, dispatch.span_context.span_id(), trace);
-        assert_eq!(attribute(run, "worker_id").as_deref(), Some("traced-worker"));
+        assert_eq!(
+            attribute(run, "worker_id").as_deref(),
+            Some("traced-worker")
+        );
         let result = results
             .get(&instance)
             .unwrap_or_else(|| panic!("no task.result span of {instance}"));
@@ -273,7 +289,9 @@ async fn one_execution_is_one_trace_across_planner_coordinator_worker_and_store(
         let stored = spans
             .named("trellis.v1.CheckpointStore/CreateCheckpoint")
             .find(|span| span.parent_span_id == checkpoint.span_context.span_id())
-            .unwrap_or_else(|| panic!("the store's CreateCheckpoint is not a child of {checkpoint:#?}"));
+            .unwrap_or_else(|| {
+                panic!("the store's CreateCheckpoint is not a child of {checkpoint:#?}")
+            });
         assert_eq!(stored.span_context.trace_id(), trace);
     }
 

@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 use trellis_agent_worker::HandlerRegistry;
+use trellis_grpc::{AuthChannel, ClientSecurity, ServerSecurity};
 use trellis_proto::v1::coordinator_client::CoordinatorClient;
 use trellis_proto::v1::{self, event::Kind};
+use trellis_telemetry::Telemetry;
 use trellis_testkit::NatsServer;
 
 /// At most two clusters run at once: each is a nats-server plus services, and the machine has two
@@ -19,7 +20,8 @@ static SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
 pub struct Cluster {
     _slot: tokio::sync::SemaphorePermit<'static>,
     pub nats: NatsServer,
-    pub client: CoordinatorClient<Channel>,
+    /// A client with [`Setup::client`]'s credentials.
+    pub client: CoordinatorClient<AuthChannel>,
     pub shutdown: CancellationToken,
     /// The coordinator's gRPC address.
     pub url: String,
@@ -39,6 +41,28 @@ pub async fn start(workers: usize) -> Cluster {
 }
 
 pub async fn start_with(workers: usize, registry: impl Fn() -> HandlerRegistry) -> Cluster {
+    start_setup(workers, registry, Setup::default()).await
+}
+
+/// What a test sets beyond the defaults.
+#[derive(Default)]
+pub struct Setup {
+    /// The coordinator's TLS and authentication.
+    pub security: ServerSecurity,
+    /// The metrics and health the coordinator and the workers report to.
+    pub telemetry: Telemetry,
+    /// The credentials of [`Cluster::client`].
+    pub client: ClientSecurity,
+    /// The coordinator's gRPC URL scheme: `https` when `security` has TLS.
+    pub https: bool,
+}
+
+/// Starts NATS, a coordinator with `setup` and `workers` workers.
+pub async fn start_setup(
+    workers: usize,
+    registry: impl Fn() -> HandlerRegistry,
+    setup: Setup,
+) -> Cluster {
     let slot = SLOTS
         .acquire()
         .await
@@ -57,6 +81,8 @@ pub async fn start_with(workers: usize, registry: impl Fn() -> HandlerRegistry) 
     let config = trellis_coordinator::Config {
         nats: trellis_bus::NatsOptions::new(nats.url()),
         shards: 1,
+        security: setup.security,
+        telemetry: setup.telemetry.clone(),
         ..trellis_coordinator::Config::default()
     };
     let token = shutdown.child_token();
@@ -67,17 +93,22 @@ pub async fn start_with(workers: usize, registry: impl Fn() -> HandlerRegistry) 
     });
     let mut handles = Vec::new();
     for i in 0..workers {
-        handles.push(spawn_worker(
+        handles.push(spawn_worker_with(
             &nats.url(),
             &format!("worker-{i}"),
             registry(),
+            setup.telemetry.clone(),
             shutdown.child_token(),
         ));
     }
-    let url = format!("http://{addr}");
+    let url = if setup.https {
+        format!("https://localhost:{}", addr.port())
+    } else {
+        format!("http://{addr}")
+    };
     let mut last_error = String::new();
     for _ in 0..100 {
-        match CoordinatorClient::connect(url.clone()).await {
+        match setup.client.connect(&url).await.map(CoordinatorClient::new) {
             Ok(client) => {
                 return Cluster {
                     _slot: slot,
@@ -102,7 +133,19 @@ pub fn spawn_worker(
     registry: HandlerRegistry,
     token: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
+    spawn_worker_with(nats_url, worker_id, registry, Telemetry::default(), token)
+}
+
+/// Starts one in-process worker reporting to `telemetry`.
+pub fn spawn_worker_with(
+    nats_url: &str,
+    worker_id: &str,
+    registry: HandlerRegistry,
+    telemetry: Telemetry,
+    token: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
     let mut config = trellis_agent_worker::Config::new(nats_url.to_owned());
+    config.telemetry = telemetry;
     config.worker_id = Some(worker_id.to_owned());
     config.slots = 64;
     // A worker consumes the queues of every handler it has.

@@ -451,3 +451,38 @@ async fn a_spec_too_large_for_one_nats_message_is_refused_at_once() {
         .await;
     assert!(!id.is_empty());
 }
+
+/// Regression: a finished execution stayed in the index of unfinished ones (`trellis_executions`)
+/// because the coordinator removed it only on a later turn, which a finished execution never
+/// gets; every shard takeover then recovered every execution that ever ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_executions_leave_the_index_of_unfinished_ones() {
+    let mut cluster = cluster::start(1).await;
+    let run = cluster
+        .run("name: short\ntasks:\n  - {id: a, type: noop}\n")
+        .await;
+    assert_eq!(run.state(), ExecutionState::Completed);
+    let nats = async_nats::connect(cluster.nats.url())
+        .await
+        .expect("a NATS connection");
+    let index = async_nats::jetstream::new(nats)
+        .get_key_value("trellis_executions")
+        .await
+        .expect("the coordinator made the index");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut keys = Vec::new();
+        let mut listed = index.keys().await.expect("the index lists its keys");
+        while let Some(key) = futures::StreamExt::next(&mut listed).await {
+            keys.push(key.expect("a key"));
+        }
+        if keys.is_empty() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "finished executions are still indexed as unfinished: {keys:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

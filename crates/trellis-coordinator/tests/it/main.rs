@@ -4,5 +4,6 @@
 mod cluster;
 mod engine;
 mod features;
+mod metrics;
 mod recovery;
 mod relationships;
