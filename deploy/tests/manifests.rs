@@ -42,6 +42,8 @@ const WORKER: &str = "trellis-agent-worker";
 
 /// The services a Deployment may run (the `trellis` CLI is in the image too, but is no service).
 const SERVICES: &[&str] = &[COORDINATOR, CHECKPOINT_STORE, PLANNER, MONITOR, WORKER];
+/// The services that use NATS: all but the planner, which only compiles plans.
+const NATS_CLIENTS: &[&str] = &[COORDINATOR, CHECKPOINT_STORE, MONITOR, WORKER];
 const GRPC_SERVERS: &[&str] = &[COORDINATOR, CHECKPOINT_STORE, PLANNER];
 const GRPC_CLIENTS: &[&str] = &[COORDINATOR, MONITOR];
 
@@ -49,17 +51,17 @@ const GRPC_CLIENTS: &[&str] = &[COORDINATOR, MONITOR];
 /// read it. A variable in a manifest that is not here, or set on a service that does not read
 /// it, is a mistake (a typo is silently ignored by the service).
 const INTERFACE_ENV: &[(&str, &[&str])] = &[
-    ("TRELLIS_NATS_URL", SERVICES),
-    ("TRELLIS_NATS_USER", SERVICES),
-    ("TRELLIS_NATS_PASSWORD", SERVICES),
-    ("TRELLIS_NATS_TOKEN", SERVICES),
-    ("TRELLIS_NATS_CREDS", SERVICES),
-    ("TRELLIS_NATS_NKEY_FILE", SERVICES),
-    ("TRELLIS_NATS_TLS_CA", SERVICES),
-    ("TRELLIS_NATS_TLS_CERT", SERVICES),
-    ("TRELLIS_NATS_TLS_KEY", SERVICES),
-    ("TRELLIS_NATS_TLS_REQUIRED", SERVICES),
-    ("TRELLIS_NATS_REPLICAS", SERVICES),
+    ("TRELLIS_NATS_URL", NATS_CLIENTS),
+    ("TRELLIS_NATS_USER", NATS_CLIENTS),
+    ("TRELLIS_NATS_PASSWORD", NATS_CLIENTS),
+    ("TRELLIS_NATS_TOKEN", NATS_CLIENTS),
+    ("TRELLIS_NATS_CREDS", NATS_CLIENTS),
+    ("TRELLIS_NATS_NKEY_FILE", NATS_CLIENTS),
+    ("TRELLIS_NATS_TLS_CA", NATS_CLIENTS),
+    ("TRELLIS_NATS_TLS_CERT", NATS_CLIENTS),
+    ("TRELLIS_NATS_TLS_KEY", NATS_CLIENTS),
+    ("TRELLIS_NATS_TLS_REQUIRED", NATS_CLIENTS),
+    ("TRELLIS_NATS_REPLICAS", NATS_CLIENTS),
     ("TRELLIS_ADMIN_ADDR", SERVICES),
     ("TRELLIS_LOG_FORMAT", SERVICES),
     ("OTEL_EXPORTER_OTLP_ENDPOINT", SERVICES),
@@ -1001,27 +1003,8 @@ fn check_environment(rendered: &Rendered, nats: &Value, report: &mut Report) {
             }
         }
         // Streams replicated as the overlay's NATS cluster allows.
-        let replicas = value_of(&workload.env, "TRELLIS_NATS_REPLICAS");
-        if replicas != Some(overlay.nats_nodes.to_string().as_str()) {
-            report.fail(
-                at,
-                format!(
-                    "TRELLIS_NATS_REPLICAS must be {} in this overlay, is {replicas:?}",
-                    overlay.nats_nodes
-                ),
-            );
-        }
-        let nats_nodes = nats_cluster_size(nats);
-        if let Some(replicas) = replicas.and_then(|text| text.parse::<u64>().ok())
-            && replicas > nats_nodes
-        {
-            report.fail(
-                    at,
-                    format!("TRELLIS_NATS_REPLICAS={replicas} exceeds the {nats_nodes} nodes of deploy/nats/values.yaml"),
-                );
-        }
-        if value_of(&workload.env, "TRELLIS_NATS_URL").is_none() {
-            report.fail(at, "TRELLIS_NATS_URL is not set");
+        if NATS_CLIENTS.contains(&service) {
+            check_nats_client(workload, overlay, nats, report);
         }
         // URLs of other services name a rendered Service and one of its ports.
         for name in ["TRELLIS_CHECKPOINT_STORE_URL", "TRELLIS_COORDINATOR"] {
@@ -1092,6 +1075,37 @@ fn check_environment(rendered: &Rendered, nats: &Value, report: &mut Report) {
             format!("overlays/{}", overlay.name),
             format!("coordinator and worker disagree on TRELLIS_SHARDS: {shards:?}"),
         );
+    }
+}
+
+/// A service that uses NATS knows where it is and replicates its streams as the overlay's NATS
+/// cluster allows.
+fn check_nats_client(workload: &Workload<'_>, overlay: Overlay, nats: &Value, report: &mut Report) {
+    let at = &workload.at;
+    let replicas = value_of(&workload.env, "TRELLIS_NATS_REPLICAS");
+    if replicas != Some(overlay.nats_nodes.to_string().as_str()) {
+        report.fail(
+            at,
+            format!(
+                "TRELLIS_NATS_REPLICAS must be {} in this overlay, is {replicas:?}",
+                overlay.nats_nodes
+            ),
+        );
+    }
+    let nats_nodes = nats_cluster_size(nats);
+    if let Some(replicas) = replicas.and_then(|text| text.parse::<u64>().ok())
+        && replicas > nats_nodes
+    {
+        report.fail(
+            at,
+            format!(
+                "TRELLIS_NATS_REPLICAS={replicas} exceeds the {nats_nodes} nodes of {}",
+                overlay.nats_values.join(" + ")
+            ),
+        );
+    }
+    if value_of(&workload.env, "TRELLIS_NATS_URL").is_none() {
+        report.fail(at, "TRELLIS_NATS_URL is not set");
     }
 }
 
@@ -1862,27 +1876,62 @@ fn a_variable_outside_the_interface_is_reported() {
             "TRELLIS_QUEUES is set, but trellis-planner does not read it",
         ],
     );
+    // The planner does not use NATS: neither its settings nor its credentials.
+    assert_reported(
+        |docs| {
+            let bus = docs
+                .iter()
+                .find(|doc| kind_of(doc) == "ConfigMap" && name_of(doc).starts_with("trellis-bus-"))
+                .map(|doc| name_of(doc).to_owned())
+                .expect("trellis-bus");
+            doc_mut(docs, "Deployment", PLANNER)
+                .pointer_mut(&format!("{CONTAINER}/envFrom"))
+                .and_then(Value::as_array_mut)
+                .expect("envFrom")
+                .push(json!({"configMapRef": {"name": bus}}));
+        },
+        &[
+            "Deployment/trellis-planner",
+            "TRELLIS_NATS_URL is set, but trellis-planner does not read it",
+        ],
+    );
+    assert_reported(
+        |docs| {
+            doc_mut(docs, "Deployment", PLANNER)
+                .pointer_mut(&format!("{CONTAINER}/env"))
+                .and_then(Value::as_array_mut)
+                .expect("env")
+                .push(json!({
+                    "name": "TRELLIS_NATS_PASSWORD",
+                    "valueFrom": {"secretKeyRef": {"name": "trellis-nats", "key": "password"}},
+                }));
+        },
+        &[
+            "Deployment/trellis-planner",
+            "TRELLIS_NATS_PASSWORD is set, but trellis-planner does not read it",
+        ],
+    );
 }
 
 #[test]
 fn settings_that_must_agree_are_reported() {
-    let common = |docs: &mut Vec<Value>| -> usize {
+    let map = |docs: &mut Vec<Value>, name: &str| -> usize {
         docs.iter()
             .position(|doc| {
-                kind_of(doc) == "ConfigMap" && name_of(doc).starts_with("trellis-common-")
+                kind_of(doc) == "ConfigMap" && name_of(doc).starts_with(&format!("{name}-"))
             })
-            .expect("trellis-common")
+            .unwrap_or_else(|| panic!("no ConfigMap {name} rendered"))
     };
     assert_reported(
         |docs| {
-            let index = common(docs);
+            let index = map(docs, "trellis-bus");
             set(&mut docs[index], "/data/TRELLIS_NATS_REPLICAS", json!("1"));
         },
         &["TRELLIS_NATS_REPLICAS must be 3 in this overlay"],
     );
     assert_reported(
         |docs| {
-            let index = common(docs);
+            let index = map(docs, "trellis-common");
             set(
                 &mut docs[index],
                 "/data/TRELLIS_ADMIN_ADDR",
