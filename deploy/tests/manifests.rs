@@ -695,6 +695,7 @@ fn check_deployments(rendered: &Rendered, report: &mut Report) {
             let at = format!("{at}: containers[{index}] {}", str_at(container, "/name"));
             check_probes(container, &at, report);
             check_resources(container, &at, report);
+            check_variable_order(&rendered.docs, container, &at, report);
             // Container security.
             let security = container
                 .pointer("/securityContext")
@@ -836,6 +837,59 @@ fn check_deployments(rendered: &Rendered, report: &mut Report) {
             format!("one image runs every service, found {images:?}"),
         );
     }
+}
+
+/// Every `$(NAME)` in an env value names a variable defined before it (by envFrom or earlier in
+/// env): Kubernetes leaves any other reference unexpanded, silently. Patches can reorder env
+/// (kustomize puts a patch's new entries first), so the order is checked after rendering.
+fn check_variable_order(docs: &[Value], container: &Value, at: &str, report: &mut Report) {
+    let mut defined = BTreeSet::new();
+    for from in array_at(container, "/envFrom") {
+        let prefix = str_at(from, "/prefix");
+        let map = from
+            .pointer("/configMapRef/name")
+            .and_then(Value::as_str)
+            .and_then(|name| find(docs, "ConfigMap", name));
+        for key in string_map(map.and_then(|map| map.pointer("/data"))).into_keys() {
+            defined.insert(format!("{prefix}{key}"));
+        }
+    }
+    for var in array_at(container, "/env") {
+        let name = str_at(var, "/name");
+        for reference in variable_references(str_at(var, "/value")) {
+            if !defined.contains(reference) {
+                report.fail(
+                    at,
+                    format!(
+                        "env {name} refers to $({reference}), which is not defined before it \
+                         (Kubernetes would leave it unexpanded)"
+                    ),
+                );
+            }
+        }
+        defined.insert(name.to_owned());
+    }
+}
+
+/// The `$(NAME)` references in an env value (`$$` escapes a `$`).
+fn variable_references(value: &str) -> Vec<&str> {
+    let mut references = Vec::new();
+    let mut rest = value;
+    while let Some(index) = rest.find('$') {
+        let after = &rest[index + 1..];
+        if let Some(escaped) = after.strip_prefix('$') {
+            rest = escaped;
+        } else if let Some((reference, tail)) = after
+            .strip_prefix('(')
+            .and_then(|inner| inner.split_once(')'))
+        {
+            references.push(reference);
+            rest = tail;
+        } else {
+            rest = after;
+        }
+    }
+    references
 }
 
 fn check_probes(container: &Value, at: &str, report: &mut Report) {
@@ -1712,6 +1766,29 @@ fn a_weakened_security_context_is_reported() {
             "Deployment/trellis-monitor",
             "seccompProfile.type must be RuntimeDefault",
         ],
+    );
+}
+
+#[test]
+fn a_variable_referenced_before_it_is_defined_is_reported() {
+    assert_reported(
+        |docs| {
+            let env = doc_mut(docs, "Deployment", WORKER)
+                .pointer_mut(&format!("{CONTAINER}/env"))
+                .and_then(Value::as_array_mut)
+                .expect("env");
+            let last = env.pop().expect("an env entry");
+            env.insert(0, last);
+        },
+        &[
+            "Deployment/trellis-agent-worker",
+            "env OTEL_RESOURCE_ATTRIBUTES refers to $(POD_NAMESPACE), which is not defined before it",
+        ],
+    );
+    assert_eq!(
+        variable_references("a=$(A),b=$$(B),c=$(C)$"),
+        vec!["A", "C"],
+        "$$ escapes a reference"
     );
 }
 
