@@ -142,20 +142,25 @@ struct Overlay {
     nats_nodes: u64,
     /// Whether every Deployment must keep its pods on separate nodes.
     spread: bool,
+    /// Whether the overlay includes `components/auth`: NATS with a user and password, bearer
+    /// tokens on the gRPC ports. Without it nothing authenticates and NATS is open.
+    auth: bool,
 }
 
 const OVERLAYS: &[Overlay] = &[
     Overlay {
         name: "dev",
-        nats_values: &["values.yaml", "values-dev.yaml"],
+        nats_values: &["values-dev.yaml"],
         nats_nodes: 1,
         spread: false,
+        auth: false,
     },
     Overlay {
         name: "prod",
         nats_values: &["values.yaml"],
         nats_nodes: 3,
         spread: true,
+        auth: true,
     },
 ];
 
@@ -1447,8 +1452,8 @@ fn nats_account(nats: &Value) -> String {
 }
 
 /// JetStream on file storage in PVCs, the overlay's number of nodes (a cluster of 3 in prod),
-/// monitoring on 8222, `max_payload` of 8 MiB, and a password for Trellis's user that comes from
-/// a Secret.
+/// monitoring on 8222, `max_payload` of 8 MiB, and, as the overlay's services authenticate or
+/// not, a password for Trellis's user that comes from a Secret or no authentication at all.
 fn check_nats_values(overlay: &Overlay, nats: &Value, report: &mut Report) {
     let at = format!("deploy/nats/{}", overlay.nats_values.join(" + "));
     let at = at.as_str();
@@ -1508,7 +1513,15 @@ fn check_nats_values(overlay: &Overlay, nats: &Value, report: &mut Report) {
             format!("config.merge.max_payload must be << 8MB >> (Trellis sends up to 8 MiB), is {max_payload:?}"),
         ),
     }
-    // Trellis's user and a password taken from the environment, filled from a Secret.
+    if overlay.auth {
+        check_nats_user(nats, at, report);
+    } else {
+        check_nats_open(nats, at, report);
+    }
+}
+
+/// Trellis's user and a password taken from the environment, filled from a Secret.
+fn check_nats_user(nats: &Value, at: &str, report: &mut Report) {
     let users: Vec<&Value> = array_at(nats, "/config/merge/authorization/users")
         .iter()
         .chain(
@@ -1548,6 +1561,41 @@ fn check_nats_values(overlay: &Overlay, nats: &Value, report: &mut Report) {
                     }
                 }
             }
+        }
+    }
+}
+
+/// No authentication: the services of an overlay without `components/auth` send no NATS
+/// credentials, and the NATS install needs no Secret.
+fn check_nats_open(nats: &Value, at: &str, report: &mut Report) {
+    for key in [
+        "authorization",
+        "accounts",
+        "operator",
+        "resolver",
+        "no_auth_user",
+    ] {
+        if nats.pointer(&format!("/config/merge/{key}")).is_some() {
+            report.fail(
+                at,
+                format!(
+                    "config.merge.{key} must not be set: this overlay's services send no NATS \
+                     credentials (NATS is open, for a laptop cluster only)"
+                ),
+            );
+        }
+    }
+    for (name, value) in nats
+        .pointer("/container/env")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
+        if value.pointer("/valueFrom/secretKeyRef").is_some() {
+            report.fail(
+                at,
+                format!("container.env.{name} reads a Secret, which this overlay's NATS install does not create"),
+            );
         }
     }
 }
@@ -2194,20 +2242,42 @@ fn broken_nats_values_are_reported() {
             report.0
         );
     }
-    // The dev overlay's single server, clustered by mistake.
+    // The dev overlay's single server, clustered by mistake, and given the prod overlay's
+    // authentication although its services send no credentials.
     let dev = overlay("dev");
-    let mut nats = nats_values(&dev);
-    set(&mut nats, "/config/cluster/enabled", json!(true));
-    let mut report = Report::default();
-    check_nats_values(&dev, &nats, &mut report);
-    assert!(
-        report
-            .0
-            .iter()
-            .any(|error| error.contains("config.cluster must be disabled")),
-        "a clustered dev NATS should be reported, got {:?}",
-        report.0
-    );
+    let prod_values = nats_values(&prod);
+    let cases: &[(&str, Value, &str)] = &[
+        (
+            "/config/cluster",
+            json!({"enabled": true, "replicas": 3}),
+            "config.cluster must be disabled",
+        ),
+        (
+            "/config/merge/authorization",
+            prod_values["config"]["merge"]["authorization"].clone(),
+            "config.merge.authorization must not be set",
+        ),
+        (
+            "/container/env/TRELLIS_NATS_PASSWORD",
+            prod_values["container"]["env"]["TRELLIS_NATS_PASSWORD"].clone(),
+            "container.env.TRELLIS_NATS_PASSWORD reads a Secret",
+        ),
+    ];
+    for (pointer, value, expected) in cases {
+        let mut nats = nats_values(&dev);
+        let (parent, key) = pointer.rsplit_once('/').expect("a pointer with a parent");
+        nats.pointer_mut(parent)
+            .and_then(Value::as_object_mut)
+            .unwrap_or_else(|| panic!("no {parent} in the dev NATS values"))
+            .insert(key.to_owned(), value.clone());
+        let mut report = Report::default();
+        check_nats_values(&dev, &nats, &mut report);
+        assert!(
+            report.0.iter().any(|error| error.contains(expected)),
+            "setting {pointer} in the dev values should report {expected:?}, got {:?}",
+            report.0
+        );
+    }
 }
 
 #[test]
