@@ -55,6 +55,8 @@ pub struct Setup {
     pub client: ClientSecurity,
     /// The coordinator's gRPC URL scheme: `https` when `security` has TLS.
     pub https: bool,
+    /// The checkpoint-store the coordinator calls, if any.
+    pub checkpoint_store: Option<String>,
 }
 
 /// Starts NATS, a coordinator with `setup` and `workers` workers.
@@ -83,6 +85,7 @@ pub async fn start_setup(
         shards: 1,
         security: setup.security,
         telemetry: setup.telemetry.clone(),
+        checkpoint_store: setup.checkpoint_store,
         ..trellis_coordinator::Config::default()
     };
     let token = shutdown.child_token();

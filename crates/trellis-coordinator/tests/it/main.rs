@@ -1,6 +1,7 @@
 //! End-to-end tests of the coordinator with real agent-workers over a real `nats-server -js`
 //! started per test. Nothing is mocked.
 
+mod auth;
 mod cluster;
 mod engine;
 mod features;
