@@ -440,3 +440,63 @@ fn bad_arguments_exit_with_status_two() {
     );
     assert_eq!(code, std::process::ExitCode::from(2));
 }
+
+/// The store's checkpoints and read model span namespaces, and only services call it: with an
+/// access file, only tokens of every namespace are let in.
+#[tokio::test]
+async fn only_tokens_of_every_namespace_are_let_in() -> anyhow::Result<()> {
+    use trellis_grpc::access::token_digest;
+    let server = NatsServer::start()?;
+    let store = TestStore::sqlite().await?;
+    let access = trellis_grpc::AccessPolicy::parse(
+        &format!(
+            "namespaces: {{team-a: {{}}}}\n\
+             tokens:\n\
+             \x20 - {{name: a, namespace: team-a, sha256: {}}}\n\
+             \x20 - {{name: services, namespace: \"*\", sha256: {}}}\n",
+            token_digest("store-team-token"),
+            token_digest("store-services-token"),
+        ),
+        "access.yaml",
+    )?;
+    let service = Service::start(Config {
+        security: trellis_grpc::ServerSecurity {
+            access: Some(std::sync::Arc::new(access)),
+            ..trellis_grpc::ServerSecurity::default()
+        },
+        ..Config::new(store.url.clone(), server.url())
+    })
+    .await?;
+    let mut client = service.client().await?;
+    let list = |token: Option<&str>| {
+        let mut request = tonic::Request::new(v1::ListCheckpointsRequest {
+            execution_id: Uuid::now_v7().to_string(),
+            page: None,
+        });
+        if let Some(token) = token {
+            request.metadata_mut().insert(
+                "authorization",
+                format!("Bearer {token}").parse().expect("an ASCII header"),
+            );
+        }
+        request
+    };
+    for (token, code) in [
+        (None, Code::Unauthenticated),
+        (Some("not-a-token"), Code::Unauthenticated),
+        (Some("store-team-token"), Code::PermissionDenied),
+    ] {
+        let status = client
+            .list_checkpoints(list(token))
+            .await
+            .expect_err("refused");
+        assert_eq!(status.code(), code, "{token:?}: {}", status.message());
+    }
+    let listed = client
+        .list_checkpoints(list(Some("store-services-token")))
+        .await?
+        .into_inner();
+    assert!(listed.checkpoints.is_empty());
+    service.stop().await?;
+    Ok(())
+}

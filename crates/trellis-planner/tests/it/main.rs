@@ -23,6 +23,14 @@ impl Drop for Served {
 }
 
 async fn serve(limits: Limits) -> Served {
+    serve_config(trellis_planner::Config {
+        limits,
+        ..trellis_planner::Config::default()
+    })
+    .await
+}
+
+async fn serve_config(config: trellis_planner::Config) -> Served {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("a free loopback port");
@@ -31,10 +39,6 @@ async fn serve(limits: Limits) -> Served {
         .expect("a bound listener has an address");
     let shutdown = CancellationToken::new();
     let token = shutdown.clone();
-    let config = trellis_planner::Config {
-        limits,
-        ..trellis_planner::Config::default()
-    };
     tokio::spawn(async move { trellis_planner::run(listener, config, token).await });
     let endpoint = Channel::from_shared(format!("http://{addr}")).expect("a valid URL");
     let mut tries = 0;
@@ -211,5 +215,78 @@ async fn reports_serving_on_grpc_health() {
     assert_eq!(
         response.status,
         tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+}
+
+#[tokio::test]
+async fn with_an_access_file_only_holders_of_a_valid_token_compile() {
+    let access = trellis_grpc::AccessPolicy::parse(
+        &format!(
+            "namespaces: {{team-a: {{}}}}\n\
+             tokens: [{{name: a, namespace: team-a, sha256: {}}}]\n\
+             limits: {{max_tasks: 2}}\n",
+            trellis_grpc::access::token_digest("planner-token-1")
+        ),
+        "access.yaml",
+    )
+    .expect("a valid access file");
+    let limits = access.limits().plan();
+    let served = serve_config(trellis_planner::Config {
+        limits,
+        security: trellis_grpc::ServerSecurity {
+            access: Some(std::sync::Arc::new(access)),
+            ..trellis_grpc::ServerSecurity::default()
+        },
+        ..trellis_planner::Config::default()
+    })
+    .await;
+    let request = |token: Option<&str>| {
+        let mut request = tonic::Request::new(v1::CompilePlanRequest {
+            spec: Some(spec(PLAN)),
+        });
+        if let Some(token) = token {
+            request.metadata_mut().insert(
+                "authorization",
+                format!("Bearer {token}").parse().expect("an ASCII header"),
+            );
+        }
+        request
+    };
+    for token in [None, Some("not-the-token")] {
+        let status = served
+            .client
+            .clone()
+            .compile_plan(request(token))
+            .await
+            .expect_err("refused");
+        assert_eq!(status.code(), tonic::Code::Unauthenticated, "{token:?}");
+    }
+    // The holder of the token is served, under the access file's limits: 3 tasks > 2.
+    let response = served
+        .client
+        .clone()
+        .compile_plan(request(Some("planner-token-1")))
+        .await
+        .expect("a valid token is let in")
+        .into_inner();
+    let Some(v1::compile_plan_response::Result::Errors(errors)) = response.result else {
+        panic!("a plan over the access file's max_tasks compiled: {response:?}");
+    };
+    assert!(
+        errors
+            .errors
+            .iter()
+            .any(|e| e.message == "plan has 3 tasks, over the limit of 2"),
+        "{errors:?}"
+    );
+    // Health stays open: load balancers and probes carry no token.
+    let mut health = tonic_health::pb::health_client::HealthClient::new(served.channel.clone());
+    assert!(
+        health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .is_ok()
     );
 }
