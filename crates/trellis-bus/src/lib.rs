@@ -86,7 +86,10 @@ pub async fn connect_with(options: &NatsOptions, name: &str) -> Result<async_nat
     let mut logged = false;
     loop {
         let connect_options = options.connect_options(name).await?;
-        let source = match connect_options.connect(options.url.as_str()).await {
+        let source = match connect_options
+            .connect(options::without_credentials(&options.url).as_str())
+            .await
+        {
             Ok(client) => return Ok(client),
             Err(source) => source,
         };

@@ -252,6 +252,26 @@ impl NatsOptions {
     }
 }
 
+/// Returns `urls` without the credentials of their authorities: they are passed to the client as
+/// options instead, since the client writes the URLs it is given into its debug log.
+pub(crate) fn without_credentials(urls: &str) -> String {
+    urls.split(',')
+        .map(|url| {
+            let url = url.trim();
+            let (scheme, rest) = match url.find("://") {
+                Some(at) => url.split_at(at + 3),
+                None => ("", url),
+            };
+            let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+            match rest[..end].rfind('@') {
+                Some(at) => format!("{scheme}{}", &rest[at + 1..]),
+                None => url.to_owned(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// The credentials of the first URL of `urls`: `(user, Some(password))`, `(token, None)`, or
 /// none; percent-escapes decoded.
 fn url_credentials(urls: &str) -> Option<(String, Option<String>)> {
@@ -342,6 +362,11 @@ mod tests {
         );
         assert_eq!(url_credentials("nats://h:4222"), None);
         assert_eq!(percent_decode("a%2"), "a%2");
+        assert_eq!(
+            without_credentials("nats://u:p@h:4222,tls://t@h2:4222/x"),
+            "nats://h:4222,tls://h2:4222/x"
+        );
+        assert_eq!(without_credentials("nats://h:4222"), "nats://h:4222");
     }
 
     #[test]

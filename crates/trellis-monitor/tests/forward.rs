@@ -83,7 +83,10 @@ async fn forwarded_tokens_keep_each_namespace_to_itself() {
     let store_config = trellis_checkpoint_store::Config {
         security: security.clone(),
         ..trellis_checkpoint_store::Config::new(
-            format!("sqlite://{}?mode=rwc", dir.path().join("store.db").display()),
+            format!(
+                "sqlite://{}?mode=rwc",
+                dir.path().join("store.db").display()
+            ),
             nats.url(),
         )
     };
@@ -135,19 +138,24 @@ async fn forwarded_tokens_keep_each_namespace_to_itself() {
         if let Ok(channel) = a.connect(&format!("http://{coordinator_addr}")).await {
             break trellis_proto::v1::coordinator_client::CoordinatorClient::new(channel);
         }
-        assert!(tokio::time::Instant::now() < deadline, "the coordinator did not start");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the coordinator did not start"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let id = coordinator
         .start_execution(trellis_proto::v1::StartExecutionRequest {
-            plan_source: Some(trellis_proto::v1::start_execution_request::PlanSource::Spec(
-                trellis_proto::v1::PlanSpec {
-                    text: PLAN.to_owned(),
-                    format: trellis_proto::v1::PlanFormat::Yaml as i32,
-                    source_name: "watched.yaml".to_owned(),
-                    params: Default::default(),
-                },
-            )),
+            plan_source: Some(
+                trellis_proto::v1::start_execution_request::PlanSource::Spec(
+                    trellis_proto::v1::PlanSpec {
+                        text: PLAN.to_owned(),
+                        format: trellis_proto::v1::PlanFormat::Yaml as i32,
+                        source_name: "watched.yaml".to_owned(),
+                        params: Default::default(),
+                    },
+                ),
+            ),
             options: None,
         })
         .await
@@ -155,7 +163,8 @@ async fn forwarded_tokens_keep_each_namespace_to_itself() {
         .into_inner()
         .execution_id;
     loop {
-        let (status, body) = call("GET", &format!("{base}/api/executions/{id}"), Some(TOKEN_A)).await;
+        let (status, body) =
+            call("GET", &format!("{base}/api/executions/{id}"), Some(TOKEN_A)).await;
         if status == 200 && body["execution"]["open_questions"] == json!(1) {
             break;
         }
@@ -208,22 +217,40 @@ async fn forwarded_tokens_keep_each_namespace_to_itself() {
         let (status, body) = call("GET", url, Some(TOKEN_A)).await;
         assert_eq!(status, 200, "{url} as team A: {body}");
     }
-    let response = reqwest::get(live(TOKEN_A)).await.expect("the live stream opens");
+    let response = reqwest::get(live(TOKEN_A))
+        .await
+        .expect("the live stream opens");
     assert_eq!(response.status().as_u16(), 200);
     drop(response);
     let (_, body) = call("GET", &format!("{base}/api/executions/{id}"), Some(TOKEN_A)).await;
-    assert_eq!(body["execution"]["state"], json!("waiting_for_human"), "{body}");
-    let (_, events) = call("GET", &format!("{base}/api/executions/{id}/events"), Some(TOKEN_A)).await;
+    assert_eq!(
+        body["execution"]["state"],
+        json!("waiting_for_human"),
+        "{body}"
+    );
+    let (_, events) = call(
+        "GET",
+        &format!("{base}/api/executions/{id}/events"),
+        Some(TOKEN_A),
+    )
+    .await;
     let kinds: Vec<&str> = events["events"]
         .as_array()
         .map(|events| events.iter().filter_map(|e| e["kind"].as_str()).collect())
         .unwrap_or_default();
     for control in ["pause_requested", "cancel_requested", "run_started"] {
-        assert!(!kinds.contains(&control), "a refused control was logged: {kinds:?}");
+        assert!(
+            !kinds.contains(&control),
+            "a refused control was logged: {kinds:?}"
+        );
     }
     // Team A's own control goes through.
-    let (status, body) =
-        call("POST", &format!("{base}/api/executions/{id}/pause"), Some(TOKEN_A)).await;
+    let (status, body) = call(
+        "POST",
+        &format!("{base}/api/executions/{id}/pause"),
+        Some(TOKEN_A),
+    )
+    .await;
     assert_eq!((status, &body["state"]), (200, &json!("paused")), "{body}");
 
     shutdown.cancel();
