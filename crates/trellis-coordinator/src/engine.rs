@@ -290,6 +290,20 @@ struct Live {
     checkpoint: CheckpointState,
 }
 
+/// What an applied event adds to the metrics.
+enum Count<'m> {
+    /// An instance's first dispatch: its queue and the seconds since it became ready.
+    DispatchLatency(trellis_telemetry::metrics::Labels1, f64),
+    /// An attempt's outcome, in the family of that outcome, by queue and type.
+    Attempt(
+        &'m prometheus_client::metrics::family::Family<
+            trellis_telemetry::metrics::Labels2,
+            prometheus_client::metrics::counter::Counter,
+        >,
+        trellis_telemetry::metrics::Labels2,
+    ),
+}
+
 /// Who an execution belongs to and what it may do, fixed at its start.
 struct Tenancy {
     namespace: Arc<str>,
@@ -343,8 +357,17 @@ impl Live {
         let counted = self.count(&event, metrics);
         let applied = self.machine.apply(&event)?;
         if let Applied::Changed { stop } = &applied {
-            if let Some(count) = counted {
-                count();
+            match counted {
+                Some(Count::DispatchLatency(labels, seconds)) => {
+                    metrics
+                        .dispatch_latency
+                        .get_or_create(&labels)
+                        .observe(seconds);
+                }
+                Some(Count::Attempt(family, labels)) => {
+                    family.get_or_create(&labels).inc();
+                }
+                None => {}
             }
             self.seq += 1;
             self.pending
@@ -360,7 +383,7 @@ impl Live {
     /// Returns what to count for `event` once it is applied: the attempt outcomes by queue and
     /// type, and the dispatch latency of an instance's first dispatch (from the instance becoming
     /// ready to its assignment being sent). `None` for other events.
-    fn count<'m>(&self, event: &Event, metrics: &'m Metrics) -> Option<Box<dyn FnOnce() + 'm>> {
+    fn count<'m>(&self, event: &Event, metrics: &'m Metrics) -> Option<Count<'m>> {
         let (instance, family) = match &event.body {
             EventBody::TaskDispatched {
                 instance,
@@ -370,13 +393,10 @@ impl Live {
                 let assignment = self.machine.assignment(*instance)?;
                 let (ready_at, _) = self.machine.instance_times(*instance)?;
                 let seconds = event.at_ms.saturating_sub(ready_at) as f64 / 1000.0;
-                let labels = [("queue", assignment.queue.to_owned())];
-                return Some(Box::new(move || {
-                    metrics
-                        .dispatch_latency
-                        .get_or_create(&labels)
-                        .observe(seconds);
-                }));
+                return Some(Count::DispatchLatency(
+                    [("queue", assignment.queue.to_owned())],
+                    seconds,
+                ));
             }
             EventBody::TaskCompleted { instance, .. } => (instance, &metrics.completed),
             EventBody::TaskFailed { instance, .. } | EventBody::TaskTimedOut { instance, .. } => {
@@ -386,10 +406,10 @@ impl Live {
             _ => return None,
         };
         let assignment = self.machine.assignment(*instance)?;
-        let labels = metrics::task_labels(assignment.queue, assignment.task_type);
-        Some(Box::new(move || {
-            family.get_or_create(&labels).inc();
-        }))
+        Some(Count::Attempt(
+            family,
+            metrics::task_labels(assignment.queue, assignment.task_type),
+        ))
     }
 
     /// Lets the machine decide until it has nothing more to do now.
@@ -1588,9 +1608,21 @@ impl Engine {
             self.await_assignments(publishes).await;
         }
         // Finished executions leave the index once their last event is stored; a crash before
-        // this only means the next owner loads them, sees them finished and removes them.
-        if !finished.is_empty() {
-            join_all(finished.iter().map(|key| self.index.delete(key))).await;
+        // this only means the next owner loads them, sees them finished and removes them. The
+        // deletes are queued on the connection here, so a later put of the same key (a new run)
+        // follows them, but their acks are not waited for: a lost delete leaves only a key the
+        // next owner removes.
+        for key in finished {
+            match shards::queue_delete(&self.js, &key).await {
+                Ok(ack) => {
+                    tokio::spawn(async move {
+                        if let Err(err) = ack.await {
+                            tracing::debug!(%key, %err, "index delete not acknowledged");
+                        }
+                    });
+                }
+                Err(err) => tracing::debug!(%key, %err, "index delete not sent"),
+            }
         }
         fenced
     }

@@ -121,6 +121,18 @@ pub(crate) fn index_key(shard: u32, id: ExecutionId) -> String {
 }
 
 /// Lists the unfinished executions of a shard from the index.
+/// Queues the deletion of an index key on the NATS connection, as `kv::Store::delete` would
+/// send it, and returns the future of its acknowledgement without waiting for it.
+pub(crate) async fn queue_delete(
+    js: &jetstream::Context,
+    key: &str,
+) -> Result<jetstream::context::PublishAckFuture, jetstream::context::PublishError> {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("KV-Operation", "DEL");
+    js.publish_with_headers(format!("$KV.{INDEX_BUCKET}.{key}"), headers, Bytes::new())
+        .await
+}
+
 pub(crate) async fn indexed(index: &kv::Store, shard: u32) -> Result<Vec<ExecutionId>, String> {
     use futures::StreamExt;
     let prefix = format!("{shard}.");

@@ -105,6 +105,8 @@ impl ServerArgs {
 #[derive(Clone)]
 pub struct Authenticate {
     access: Option<Arc<AccessPolicy>>,
+    /// Every caller when there is no access file (built once: it is cloned per call).
+    anonymous: Principal,
     refused: Family<Labels1, Counter>,
     /// Refuse tokens of one namespace: for services only other services call.
     all_namespaces_only: bool,
@@ -128,6 +130,7 @@ impl Authenticate {
         );
         Self {
             access,
+            anonymous: Principal::anonymous(),
             refused,
             all_namespaces_only: false,
         }
@@ -143,7 +146,7 @@ impl Authenticate {
     /// Returns the caller presenting `metadata`'s token, or the status refusing the call.
     pub fn check(&self, metadata: &tonic::metadata::MetadataMap) -> Result<Principal, Status> {
         let Some(access) = &self.access else {
-            return Ok(Principal::anonymous());
+            return Ok(self.anonymous.clone());
         };
         let refuse = |reason: &'static str, message: &str| {
             self.refused
