@@ -1102,3 +1102,117 @@ fn tree_events_status_and_answer_against_a_coordinator() {
         stderr(&output)
     );
 }
+
+#[test]
+fn token_new_prints_a_fresh_token_and_the_line_that_lets_it_in() {
+    let first = run(&[
+        "token",
+        "new",
+        "--name",
+        "ci-team-a",
+        "--namespace",
+        "team-a",
+    ]);
+    assert_eq!(first.status.code(), Some(0), "{}", stderr(&first));
+    let token = stdout(&first).trim().to_owned();
+    assert!(token.starts_with("trellis_") && token.len() > 40, "{token}");
+    // The line for the access file carries the token's SHA-256, never the token.
+    let hashed = run_stdin(&["token", "hash"], token.as_bytes());
+    assert_eq!(hashed.status.code(), Some(0), "{}", stderr(&hashed));
+    let digest = stdout(&hashed).trim().to_owned();
+    assert_eq!(digest.len(), 64, "{digest}");
+    let line = stderr(&first);
+    assert!(
+        line.contains(&format!(
+            "- {{name: ci-team-a, namespace: team-a, sha256: {digest}}}"
+        )),
+        "{line}"
+    );
+    assert!(
+        !line.contains(&token),
+        "the token is printed on stderr too: {line}"
+    );
+    // Every token is new.
+    let second = run(&["token", "new", "--name", "x", "--namespace", "*"]);
+    assert_ne!(stdout(&second).trim(), token);
+    assert!(
+        stderr(&second).contains("namespace: \"*\""),
+        "{}",
+        stderr(&second)
+    );
+    // Bad names are bad input.
+    let bad = run(&["token", "new", "--name", "x", "--namespace", "Team A"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        stderr(&bad).contains("is not a namespace name"),
+        "{}",
+        stderr(&bad)
+    );
+    let empty = run_stdin(&["token", "hash"], b"");
+    assert_eq!(empty.status.code(), Some(2), "{}", stderr(&empty));
+}
+
+#[test]
+fn calls_to_a_coordinator_that_wants_a_token_say_how_to_give_one() {
+    // A coordinator that authenticates: started through `trellis coordinator` with an access file.
+    let nats =
+        trellis_testkit::NatsServer::start().expect("a nats-server (apt-get install nats-server)");
+    let dir = tempfile::tempdir().expect("a directory");
+    let access = dir.path().join("access.yaml");
+    std::fs::write(
+        &access,
+        "namespaces: {team: {}}\ntokens:\n  - {name: t, namespace: team, sha256: \
+         ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad}\n",
+    )
+    .expect("the access file is written");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let mut coordinator = ChildGuard(
+        Command::new(TRELLIS)
+            .args(["coordinator", "--admin-addr", "off", "--listen"])
+            .arg(format!("127.0.0.1:{port}"))
+            .args(["--nats-url", &nats.url(), "--access-file"])
+            .arg(&access)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("trellis coordinator starts"),
+    );
+    let url = format!("http://127.0.0.1:{port}");
+    let mut refused = None;
+    for _ in 0..100 {
+        let output = run(&["list", "--coordinator", &url]);
+        if stderr(&output).contains("refused the call") {
+            refused = Some(output);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let refused = refused.expect("the coordinator answers and refuses the call");
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        stderr(&refused).contains("TRELLIS_TOKEN"),
+        "{}",
+        stderr(&refused)
+    );
+    // The token whose SHA-256 the file holds ("abc") is let in.
+    let output = Command::new(TRELLIS)
+        .args(["list", "--coordinator", &url])
+        .env("TRELLIS_TOKEN", "abc")
+        .output()
+        .expect("trellis list runs");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let _ = coordinator.0.kill();
+}
+
+/// Kills the child on drop.
+struct ChildGuard(std::process::Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
