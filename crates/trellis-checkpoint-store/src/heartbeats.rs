@@ -10,9 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use prost::Message as _;
 use tokio_util::sync::CancellationToken;
-use trellis_proto::{subjects, v1};
+use trellis_proto::{convert, subjects, v1};
 
 use crate::store::{Store, WorkerRow};
 
@@ -48,14 +47,10 @@ pub(crate) struct Workers {
 impl Workers {
     /// Takes one heartbeat message; a corrupt one is ignored with a warning.
     pub(crate) fn receive(&mut self, subject: &str, payload: &[u8], now_ms: u64) {
-        let heartbeat = match v1::WorkerHeartbeat::decode(payload) {
-            Ok(heartbeat) if !heartbeat.worker_id.is_empty() => heartbeat,
-            Ok(_) => {
-                tracing::warn!(%subject, "heartbeat without a worker id ignored");
-                return;
-            }
+        let heartbeat = match convert::decode_worker_heartbeat(payload) {
+            Ok(heartbeat) => heartbeat,
             Err(err) => {
-                tracing::warn!(%subject, %err, "corrupt heartbeat ignored");
+                tracing::warn!(%subject, %err, "invalid heartbeat ignored");
                 return;
             }
         };
@@ -180,6 +175,8 @@ async fn write(store: &dyn Store, workers: &mut Workers) {
 
 #[cfg(test)]
 mod tests {
+    use prost::Message as _;
+
     use super::*;
 
     fn heartbeat(worker_id: &str, state: v1::WorkerState) -> Vec<u8> {
@@ -203,6 +200,12 @@ mod tests {
         workers.receive("s", &heartbeat("w2", v1::WorkerState::Running), 200);
         workers.receive("s", b"\xff\xff", 300);
         workers.receive("s", &heartbeat("", v1::WorkerState::Idle), 300);
+        // A NaN CPU figure would fail the whole write (the column is NOT NULL): ignored.
+        let mut not_a_number =
+            v1::WorkerHeartbeat::decode(&heartbeat("w3", v1::WorkerState::Idle)[..])
+                .expect("the test's heartbeat decodes");
+        not_a_number.cpu_percent = f32::NAN;
+        workers.receive("s", &not_a_number.encode_to_vec(), 300);
         let rows = workers.dirty();
         assert_eq!(rows.len(), 2);
         assert_eq!(rows[0].worker_id, "w1");

@@ -5,9 +5,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
-use prost::Message as _;
 use tokio_util::sync::CancellationToken;
-use trellis_proto::{subjects, v1};
+use trellis_proto::{convert, subjects, v1};
 
 use crate::engine::now_ms;
 
@@ -59,10 +58,10 @@ impl Registry {
                     message = subscription.next() => message,
                 };
                 let Some(message) = message else { return };
-                let heartbeat = match v1::WorkerHeartbeat::decode(message.payload) {
+                let heartbeat = match convert::decode_worker_heartbeat(&message.payload) {
                     Ok(heartbeat) => heartbeat,
                     Err(err) => {
-                        tracing::warn!(subject = %message.subject, %err, "corrupt heartbeat ignored");
+                        tracing::warn!(subject = %message.subject, %err, "invalid heartbeat ignored");
                         continue;
                     }
                 };

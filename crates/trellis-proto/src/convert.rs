@@ -867,11 +867,19 @@ pub fn decode_event_batch(bytes: &[u8]) -> Result<DecodedBatch, ConvertError> {
     let first = batch.events.first().ok_or_else(|| events_at.missing())?;
     let first_at = events_at.index(0);
     let execution_id = parse_id(&first_at.field("execution_id"), &first.execution_id)?;
+    if first.sequence == 0 {
+        return Err(first_at
+            .field("sequence")
+            .error(ConvertErrorKind::Inconsistent("sequences start at 1")));
+    }
     let mut entries = Vec::with_capacity(batch.events.len());
-    for (event_idx, (event, expected_sequence)) in
-        batch.events.iter().zip(first.sequence..).enumerate()
-    {
+    for (event_idx, event) in batch.events.iter().enumerate() {
         let event_at = events_at.index(event_idx);
+        // Checked: a batch that starts near `u64::MAX` would otherwise wrap (or panic in a
+        // debug build) instead of being refused.
+        let expected_sequence = u64::try_from(event_idx)
+            .ok()
+            .and_then(|offset| first.sequence.checked_add(offset));
         if event.execution_id != first.execution_id {
             return Err(event_at
                 .field("execution_id")
@@ -879,7 +887,7 @@ pub fn decode_event_batch(bytes: &[u8]) -> Result<DecodedBatch, ConvertError> {
                     "every event of a batch belongs to the execution of the first",
                 )));
         }
-        if event.sequence != expected_sequence {
+        if Some(event.sequence) != expected_sequence {
             return Err(event_at
                 .field("sequence")
                 .error(ConvertErrorKind::Inconsistent(
@@ -893,6 +901,33 @@ pub fn decode_event_batch(bytes: &[u8]) -> Result<DecodedBatch, ConvertError> {
         first_sequence: first.sequence,
         entries,
     })
+}
+
+// ------------------------------------------------------------------------------------------------
+// Worker heartbeats
+// ------------------------------------------------------------------------------------------------
+
+/// Decodes a `WorkerHeartbeat` as published on `trellis.workers.heartbeat.<worker_id>`: it names
+/// its worker, its state is one the contract defines, and its CPU figure is a number (a NaN would
+/// not fit the store's `NOT NULL` column and fail the write of every worker's row).
+pub fn decode_worker_heartbeat(bytes: &[u8]) -> Result<v1::WorkerHeartbeat, ConvertError> {
+    let at = At::root("worker_heartbeat");
+    let heartbeat = v1::WorkerHeartbeat::decode(bytes)
+        .map_err(|err| at.error(ConvertErrorKind::Decode(err.to_string())))?;
+    non_empty(&at.field("worker_id"), &heartbeat.worker_id)?;
+    if v1::WorkerState::try_from(heartbeat.state).is_err() {
+        return Err(at
+            .field("state")
+            .error(ConvertErrorKind::UnknownEnumValue(heartbeat.state)));
+    }
+    if !heartbeat.cpu_percent.is_finite() || heartbeat.cpu_percent < 0.0 {
+        return Err(at
+            .field("cpu_percent")
+            .error(ConvertErrorKind::Inconsistent(
+                "CPU use is a finite, non-negative percentage",
+            )));
+    }
+    Ok(heartbeat)
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -1018,6 +1018,86 @@ fn malformed_batches_are_precise_errors() {
         },
         "event_batch.events[1].kind: missing",
     );
+    check(
+        v1::EventBatch {
+            events: vec![v1::Event {
+                sequence: 0,
+                ..resume()
+            }],
+        },
+        "event_batch.events[0].sequence: sequences start at 1",
+    );
+    // A batch running past the largest sequence is refused, not wrapped around.
+    check(
+        v1::EventBatch {
+            events: vec![
+                v1::Event {
+                    sequence: u64::MAX,
+                    ..resume()
+                },
+                v1::Event {
+                    sequence: 0,
+                    ..resume()
+                },
+            ],
+        },
+        "event_batch.events[1].sequence: the sequences of a batch follow each other without gaps",
+    );
+    let last = v1::EventBatch {
+        events: vec![v1::Event {
+            sequence: u64::MAX,
+            ..resume()
+        }],
+    };
+    assert_eq!(
+        decode_event_batch(&last.encode_to_vec()).map(|batch| batch.first_sequence),
+        Ok(u64::MAX)
+    );
+}
+
+#[test]
+fn heartbeats_name_their_worker_and_report_numbers() {
+    let heartbeat = v1::WorkerHeartbeat {
+        worker_id: "w-1".to_owned(),
+        state: v1::WorkerState::Idle.into(),
+        cpu_percent: 12.5,
+        ..v1::WorkerHeartbeat::default()
+    };
+    assert_eq!(
+        convert::decode_worker_heartbeat(&heartbeat.encode_to_vec()),
+        Ok(heartbeat.clone())
+    );
+    let check = |heartbeat: v1::WorkerHeartbeat, expected: &str| {
+        let err =
+            convert::decode_worker_heartbeat(&heartbeat.encode_to_vec()).expect_err("refused");
+        assert_eq!(err.to_string(), expected);
+    };
+    check(
+        v1::WorkerHeartbeat {
+            worker_id: String::new(),
+            ..heartbeat.clone()
+        },
+        "worker_heartbeat.worker_id: missing",
+    );
+    check(
+        v1::WorkerHeartbeat {
+            state: 17,
+            ..heartbeat.clone()
+        },
+        "worker_heartbeat.state: unknown enum value 17",
+    );
+    check(
+        v1::WorkerHeartbeat {
+            cpu_percent: f32::NAN,
+            ..heartbeat.clone()
+        },
+        "worker_heartbeat.cpu_percent: CPU use is a finite, non-negative percentage",
+    );
+    let garbage = convert::decode_worker_heartbeat(&[0xff, 0xff]).expect_err("refused");
+    assert!(
+        matches!(garbage.kind(), ConvertErrorKind::Decode(_)),
+        "{garbage}"
+    );
 }
 
 #[test]
