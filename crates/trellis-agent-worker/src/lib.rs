@@ -35,6 +35,9 @@
 mod builtins;
 mod cli;
 mod config;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod metrics;
 mod publish;
 pub mod sdk;

@@ -110,46 +110,7 @@ impl ResultSink {
             running.attempt,
             outcome.msg_id_suffix(),
         );
-        let outcome = match outcome {
-            Outcome::Completed(output) => task_result::Outcome::Completed(task_result::Completed {
-                output: json_bytes(&output),
-            }),
-            Outcome::CompletedJson(output) => {
-                task_result::Outcome::Completed(task_result::Completed {
-                    output: output.to_vec(),
-                })
-            }
-            Outcome::Failed { error, retryable } => {
-                task_result::Outcome::Failed(task_result::Failed { error, retryable })
-            }
-            Outcome::Spawn { rule, members } => {
-                task_result::Outcome::Spawned(task_result::Spawned {
-                    group: Some(v1::SubtaskGroup {
-                        group_id: uuid::Uuid::now_v7().to_string(),
-                        rule: Some(rule.to_proto()),
-                        members: members
-                            .into_iter()
-                            .map(|member| v1::SubtaskSpec {
-                                task_type: member.task_type,
-                                input: json_bytes(&member.input),
-                                queue: member.queue,
-                            })
-                            .collect(),
-                    }),
-                })
-            }
-            Outcome::Ask(question) => task_result::Outcome::Question(task_result::Asked {
-                question: Some(v1::Question {
-                    question_id: uuid::Uuid::now_v7().to_string(),
-                    question_type: question.question_type,
-                    text: question.text,
-                    options: question.options,
-                    expires_at_unix_ms: question.expires_at_unix_ms,
-                    timeout_action: question.timeout_action as i32,
-                    default_answer: question.default_answer,
-                }),
-            }),
-        };
+        let outcome = outcome_to_proto(outcome);
         let result = self.result(running, outcome);
         (
             running.results_subject.clone(),
@@ -271,6 +232,46 @@ impl ResultSink {
         if let Err(error) = self.steps.delete(task_instance_id).await {
             tracing::debug!(%task_instance_id, %error, "cannot delete recorded steps; they expire");
         }
+    }
+}
+
+/// Returns the wire form of a handler's final outcome (a new group or question gets a fresh id).
+pub(crate) fn outcome_to_proto(outcome: Outcome) -> task_result::Outcome {
+    match outcome {
+        Outcome::Completed(output) => task_result::Outcome::Completed(task_result::Completed {
+            output: json_bytes(&output),
+        }),
+        Outcome::CompletedJson(output) => task_result::Outcome::Completed(task_result::Completed {
+            output: output.to_vec(),
+        }),
+        Outcome::Failed { error, retryable } => {
+            task_result::Outcome::Failed(task_result::Failed { error, retryable })
+        }
+        Outcome::Spawn { rule, members } => task_result::Outcome::Spawned(task_result::Spawned {
+            group: Some(v1::SubtaskGroup {
+                group_id: uuid::Uuid::now_v7().to_string(),
+                rule: Some(rule.to_proto()),
+                members: members
+                    .into_iter()
+                    .map(|member| v1::SubtaskSpec {
+                        task_type: member.task_type,
+                        input: json_bytes(&member.input),
+                        queue: member.queue,
+                    })
+                    .collect(),
+            }),
+        }),
+        Outcome::Ask(question) => task_result::Outcome::Question(task_result::Asked {
+            question: Some(v1::Question {
+                question_id: uuid::Uuid::now_v7().to_string(),
+                question_type: question.question_type,
+                text: question.text,
+                options: question.options,
+                expires_at_unix_ms: question.expires_at_unix_ms,
+                timeout_action: question.timeout_action as i32,
+                default_answer: question.default_answer,
+            }),
+        }),
     }
 }
 

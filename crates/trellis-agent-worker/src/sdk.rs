@@ -321,20 +321,17 @@ impl fmt::Debug for TaskContext {
 
 /// The durable steps of this attempt: those recorded before it and those it has run.
 #[derive(Debug, Default)]
-struct StepLog {
-    done: HashSet<String>,
+pub(crate) struct StepLog {
+    pub(crate) done: HashSet<String>,
     /// Every step recorded so far, in order, as the steps bucket keeps them.
-    recorded: Vec<RecordedStep>,
-    state: Value,
+    pub(crate) recorded: Vec<RecordedStep>,
+    pub(crate) state: Value,
 }
 
-impl TaskContext {
-    pub(crate) fn new(
-        mut assignment: TaskAssignment,
-        running: Arc<Running>,
-        sink: Arc<ResultSink>,
-    ) -> TaskContext {
-        let input = Bytes::from(std::mem::take(&mut assignment.input));
+impl StepLog {
+    /// The steps an attempt starts with: those its assignment carries (`resume.steps`), with the
+    /// merged state of the last one. A state that is not JSON starts empty, with a warning.
+    pub(crate) fn of(assignment: &TaskAssignment) -> StepLog {
         let mut step_log = StepLog {
             done: HashSet::new(),
             recorded: Vec::new(),
@@ -362,6 +359,18 @@ impl TaskContext {
                 }
             }
         }
+        step_log
+    }
+}
+
+impl TaskContext {
+    pub(crate) fn new(
+        mut assignment: TaskAssignment,
+        running: Arc<Running>,
+        sink: Arc<ResultSink>,
+    ) -> TaskContext {
+        let input = Bytes::from(std::mem::take(&mut assignment.input));
+        let step_log = StepLog::of(&assignment);
         TaskContext {
             assignment,
             input,

@@ -380,19 +380,15 @@ impl Worker {
         let progress_subject = message.message.reply.clone();
         let (message, acker) = message.split();
         let parent = propagation::extract_nats(message.headers.as_ref());
-        let assignment = match TaskAssignment::decode(message.payload.as_ref()) {
-            Ok(assignment)
-                if !assignment.task_instance_id.is_empty() && !assignment.task_type.is_empty() =>
-            {
-                assignment
-            }
-            Ok(_) => {
+        let assignment = match accept_assignment(message.payload.as_ref()) {
+            Ok(assignment) => assignment,
+            Err(SetAside::Incomplete) => {
                 tracing::warn!(subject = %message.subject, "set aside a task assignment without instance id or task type");
                 self.set_aside("incomplete");
                 let _ = acker.ack_with(AckKind::Term).await;
                 return;
             }
-            Err(error) => {
+            Err(SetAside::Corrupt(error)) => {
                 tracing::warn!(subject = %message.subject, %error, "set aside a task message that is not a TaskAssignment");
                 self.set_aside("corrupt");
                 let _ = acker.ack_with(AckKind::Term).await;
@@ -668,35 +664,80 @@ async fn cancel_loop(
             message = cancel_sub.next() => message,
         };
         let Some(message) = message else { return };
-        let request = match v1::CancelTask::decode(message.payload.as_ref()) {
+        let request = match cancel_request(&message.subject, message.payload.as_ref()) {
             Ok(request) => request,
             Err(error) => {
                 tracing::warn!(subject = %message.subject, %error, "ignored a cancel message that is not a CancelTask");
                 continue;
             }
         };
-        let instance_id = if request.task_instance_id.is_empty() {
-            message
-                .subject
-                .rsplit('.')
-                .next()
-                .unwrap_or_default()
-                .to_owned()
-        } else {
-            request.task_instance_id
-        };
-        let Some(running) = lock(&worker.running).get(&instance_id).cloned() else {
+        let Some(running) = lock(&worker.running)
+            .get(&request.task_instance_id)
+            .cloned()
+        else {
             continue;
         };
-        if request.attempt != 0 && request.attempt != running.attempt {
+        if request
+            .attempt
+            .is_some_and(|attempt| attempt != running.attempt)
+        {
             continue;
         }
-        tracing::info!(task_instance_id = %instance_id, attempt = running.attempt, reason = %request.reason, "cancelling task");
-        *lock(&running.cancel_reason) = if request.reason.is_empty() {
+        tracing::info!(task_instance_id = %request.task_instance_id, attempt = running.attempt, reason = %request.reason, "cancelling task");
+        *lock(&running.cancel_reason) = request.reason;
+        running.cancel.cancel();
+    }
+}
+
+/// Why a task message was set aside instead of run.
+#[derive(Debug)]
+pub(crate) enum SetAside {
+    /// It is not a `TaskAssignment`.
+    Corrupt(prost::DecodeError),
+    /// It has no task instance id or no task type, so it can be neither run nor reported.
+    Incomplete,
+}
+
+/// Reads a task message as the worker takes it: a `TaskAssignment` naming its instance and type.
+/// The rest is the handler's to judge.
+pub(crate) fn accept_assignment(payload: &[u8]) -> Result<TaskAssignment, SetAside> {
+    let assignment = TaskAssignment::decode(payload).map_err(SetAside::Corrupt)?;
+    if assignment.task_instance_id.is_empty() || assignment.task_type.is_empty() {
+        return Err(SetAside::Incomplete);
+    }
+    Ok(assignment)
+}
+
+/// A cancel request as the worker acts on it.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct CancelRequest {
+    /// The instance to stop: the message's, or else the last token of the subject
+    /// (`trellis.cancel.<instance>`).
+    pub(crate) task_instance_id: String,
+    /// Only this attempt; `None` (0 on the wire) is whichever attempt runs.
+    pub(crate) attempt: Option<u32>,
+    /// Why, as the failed attempt reports it; never empty.
+    pub(crate) reason: String,
+}
+
+/// Reads a `CancelTask` received on `subject`.
+pub(crate) fn cancel_request(
+    subject: &str,
+    payload: &[u8],
+) -> Result<CancelRequest, prost::DecodeError> {
+    let request = v1::CancelTask::decode(payload)?;
+    let task_instance_id = if request.task_instance_id.is_empty() {
+        subject.rsplit('.').next().unwrap_or_default().to_owned()
+    } else {
+        request.task_instance_id
+    };
+    Ok(CancelRequest {
+        task_instance_id,
+        attempt: (request.attempt != 0).then_some(request.attempt),
+        reason: if request.reason.is_empty() {
             "cancel requested".to_owned()
         } else {
             request.reason
-        };
-        running.cancel.cancel();
-    }
+        },
+    })
 }

@@ -99,7 +99,11 @@ fn decode_message(payload: &[u8]) -> Result<LogMessage, String> {
         .execution_id
         .parse()
         .map_err(|_| format!("invalid execution id {:?}", first.execution_id))?;
-    for (event, expected) in batch.events.iter().zip(first.sequence..) {
+    if first.sequence == 0 {
+        return Err("sequence 0 (sequences start at 1)".to_owned());
+    }
+    let mut expected = first.sequence;
+    for (event_idx, event) in batch.events.iter().enumerate() {
         if event.execution_id != first.execution_id {
             return Err("events of several executions in one batch".to_owned());
         }
@@ -109,9 +113,12 @@ fn decode_message(payload: &[u8]) -> Result<LogMessage, String> {
                 event.sequence
             ));
         }
-    }
-    if first.sequence == 0 {
-        return Err("sequence 0 (sequences start at 1)".to_owned());
+        // Checked: a batch running past `u64::MAX` is refused, not wrapped.
+        if event_idx + 1 < batch.events.len() {
+            expected = expected
+                .checked_add(1)
+                .ok_or("sequences beyond the largest 64-bit number")?;
+        }
     }
     Ok(LogMessage {
         execution_id,
@@ -269,7 +276,7 @@ impl Applier {
         if event.sequence <= tracked.last_sequence {
             return;
         }
-        if event.sequence > tracked.last_sequence + 1 && !silent {
+        if event.sequence > tracked.last_sequence.saturating_add(1) && !silent {
             tracing::warn!(
                 %execution_id,
                 expected = tracked.last_sequence + 1,
@@ -801,5 +808,36 @@ mod tests {
         unknown.kind = None;
         let decoded = decode_message(&batch(vec![unknown])).map(|m| m.events.len());
         assert_eq!(decoded, Ok(1));
+    }
+}
+
+/// The read model's consumption of the event log, with no I/O, for the fuzz targets in `fuzz/`.
+#[cfg(feature = "fuzzing")]
+pub(crate) mod fuzzing {
+    use super::{Applier, LogMessage, Run, decode_message};
+
+    /// Feeds `payloads` to a fresh read model as consecutive runs of log messages, the way the
+    /// store's consumer does when every execution is new to it: messages that do not decode are
+    /// skipped, a replica missing its start gives up. Returns how many events the batches would
+    /// write.
+    pub(crate) fn ingest(payloads: &[&[u8]]) -> usize {
+        let mut applier = Applier::default();
+        let mut written = 0;
+        for payload in payloads {
+            let messages: Vec<LogMessage> = decode_message(payload).into_iter().collect();
+            for execution_id in applier.unknown(&messages) {
+                applier.track(execution_id, 0);
+            }
+            for (execution_id, _) in applier.needs_log(&messages) {
+                // The log is not read here: as if it could not be.
+                applier.give_up_replica(execution_id);
+            }
+            let mut run = Run::default();
+            applier.apply_messages(messages, &mut run);
+            let batch = applier.finish(run);
+            written += batch.events.len();
+            applier.forget_finished();
+        }
+        written
     }
 }

@@ -13,6 +13,9 @@
 //! [`run`] starts all of it; `main.rs` is a thin shell around [`main_entry`].
 
 pub mod checkpoint;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod grpc;
 mod heartbeats;
 mod ingest;

@@ -13,7 +13,9 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use crate::sdk::{GroupRule, HandlerRegistry, Outcome, Question, Subtask, TaskContext};
+use crate::sdk::{
+    GroupRule, GroupSummary, HandlerRegistry, HumanAnswer, Outcome, Question, Subtask, TaskContext,
+};
 
 pub(crate) fn register(registry: &mut HandlerRegistry) {
     registry
@@ -34,6 +36,55 @@ pub(crate) fn input<T: DeserializeOwned>(ctx: &TaskContext) -> Result<T, Outcome
     })
 }
 
+/// What the handlers that do no I/O decide from: the parts of an attempt's [`TaskContext`] they
+/// read. Keeping their decisions pure lets tests and fuzzing check every outcome they can give.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Given<'a> {
+    pub(crate) task_type: &'a str,
+    pub(crate) input: &'a [u8],
+    pub(crate) attempt: u32,
+    pub(crate) summary: Option<&'a GroupSummary>,
+    pub(crate) answer: Option<&'a HumanAnswer>,
+}
+
+impl<'a> Given<'a> {
+    fn of(ctx: &'a TaskContext) -> Given<'a> {
+        Given {
+            task_type: ctx.task_type(),
+            input: ctx.raw_input(),
+            attempt: ctx.attempt(),
+            summary: ctx.group_summary(),
+            answer: ctx.answer(),
+        }
+    }
+
+    /// Parses the input as `T` (an empty input is `null`), or returns the failed outcome that
+    /// says why not.
+    fn input<T: DeserializeOwned>(&self) -> Result<T, Outcome> {
+        let parsed = if self.input.is_empty() {
+            serde_json::from_value(Value::Null)
+        } else {
+            serde_json::from_slice(self.input)
+        };
+        parsed.map_err(|error| {
+            Outcome::failed(format!("invalid {} input: {error}", self.task_type), false)
+        })
+    }
+}
+
+#[cfg(any(test, feature = "fuzzing"))]
+/// Returns the outcome of a built-in handler that does no I/O (`noop`, `fail`, `fanout`,
+/// `question`) for `given`, or `None` for any other task type.
+pub(crate) fn pure_outcome(given: Given<'_>) -> Option<Outcome> {
+    Some(match given.task_type {
+        "noop" => noop_outcome(given),
+        "fail" => fail_outcome(given),
+        "fanout" => fanout_outcome(given),
+        "question" => question_outcome(given),
+        _ => return None,
+    })
+}
+
 /// Completes with its input, untouched (no parse, no sleep).
 async fn noop(ctx: TaskContext) -> Outcome {
     let input = ctx.raw_input();
@@ -41,6 +92,16 @@ async fn noop(ctx: TaskContext) -> Outcome {
         Outcome::CompletedJson(bytes::Bytes::from_static(b"null"))
     } else {
         Outcome::CompletedJson(input.clone())
+    }
+}
+
+/// `noop` as [`pure_outcome`] gives it; the handler itself passes its `Bytes` on without a copy.
+#[cfg(any(test, feature = "fuzzing"))]
+fn noop_outcome(given: Given<'_>) -> Outcome {
+    if given.input.is_empty() {
+        Outcome::CompletedJson(bytes::Bytes::from_static(b"null"))
+    } else {
+        Outcome::CompletedJson(bytes::Bytes::copy_from_slice(given.input))
     }
 }
 
@@ -76,11 +137,15 @@ struct FailInput {
 
 /// Fails attempts `1..=times` (judged by the assignment's attempt), then completes with `{attempt}`.
 async fn fail(ctx: TaskContext) -> Outcome {
-    let FailInput { times, retryable } = match input(&ctx) {
+    fail_outcome(Given::of(&ctx))
+}
+
+fn fail_outcome(given: Given<'_>) -> Outcome {
+    let FailInput { times, retryable } = match given.input() {
         Ok(input) => input,
         Err(outcome) => return outcome,
     };
-    let attempt = ctx.attempt();
+    let attempt = given.attempt;
     if attempt <= times {
         return Outcome::failed(
             format!("attempt {attempt} of the first {times} fails on purpose"),
@@ -110,10 +175,19 @@ struct FanoutInput {
     rule: GroupRule,
 }
 
+/// Most subtasks one `fanout` may spawn: every member is built in memory and sent in one result.
+pub(crate) const MAX_FANOUT: u32 = 100_000;
+
 /// First run: spawns `count` subtasks of the child type. Resumed after the group: completes with
 /// `{members, completed, failed, cancelled}`.
 async fn fanout(ctx: TaskContext) -> Outcome {
-    if let Some(summary) = ctx.group_summary() {
+    fanout_outcome(Given::of(&ctx))
+}
+
+/// The checks are the coordinator's: a group it would refuse fails the attempt here, with the
+/// reason, instead of leaving the task running with a result nobody accepts.
+fn fanout_outcome(given: Given<'_>) -> Outcome {
+    if let Some(summary) = given.summary {
         return Outcome::Completed(json!({
             "members": summary.member_count,
             "completed": summary.completed,
@@ -121,12 +195,29 @@ async fn fanout(ctx: TaskContext) -> Outcome {
             "cancelled": summary.cancelled,
         }));
     }
-    let FanoutInput { count, child, rule } = match input(&ctx) {
+    let FanoutInput { count, child, rule } = match given.input() {
         Ok(input) => input,
         Err(outcome) => return outcome,
     };
     if count == 0 {
         return Outcome::failed("fanout count must be at least 1", false);
+    }
+    if count > MAX_FANOUT {
+        return Outcome::failed(
+            format!("fanout count {count} is over the limit of {MAX_FANOUT}"),
+            false,
+        );
+    }
+    if child.task_type.is_empty() {
+        return Outcome::failed("fanout child.type must not be empty", false);
+    }
+    if let GroupRule::Quorum(k) = rule
+        && (k == 0 || k > count)
+    {
+        return Outcome::failed(
+            format!("fanout quorum {k} must be between 1 and the count, {count}"),
+            false,
+        );
     }
     let members = (0..count)
         .map(|_| Subtask {
@@ -190,11 +281,93 @@ struct QuestionInput {
 
 /// First run: asks `text` with `options`. Resumed with an answer: completes with `{answer}`.
 async fn question(ctx: TaskContext) -> Outcome {
-    if let Some(answer) = ctx.answer() {
+    question_outcome(Given::of(&ctx))
+}
+
+fn question_outcome(given: Given<'_>) -> Outcome {
+    if let Some(answer) = given.answer {
         return Outcome::Completed(json!({ "answer": answer.answer }));
     }
-    match input::<QuestionInput>(&ctx) {
+    match given.input::<QuestionInput>() {
         Ok(QuestionInput { text, options }) => Outcome::Ask(Question::new(text, options)),
         Err(outcome) => outcome,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn given<'a>(task_type: &'a str, input: &'a str) -> Given<'a> {
+        Given {
+            task_type,
+            input: input.as_bytes(),
+            attempt: 1,
+            summary: None,
+            answer: None,
+        }
+    }
+
+    fn failure(outcome: Option<Outcome>) -> String {
+        match outcome {
+            Some(Outcome::Failed { error, retryable }) => {
+                assert!(!retryable, "a bad input cannot get better on retry");
+                error
+            }
+            other => panic!("expected a failure, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn fanout_refuses_groups_the_coordinator_would_refuse() {
+        let child = r#""child": {"type": "noop"}"#;
+        let cases = [
+            (format!(r#"{{"count": 0, {child}}}"#), "at least 1"),
+            (
+                format!(r#"{{"count": 4000000000, {child}}}"#),
+                "over the limit of 100000",
+            ),
+            (
+                r#"{"count": 2, "child": {"type": ""}}"#.to_owned(),
+                "child.type must not be empty",
+            ),
+            (
+                format!(r#"{{"count": 2, {child}, "rule": {{"quorum": 3}}}}"#),
+                "quorum 3 must be between 1 and the count, 2",
+            ),
+            (
+                format!(r#"{{"count": 2, {child}, "rule": {{"quorum": 0}}}}"#),
+                "quorum 0 must be between 1 and the count, 2",
+            ),
+        ];
+        for (input, expected) in cases {
+            let error = failure(pure_outcome(given("fanout", &input)));
+            assert!(error.contains(expected), "{input}: {error}");
+        }
+        let spawned = pure_outcome(given(
+            "fanout",
+            r#"{"count": 2, "child": {"type": "noop"}, "rule": {"quorum": 2}}"#,
+        ));
+        assert!(
+            matches!(&spawned, Some(Outcome::Spawn { rule: GroupRule::Quorum(2), members }) if members.len() == 2),
+            "{spawned:?}"
+        );
+    }
+
+    #[test]
+    fn pure_handlers_answer_and_others_are_not_pure() {
+        assert_eq!(
+            pure_outcome(given("noop", "")),
+            Some(Outcome::CompletedJson(bytes::Bytes::from_static(b"null")))
+        );
+        let error = failure(pure_outcome(given(
+            "fail",
+            r#"{"times": 1, "retryable": false}"#,
+        )));
+        assert_eq!(error, "attempt 1 of the first 1 fails on purpose");
+        assert!(
+            failure(pure_outcome(given("question", "[]"))).starts_with("invalid question input")
+        );
+        assert_eq!(pure_outcome(given("sleep", r#"{"ms": 1}"#)), None);
     }
 }
