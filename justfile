@@ -24,6 +24,10 @@ verify: lint test
 bench:
     cargo bench -p trellis-core
 
+# Fuzz one target for ten minutes, e.g. `just fuzz nats_task_result` (needs cargo-fuzz).
+fuzz target:
+    cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run -s none {{target}} corpus/{{target}} seeds/{{target}} -- -max_total_time=600 -rss_limit_mb=2048 -timeout=10
+
 # The main job: a plan run end to end on a local cluster, then its execution tree.
 demo:
     cargo run -p trellis-cli -- demo

@@ -1,0 +1,2 @@
+0
+step-1&{"done":{"1":true},"trace":["step-1"]}

@@ -1,0 +1,3 @@
+
+$018bcfe5-6800-7570-8048-0c6b9f4e8d75$018bcfe5-6800-703d-976f-d26fe9bf50ac
+fail-never"fail2 {"times": 0, "retryable": false}8@
