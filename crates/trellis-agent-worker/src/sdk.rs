@@ -489,9 +489,18 @@ impl TaskContext {
         *lock(&self.running.current_step) = step.into();
     }
 
-    /// Reports what the attempt consumed so far (cumulative, not a delta), for budgets.
+    /// Reports what the attempt consumed so far (cumulative, not a delta), for budgets. A cost
+    /// that is not a finite, non-negative number is dropped with a warning (the coordinator would
+    /// refuse the result that carries it); the tokens still count.
     pub fn usage(&self, tokens_used: u64, cost: f64) {
-        *lock(&self.running.usage) = v1::Usage { tokens_used, cost };
+        let mut usage = lock(&self.running.usage);
+        let cost = if cost.is_finite() && cost >= 0.0 {
+            cost
+        } else {
+            tracing::warn!(task_instance_id = %self.assignment.task_instance_id, cost, "invalid cost reported; keeping the last valid one");
+            usage.cost
+        };
+        *usage = v1::Usage { tokens_used, cost };
     }
 
     /// Returns the merged state of the durable steps run or recorded so far (a JSON object).

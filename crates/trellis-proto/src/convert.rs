@@ -234,8 +234,21 @@ pub fn usage_to_proto(usage: Usage) -> v1::Usage {
 }
 
 /// Reads a usage report; an unset one means nothing was consumed.
-fn usage_from_proto(usage: Option<&v1::Usage>) -> Usage {
-    usage.map_or_else(Usage::default, |usage| Usage {
+/// Reads a usage report. The cost is summed into the execution's budget, so it must be a finite,
+/// non-negative number: one NaN would make the sum NaN and the budget never run out.
+fn usage_from_proto(at: &At<'_>, usage: Option<&v1::Usage>) -> Result<Usage, ConvertError> {
+    let Some(usage) = usage else {
+        return Ok(Usage::default());
+    };
+    if !usage.cost.is_finite() || usage.cost < 0.0 {
+        return Err(at
+            .field("usage")
+            .field("cost")
+            .error(ConvertErrorKind::Inconsistent(
+                "a cost is a finite, non-negative number",
+            )));
+    }
+    Ok(Usage {
         tokens_used: usage.tokens_used,
         cost: usage.cost,
     })
@@ -728,7 +741,7 @@ fn decode_event(at: &At<'_>, event: &v1::Event) -> Result<LogEntry, ConvertError
                 instance: parse_id(&at.field("task_instance_id"), &completed.task_instance_id)?,
                 attempt: completed.attempt,
                 output: parse_json(&at.field("output"), &completed.output)?,
-                usage: usage_from_proto(completed.usage.as_ref()),
+                usage: usage_from_proto(&at, completed.usage.as_ref())?,
             }
         }
         v1::event::Kind::TaskFailed(failed) => {
@@ -738,7 +751,7 @@ fn decode_event(at: &At<'_>, event: &v1::Event) -> Result<LogEntry, ConvertError
                 attempt: failed.attempt,
                 error: failed.error.clone(),
                 retryable: failed.retryable,
-                usage: usage_from_proto(failed.usage.as_ref()),
+                usage: usage_from_proto(&at, failed.usage.as_ref())?,
             }
         }
         v1::event::Kind::SubtasksSpawned(spawned) => {
@@ -962,7 +975,7 @@ fn parse_result(
     let execution_id = parse_id(&at.field("execution_id"), &result.execution_id)?;
     let instance = parse_id(&at.field("task_instance_id"), &result.task_instance_id)?;
     let attempt = result.attempt;
-    let usage = usage_from_proto(result.usage.as_ref());
+    let usage = usage_from_proto(at, result.usage.as_ref())?;
     let body = match required(&at.field("outcome"), &result.outcome)? {
         Reported::Started(v1::task_result::Started {}) => EventBody::TaskStarted {
             instance,

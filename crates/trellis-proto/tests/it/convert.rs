@@ -355,7 +355,9 @@ fn arb_instant() -> impl Strategy<Value = u64> {
 fn arb_usage() -> impl Strategy<Value = Usage> {
     (
         any::<u64>(),
-        any::<f64>().prop_filter("costs are finite", |cost| cost.is_finite()),
+        any::<f64>().prop_filter("costs are finite and not negative", |cost| {
+            cost.is_finite() && *cost >= 0.0
+        }),
     )
         .prop_map(|(tokens_used, cost)| Usage { tokens_used, cost })
 }
@@ -766,6 +768,19 @@ fn malformed_results_are_precise_errors() {
         },
         "task_result.worker_id: missing",
     );
+    // A NaN cost would make the execution's cost NaN, and its budget would never run out.
+    for cost in [f64::NAN, f64::INFINITY, -1.0] {
+        check_result_error(
+            &v1::TaskResult {
+                usage: Some(v1::Usage {
+                    tokens_used: 1,
+                    cost,
+                }),
+                ..task_result(Some(task_result::Outcome::Started(task_result::Started {})))
+            },
+            "task_result.usage.cost: a cost is a finite, non-negative number",
+        );
+    }
     check_result_error_prefix(
         &task_result(Some(task_result::Outcome::Completed(
             task_result::Completed {
