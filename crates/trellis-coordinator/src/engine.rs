@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 use tracing::Instrument as _;
 use trellis_core::ids::{ExecutionId, QuestionId, TaskInstanceId};
-use trellis_core::machine::{Applied, Event, EventBody, Execution, ExecutionState};
+use trellis_core::machine::{Applied, Event, EventBody, Execution, ExecutionState, Usage};
 use trellis_core::plan::{PlanErrors, compile_str};
 use trellis_core::quota::Quota;
 use trellis_core::record::TaskState;
@@ -738,7 +738,9 @@ impl Engine {
             Err(err) => {
                 tracing::warn!(subject = %message.subject, %err, "invalid task result set aside");
                 self.metrics.set_aside("invalid");
-                return None;
+                // Set aside alone, the attempt would run on until a deadline, if it has one.
+                let (id, failed) = failed_by_invalid_result(&result, now, &err)?;
+                (id, failed)
             }
         };
         let Some(live) = self.executions.get_mut(&id) else {
@@ -753,7 +755,15 @@ impl Engine {
             Ok(Applied::Ignored(reason)) => {
                 tracing::debug!(%id, ?reason, "duplicate task result ignored")
             }
-            Err(err) => tracing::warn!(%id, %err, "task result refused"),
+            Err(err) => {
+                tracing::warn!(%id, %err, "task result refused; its attempt fails");
+                let failed = failed_by_invalid_result(&result, now, &err);
+                if let Some((_, failed)) = failed
+                    && let Ok(Applied::Changed { .. }) = live.record(id, failed, &self.metrics)
+                {
+                    self.mark(id);
+                }
+            }
         }
         Some(id)
     }
@@ -1955,6 +1965,27 @@ fn history(log: &[(u64, Bytes)], from: u64) -> Vec<v1::Event> {
         }
     }
     events
+}
+
+/// The event that fails the attempt a refused result names: a worker that breaks the contract
+/// (an output that is not JSON, a group the state machine refuses, ...) ends its attempt, not
+/// retryable, with the reason, instead of leaving it running. `None` when the result does not
+/// name an attempt.
+fn failed_by_invalid_result(
+    result: &v1::TaskResult,
+    now: u64,
+    why: &dyn std::fmt::Display,
+) -> Option<(ExecutionId, Event)> {
+    let id = result.execution_id.parse().ok()?;
+    let instance = result.task_instance_id.parse().ok()?;
+    let body = EventBody::TaskFailed {
+        instance,
+        attempt: result.attempt,
+        error: format!("the worker sent a result the coordinator refuses: {why}"),
+        retryable: false,
+        usage: Usage::default(),
+    };
+    Some((id, Event { at_ms: now, body }))
 }
 
 /// Turns a result whose payload is over `max_bytes` (a completed output, a step's state, a

@@ -121,6 +121,41 @@ async fn group_completion_rules_behave_as_designed() {
     }
 }
 
+/// A handler that breaks the contract (a quorum of 3 out of 1 member, which the state machine
+/// refuses) fails its attempt with the reason instead of leaving it running forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_the_coordinator_refuses_fails_its_attempt() {
+    let mut cluster = cluster::start_with(1, registry).await;
+    let run = cluster
+        .run("name: broken\ntasks:\n- {id: p, type: spawner, input: {rule: quorum, k: 3, outcomes: [true]}}\n")
+        .await;
+    assert_eq!(
+        run.state(),
+        ExecutionState::Failed,
+        "{}",
+        run.execution.reason
+    );
+    let error = run
+        .events
+        .iter()
+        .find_map(|e| match e.kind.as_ref()? {
+            Kind::TaskFailed(failed) => Some(failed.error.clone()),
+            _ => None,
+        })
+        .expect("the attempt failed");
+    assert!(
+        error.contains("the worker sent a result the coordinator refuses")
+            && error.contains("quorum 3 of 1 members"),
+        "{error}"
+    );
+    assert_eq!(
+        run.count("p", "dispatched"),
+        1,
+        "not retried: {:?}",
+        run.timeline()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_escalation_chain_walks_retry_reassign_fallback_pause_then_abort() {
     let mut cluster = cluster::start_with(2, registry).await;
