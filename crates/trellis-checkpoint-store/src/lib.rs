@@ -171,6 +171,10 @@ pub async fn run(
 #[command(name = "trellis-checkpoint-store", version, about)]
 struct Args {
     /// Database: postgres://user@host/db, or sqlite://path?mode=rwc (created when missing).
+    ///
+    /// PostgreSQL uses TLS when the server offers it (sslmode=prefer). To insist on it and check
+    /// the server, add ?sslmode=verify-full&sslrootcert=/path/ca.pem; to present a client
+    /// certificate, also &sslcert=/path/client.pem&sslkey=/path/client.key.
     #[arg(
         long,
         env = "TRELLIS_DATABASE_URL",

@@ -34,6 +34,8 @@ pub struct Postgres {
     /// The OS user (uid, gid) the server runs as; `None` runs it as the current user.
     run_as: Option<(u32, u32)>,
     port: u16,
+    /// Whether the server speaks only TLS and checks client certificates ([`Postgres::start_tls`]).
+    tls: bool,
     // Kept for its `Drop`, which removes the cluster and the log.
     dir: tempfile::TempDir,
 }
@@ -44,6 +46,20 @@ impl Postgres {
     /// Fails, naming the fix, when no PostgreSQL server binaries are found under
     /// `/usr/lib/postgresql/*/bin` or on `PATH`.
     pub fn start() -> anyhow::Result<Postgres> {
+        Self::start_with(None)
+    }
+
+    /// Like [`Postgres::start`], for a server that refuses every connection without TLS: it
+    /// presents `pki`'s server certificate (for `localhost` and `127.0.0.1`) and lets in only
+    /// clients presenting a certificate signed by `pki`'s CA (then with trust authentication).
+    ///
+    /// [`Postgres::create_database`] needs a client certificate there and is not available: use the
+    /// `postgres` database.
+    pub fn start_tls(pki: &crate::TestPki) -> anyhow::Result<Postgres> {
+        Self::start_with(Some(pki))
+    }
+
+    fn start_with(pki: Option<&crate::TestPki>) -> anyhow::Result<Postgres> {
         let bin_dir = find_bin_dir()?;
         let run_as = if running_as_root()? {
             Some(postgres_user()?)
@@ -68,9 +84,13 @@ impl Postgres {
             bin_dir,
             run_as,
             port,
+            tls: pki.is_some(),
             dir,
         };
         postgres.init_db()?;
+        if let Some(pki) = pki {
+            postgres.require_tls(pki)?;
+        }
         postgres.spawn()?;
         Ok(postgres)
     }
@@ -196,11 +216,53 @@ impl Postgres {
         Ok(())
     }
 
+    /// Copies `pki`'s server certificate, key and CA where the server's OS user can read them (the
+    /// key private to it, as PostgreSQL demands) and replaces `pg_hba.conf`: TLS with a client
+    /// certificate signed by the CA, nothing else.
+    fn require_tls(&self, pki: &crate::TestPki) -> anyhow::Result<()> {
+        use std::os::unix::fs::PermissionsExt as _;
+        let (cert, key) = pki.server();
+        for (from, name, mode) in [
+            (cert, "server.pem", 0o644),
+            (key, "server.key", 0o600),
+            (pki.ca(), "ca.pem", 0o644),
+        ] {
+            let to = self.dir.path().join(name);
+            std::fs::copy(&from, &to).with_context(|| {
+                format!("failed to copy {} to {}", from.display(), to.display())
+            })?;
+            std::fs::set_permissions(&to, std::fs::Permissions::from_mode(mode))
+                .with_context(|| format!("failed to set the mode of {}", to.display()))?;
+            if let Some((uid, gid)) = self.run_as {
+                std::os::unix::fs::chown(&to, Some(uid), Some(gid))
+                    .with_context(|| format!("failed to hand {} to postgres", to.display()))?;
+            }
+        }
+        let hba = self.data_dir().join("pg_hba.conf");
+        std::fs::write(
+            &hba,
+            "hostssl all all 127.0.0.1/32 trust clientcert=verify-ca\n\
+             hostnossl all all 127.0.0.1/32 reject\n",
+        )
+        .with_context(|| format!("failed to write {}", hba.display()))
+    }
+
     /// Starts the postmaster and waits until it accepts connections. A postmaster that exits at
     /// once is started again until the deadline: after a kill, the old backends may still hold
     /// the shared memory for a moment, and the new postmaster refuses to start until they are gone.
     fn spawn(&mut self) -> anyhow::Result<()> {
         let started = Instant::now();
+        let tls_settings = if self.tls {
+            let file = |name: &str| self.dir.path().join(name).display().to_string();
+            vec![
+                "ssl=on".to_owned(),
+                format!("ssl_cert_file={}", file("server.pem")),
+                format!("ssl_key_file={}", file("server.key")),
+                format!("ssl_ca_file={}", file("ca.pem")),
+            ]
+        } else {
+            Vec::new()
+        };
         loop {
             let log = std::fs::OpenOptions::new()
                 .create(true)
@@ -220,6 +282,11 @@ impl Postgres {
                 // flushing to disk only costs time.
                 .args(["-c", "fsync=off", "-c", "synchronous_commit=off"])
                 .args(["-c", "full_page_writes=off"])
+                .args(
+                    tls_settings
+                        .iter()
+                        .flat_map(|setting| ["-c", setting.as_str()]),
+                )
                 .stdin(Stdio::null())
                 .stdout(log)
                 .stderr(log_err)

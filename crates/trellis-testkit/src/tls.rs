@@ -32,6 +32,7 @@ impl TestPki {
                 .with_context(|| format!("failed to write {}", path.display()))
         };
         write("ca.pem", &ca.pem())?;
+        write("untrusted-ca.pem", &other_ca.pem())?;
         let server = leaf(
             &ca,
             vec!["localhost".to_owned(), "127.0.0.1".to_owned()],
@@ -56,6 +57,12 @@ impl TestPki {
     /// The CA certificate clients and servers trust.
     pub fn ca(&self) -> PathBuf {
         self.dir.path().join("ca.pem")
+    }
+
+    /// The certificate of the second CA, which signed nothing the servers present: a client that
+    /// trusts only it must refuse every server here.
+    pub fn untrusted_ca(&self) -> PathBuf {
+        self.dir.path().join("untrusted-ca.pem")
     }
 
     /// The server's certificate and key.

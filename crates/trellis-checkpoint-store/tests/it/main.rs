@@ -7,3 +7,4 @@ mod driver;
 mod grpc;
 mod read_model;
 mod support;
+mod tls;
