@@ -121,6 +121,124 @@ async fn an_nkey_seed_file_signs_the_challenge() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Signs NATS JWT claims (`{"typ":"JWT","alg":"ed25519-nkey"}`) as `issuer`: the subject's
+/// public key and name, `nats` for the claims of its kind, and a `jti` hashing the rest.
+fn nats_jwt(
+    issuer: &nkeys::KeyPair,
+    subject: &str,
+    nats: serde_json::Value,
+) -> anyhow::Result<String> {
+    use data_encoding::{BASE32_NOPAD, BASE64URL_NOPAD};
+    use sha2::Digest as _;
+    let mut claims = serde_json::json!({
+        "iat": 1_750_000_000,
+        "iss": issuer.public_key(),
+        "name": "trellis",
+        "sub": subject,
+        "nats": nats,
+    });
+    let digest = sha2::Sha256::digest(serde_json::to_vec(&claims)?);
+    claims["jti"] = BASE32_NOPAD.encode(&digest).into();
+    let header = BASE64URL_NOPAD.encode(br#"{"typ":"JWT","alg":"ed25519-nkey"}"#);
+    let body = BASE64URL_NOPAD.encode(&serde_json::to_vec(&claims)?);
+    let signed = format!("{header}.{body}");
+    let signature = issuer.sign(signed.as_bytes())?;
+    Ok(format!("{signed}.{}", BASE64URL_NOPAD.encode(&signature)))
+}
+
+/// An account's claims: no limits but JetStream's, which it needs for the engine's streams.
+fn account_claims() -> serde_json::Value {
+    serde_json::json!({
+        "type": "account",
+        "version": 2,
+        "limits": {
+            "subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1,
+            "wildcards": true, "conn": -1, "leaf": -1,
+            "mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1,
+        },
+    })
+}
+
+/// A `.creds` file as `nsc` writes it: the user's JWT, then its seed.
+fn creds_file(
+    dir: &std::path::Path,
+    name: &str,
+    jwt: &str,
+    user: &nkeys::KeyPair,
+) -> anyhow::Result<std::path::PathBuf> {
+    let path = dir.join(name);
+    std::fs::write(
+        &path,
+        format!(
+            "-----BEGIN NATS USER JWT-----\n{jwt}\n------END NATS USER JWT------\n\n\
+             ************************* IMPORTANT *************************\n\
+             NKEY Seed printed below can be used to sign and prove identity.\n\n\
+             -----BEGIN USER NKEY SEED-----\n{}\n------END USER NKEY SEED------\n",
+            user.seed()?
+        ),
+    )?;
+    Ok(path)
+}
+
+#[tokio::test]
+async fn a_creds_file_logs_in_to_an_operator_mode_server() -> anyhow::Result<()> {
+    // Decentralized authentication: the server trusts an operator key and knows one account
+    // (signed by the operator); users are whoever holds a JWT the account signed and its seed.
+    let operator = nkeys::KeyPair::new_operator();
+    let account = nkeys::KeyPair::new_account();
+    let account_jwt = nats_jwt(&operator, &account.public_key(), account_claims())?;
+    // JetStream in operator mode needs a system account (one without JetStream).
+    let system = nkeys::KeyPair::new_account();
+    let mut system_claims = account_claims();
+    if let Some(limits) = system_claims["limits"].as_object_mut() {
+        limits.retain(|key, _| {
+            !matches!(
+                key.as_str(),
+                "mem_storage" | "disk_storage" | "streams" | "consumer"
+            )
+        });
+    }
+    let system_jwt = nats_jwt(&operator, &system.public_key(), system_claims)?;
+    let nats = NatsServer::start_with_config(&format!(
+        "trusted_keys: [\"{}\"]\nsystem_account: {}\nresolver: MEMORY\n\
+         resolver_preload: {{ {}: \"{account_jwt}\", {}: \"{system_jwt}\" }}",
+        operator.public_key(),
+        system.public_key(),
+        account.public_key(),
+        system.public_key(),
+    ))?;
+    let user_claims = serde_json::json!({
+        "type": "user", "version": 2, "subs": -1, "data": -1, "payload": -1,
+    });
+    let dir = tempfile::tempdir()?;
+    let user = nkeys::KeyPair::new_user();
+    let user_jwt = nats_jwt(&account, &user.public_key(), user_claims.clone())?;
+    works(&with_auth(
+        &nats,
+        NatsAuth::Creds(creds_file(dir.path(), "user.creds", &user_jwt, &user)?),
+    ))
+    .await?;
+
+    // A JWT from an account the server does not know, and a known JWT with another user's seed
+    // (it cannot sign the server's challenge), are refused.
+    let unknown_account = nkeys::KeyPair::new_account();
+    let foreign_jwt = nats_jwt(&unknown_account, &user.public_key(), user_claims)?;
+    let impostor = nkeys::KeyPair::new_user();
+    for creds in [
+        creds_file(dir.path(), "foreign.creds", &foreign_jwt, &user)?,
+        creds_file(dir.path(), "impostor.creds", &user_jwt, &impostor)?,
+    ] {
+        let message = refused(&with_auth(&nats, NatsAuth::Creds(creds.clone()))).await;
+        assert!(
+            message.contains("refused the credentials"),
+            "{}: {message}",
+            creds.display()
+        );
+        assert!(!message.contains(&user.seed()?), "a seed in {message}");
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn tls_with_a_trusted_ca_and_client_certificates() -> anyhow::Result<()> {
     let pki = TestPki::new()?;
