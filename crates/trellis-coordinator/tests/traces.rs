@@ -1,7 +1,8 @@
 //! One execution is one trace: the spans of a plan compiled by the planner, started on the
 //! coordinator, dispatched over NATS, run by a worker, whose results come back over NATS, whose
 //! log the checkpoint-store ingests and whose checkpoint it stores, all belong to the trace of
-//! the client's call, each with the parent it should have.
+//! the client's call, each with the parent it should have. A browser's request to the monitor
+//! joins the trace its `traceparent` names, and so do the monitor's calls to the coordinator.
 //!
 //! Every service runs in this process with a real nats-server; spans go to an in-memory
 //! exporter. This is its own test binary: the tracer and the subscriber are process-wide.
@@ -110,6 +111,15 @@ async fn one_execution_is_one_trace_across_planner_coordinator_worker_and_store(
             .map_err(|e| e.to_string())
     })
     .await;
+    let monitor_nats = nats.url();
+    let monitor_coordinator = coordinator_url.clone();
+    let monitor_url = serve(&shutdown, |listener, token| async move {
+        let config = trellis_monitor::Config::new(&monitor_nats, &monitor_coordinator);
+        trellis_monitor::run(config, listener, token)
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
     let mut worker = trellis_agent_worker::Config::new(nats.url());
     worker.worker_id = Some("traced-worker".to_owned());
     let token = shutdown.child_token();
@@ -187,6 +197,31 @@ async fn one_execution_is_one_trace_across_planner_coordinator_worker_and_store(
         })
         .await
         .expect("a checkpoint is taken");
+
+    // A browser asks the monitor about the execution, in a trace of its own.
+    let browser = tracing::info_span!("browser.get");
+    let browser_context = propagation::context_of(&browser);
+    let browser_trace = browser_context.span().span_context().trace_id();
+    let browser_id = browser_context.span().span_context().span_id();
+    let traceparent = propagation::traceparent(&browser_context).expect("a valid span context");
+    let execution_url = format!("{monitor_url}/api/executions/{execution_id}");
+    loop {
+        let status = reqwest::Client::new()
+            .get(&execution_url)
+            .header(propagation::TRACEPARENT, &traceparent)
+            .send()
+            .await
+            .map(|response| response.status().as_u16());
+        if status.as_ref().is_ok_and(|status| *status == 200) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the monitor never answered for the execution: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(browser);
 
     // The read model takes the log in on its own time: wait for its spans of this execution.
     let spans = loop {
@@ -294,6 +329,31 @@ async fn one_execution_is_one_trace_across_planner_coordinator_worker_and_store(
             });
         assert_eq!(stored.span_context.trace_id(), trace);
     }
+
+    // The monitor's request is a child of the browser's span, and its call to the coordinator a
+    // child of the request, across gRPC.
+    let request = spans
+        .named("GET /api/executions/{id}")
+        .find(|span| {
+            span.parent_span_id == browser_id
+                && attribute(span, "http.response.status_code").as_deref() == Some("200")
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "no monitor request answered in the browser's trace: {:?}",
+                spans.names()
+            )
+        });
+    child_of(request, browser_id, browser_trace);
+    assert_eq!(
+        attribute(request, "http.route").as_deref(),
+        Some("/api/executions/{id}")
+    );
+    let asked = spans
+        .named("trellis.v1.Coordinator/GetExecution")
+        .find(|span| span.parent_span_id == request.span_context.span_id())
+        .unwrap_or_else(|| panic!("the coordinator's GetExecution is not a child of {request:#?}"));
+    assert_eq!(asked.span_context.trace_id(), browser_trace);
 
     shutdown.cancel();
 }

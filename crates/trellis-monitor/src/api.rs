@@ -31,6 +31,7 @@ use trellis_telemetry::redact::Secret;
 
 use crate::assets;
 use crate::hub::{Hub, HubError, Hubs};
+use crate::metrics::{Metrics, Open};
 use crate::views::{CheckpointView, ExecutionView, QuestionView, WorkerView};
 
 /// A stream with nothing to send writes a comment this often, so proxies keep it open.
@@ -46,6 +47,7 @@ pub struct App {
     pub store: Option<CheckpointStoreClient<AuthChannel>>,
     pub access: Access,
     pub shutdown: CancellationToken,
+    pub metrics: Metrics,
 }
 
 /// Who may read and control through the monitor.
@@ -198,7 +200,7 @@ impl From<HubError> for ApiError {
 
 type ApiResult = Result<Response, ApiError>;
 
-/// The routes of the UI and the API.
+/// The routes of the UI and the API; every request runs in its own span and is counted.
 pub fn router(app: App) -> Router {
     Router::new()
         .route("/", get(assets::index))
@@ -222,6 +224,10 @@ pub fn router(app: App) -> Router {
             post(answer),
         )
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such page or endpoint") })
+        .layer(axum::middleware::from_fn_with_state(
+            app.metrics.clone(),
+            crate::metrics::track,
+        ))
         .with_state(app)
 }
 
@@ -464,6 +470,8 @@ async fn live(
         first: Option<Bytes>,
         records: bool,
         shutdown: CancellationToken,
+        resnapshots: prometheus_client::metrics::counter::Counter,
+        _open: Open,
     }
     let state = Live {
         hub,
@@ -471,6 +479,8 @@ async fn live(
         first: Some(snapshot),
         records,
         shutdown: app.shutdown.clone(),
+        resnapshots: app.metrics.live_resnapshots.clone(),
+        _open: Open::new(&app.metrics.live_streams),
     };
     let frames = futures::stream::unfold(state, |mut live| async move {
         if let Some(first) = live.first.take() {
@@ -482,6 +492,7 @@ async fn live(
                 Ok(Ok(frame)) => frame,
                 // Too far behind: start again from a fresh snapshot rather than skip updates.
                 Ok(Err(RecvError::Lagged(_))) => {
+                    live.resnapshots.inc();
                     let (snapshot, receiver) = live.hub.subscribe(live.records);
                     live.receiver = receiver;
                     snapshot

@@ -18,6 +18,7 @@ use std::time::Duration;
 use async_nats::jetstream::{consumer, stream::Stream};
 use bytes::Bytes;
 use futures::StreamExt;
+use prometheus_client::metrics::gauge::Gauge;
 use prost::Message as _;
 use serde::Serialize;
 use tokio::sync::{broadcast, watch};
@@ -27,6 +28,7 @@ use trellis_core::machine::Execution;
 use trellis_proto::convert::{self, LogEntry, Started};
 use trellis_proto::{subjects, v1};
 
+use crate::metrics::Open;
 use crate::views::{EventView, ExecutionView, InstanceView, PlanView};
 
 /// Most events one update carries; older ones of the same batch are counted, not sent.
@@ -56,16 +58,25 @@ pub struct Hubs {
     flush: Duration,
     hubs: Mutex<HashMap<ExecutionId, Arc<Hub>>>,
     shutdown: CancellationToken,
+    /// How many hubs are following their log.
+    watched: Gauge,
 }
 
 impl Hubs {
-    /// Hubs reading the event stream `events`, flushing every `flush`.
-    pub fn new(events: Stream, flush: Duration, shutdown: CancellationToken) -> Arc<Self> {
+    /// Hubs reading the event stream `events`, flushing every `flush`, counting themselves in
+    /// `watched`.
+    pub fn new(
+        events: Stream,
+        flush: Duration,
+        shutdown: CancellationToken,
+        watched: Gauge,
+    ) -> Arc<Self> {
         Arc::new(Self {
             events,
             flush,
             hubs: Mutex::new(HashMap::new()),
             shutdown,
+            watched,
         })
     }
 
@@ -522,6 +533,7 @@ impl Hub {
 /// Reads the hub's log from the start and keeps it current until the hub goes idle or the
 /// monitor stops.
 async fn follow(hubs: Arc<Hubs>, hub: Arc<Hub>) {
+    let _watched = Open::new(&hubs.watched);
     let fail = |message: String| {
         hub.readiness.send_replace(Readiness::Failed(HubError::Log {
             id: hub.id.to_string(),

@@ -31,6 +31,7 @@ pub mod api;
 mod assets;
 mod cli;
 pub mod hub;
+pub mod metrics;
 pub mod views;
 
 pub use cli::{Args, main_entry, run_with, serve};
@@ -149,12 +150,19 @@ pub async fn run(
         () = shutdown.cancelled() => return Ok(()),
         streams = trellis_bus::wait_for_streams(&js, STREAMS_TIMEOUT) => streams?,
     };
+    let metrics = metrics::Metrics::new(&config.telemetry.registry);
     let app = api::App {
-        hubs: hub::Hubs::new(streams.events, config.flush, shutdown.clone()),
+        hubs: hub::Hubs::new(
+            streams.events,
+            config.flush,
+            shutdown.clone(),
+            metrics.executions_watched.clone(),
+        ),
         coordinator,
         store,
         access,
         shutdown: shutdown.clone(),
+        metrics,
     };
     tracing::info!(%addr, access = ?app.access_mode(), "monitor serving");
     let router = api::router(app);

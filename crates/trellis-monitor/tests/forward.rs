@@ -1,7 +1,7 @@
 //! A monitor that forwards its callers' tokens to a coordinator started with an access file: no
 //! token is 401, another namespace's execution is 404 for every read and control (the live
 //! projection and the checkpoints included, which the monitor serves itself), and a refused
-//! control changes nothing.
+//! control changes nothing. The monitor's metrics count each of those answers by route.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -121,6 +121,7 @@ async fn forwarded_tokens_keep_each_namespace_to_itself() {
         client: services.clone(),
         ..trellis_monitor::Config::new(&nats.url(), &format!("http://{coordinator_addr}"))
     };
+    let monitor_metrics = monitor_config.telemetry.registry.clone();
     tokio::spawn(trellis_monitor::run(
         monitor_config,
         monitor_listener,
@@ -221,6 +222,16 @@ async fn forwarded_tokens_keep_each_namespace_to_itself() {
         .await
         .expect("the live stream opens");
     assert_eq!(response.status().as_u16(), 200);
+    let scraped = monitor_metrics.encode();
+    for line in [
+        "trellis_monitor_live_streams 1",
+        "trellis_monitor_executions_watched 1",
+    ] {
+        assert!(
+            scraped.lines().any(|l| l == line),
+            "no `{line}` while team A watches:\n{scraped}"
+        );
+    }
     drop(response);
     let (_, body) = call("GET", &format!("{base}/api/executions/{id}"), Some(TOKEN_A)).await;
     assert_eq!(
@@ -252,6 +263,43 @@ async fn forwarded_tokens_keep_each_namespace_to_itself() {
     )
     .await;
     assert_eq!((status, &body["state"]), (200, &json!("paused")), "{body}");
+
+    // Every answer above was counted under its route's pattern, never under an id.
+    let scraped = monitor_metrics.encode();
+    let requests = |route: &str, method: &str, code: u16| {
+        let prefix = format!(
+            "trellis_monitor_http_requests_total{{route=\"{route}\",method=\"{method}\",code=\"{code}\"}} "
+        );
+        scraped
+            .lines()
+            .find_map(|line| line.strip_prefix(&prefix))
+            .and_then(|count| count.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    for (route, method, code, expected) in [
+        ("/api/executions/{id}/plan", "GET", 401, 1),
+        ("/api/executions/{id}/plan", "GET", 404, 1),
+        ("/api/executions/{id}/plan", "GET", 200, 1),
+        ("/api/executions/{id}/live", "GET", 404, 1),
+        ("/api/executions/{id}/{action}", "POST", 404, 4),
+        ("/api/executions/{id}/{action}", "POST", 200, 1),
+    ] {
+        assert_eq!(
+            requests(route, method, code),
+            expected,
+            "{method} {route} answered {code}:\n{scraped}"
+        );
+    }
+    assert!(
+        !scraped.contains(&id),
+        "an execution id became a label:\n{scraped}"
+    );
+    assert!(
+        scraped.contains(
+            "trellis_monitor_http_request_seconds_count{route=\"/api/executions/{id}/plan\"} 3"
+        ),
+        "{scraped}"
+    );
 
     shutdown.cancel();
 }

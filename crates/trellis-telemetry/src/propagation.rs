@@ -156,6 +156,29 @@ pub fn grpc_server_span(request: &http::Request<()>) -> tracing::Span {
     span
 }
 
+/// The span of one HTTP request a server handles (the monitor's), a child of the caller's span
+/// when the request carries a `traceparent`. `route` is the matched route's pattern
+/// (`/api/executions/{id}`), not the path, so span names stay few. The status code is recorded
+/// in the field `http.response.status_code` once known.
+pub fn http_server_span(
+    method: &http::Method,
+    route: &str,
+    headers: &http::HeaderMap,
+) -> tracing::Span {
+    let span = tracing::info_span!(
+        "http",
+        otel.name = %format_args!("{method} {route}"),
+        otel.kind = "server",
+        http.request.method = %method,
+        http.route = %route,
+        http.response.status_code = tracing::field::Empty,
+    );
+    if enabled() {
+        set_parent(&span, extract_http(headers));
+    }
+    span
+}
+
 /// A `traceparent`-only carrier, for the text recorded in the event log.
 #[derive(Default)]
 struct Carrier {
