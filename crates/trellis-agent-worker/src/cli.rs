@@ -64,22 +64,14 @@ pub fn main_entry() -> ExitCode {
             };
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("trellis-agent-worker: cannot start the async runtime: {error}");
-            return ExitCode::FAILURE;
-        }
-    };
-    runtime.block_on(main_async(args))
+    trellis_telemetry::block_on_service(
+        "trellis-agent-worker",
+        args.telemetry.log_format,
+        main_async(args),
+    )
 }
 
 async fn main_async(args: Args) -> ExitCode {
-    let _telemetry_guard =
-        trellis_telemetry::init("trellis-agent-worker", args.telemetry.log_format);
     let nats = match args.nats.options() {
         Ok(nats) => nats,
         Err(error) => {
@@ -101,7 +93,7 @@ async fn main_async(args: Args) -> ExitCode {
         eprintln!("trellis-agent-worker: invalid configuration: {error}");
         return ExitCode::from(EXIT_USAGE);
     }
-    let shutdown = CancellationToken::new();
+    let shutdown = trellis_telemetry::cancel_on_signal();
     if let Some(addr) = args.telemetry.admin_addr_or(DEFAULT_ADMIN)
         && let Err(error) = trellis_telemetry::admin::spawn(
             addr,
@@ -114,12 +106,6 @@ async fn main_async(args: Args) -> ExitCode {
         eprintln!("trellis-agent-worker: {error}");
         return ExitCode::from(EXIT_USAGE);
     }
-    let signal = shutdown.clone();
-    tokio::spawn(async move {
-        trellis_bus::shutdown_signal().await;
-        tracing::info!("shutdown requested");
-        signal.cancel();
-    });
     match crate::run(config, HandlerRegistry::with_builtins(), shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

@@ -12,7 +12,6 @@ use trellis_proto::subjects;
 
 pub use options::{NatsArgs, NatsAuth, NatsOptions, NatsTls};
 pub use steps::{STEPS_MAX_AGE, ensure_steps_bucket, steps_bucket};
-pub use trellis_telemetry::shutdown_signal;
 
 /// How long a task message may stay unacknowledged before JetStream hands it to another worker.
 /// Workers send `AckProgress` every [`HEARTBEAT_INTERVAL`], so a live worker never hits it; a

@@ -223,20 +223,8 @@ pub fn main_from(args: impl IntoIterator<Item = OsString>) -> ExitCode {
             };
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("trellis-checkpoint-store: cannot start the async runtime: {err}");
-            return ExitCode::FAILURE;
-        }
-    };
-    runtime.block_on(async move {
-        // Another host (a test, `trellis dev`) may have installed a subscriber already.
-        let _telemetry_guard =
-            trellis_telemetry::init("trellis-checkpoint-store", args.telemetry.log_format);
+    let log_format = args.telemetry.log_format;
+    trellis_telemetry::block_on_service("trellis-checkpoint-store", log_format, async move {
         let fail = |message: String| {
             eprintln!("trellis-checkpoint-store: {message}");
             ExitCode::from(2)
@@ -253,7 +241,7 @@ pub fn main_from(args: impl IntoIterator<Item = OsString>) -> ExitCode {
             Ok(listener) => listener,
             Err(err) => return fail(format!("cannot listen on {}: {err}", args.listen)),
         };
-        let shutdown = CancellationToken::new();
+        let shutdown = trellis_telemetry::cancel_on_signal();
         let telemetry = Telemetry::new();
         if let Some(addr) = args.telemetry.admin_addr_or(DEFAULT_ADMIN)
             && let Err(err) =
@@ -261,11 +249,6 @@ pub fn main_from(args: impl IntoIterator<Item = OsString>) -> ExitCode {
         {
             return fail(err.to_string());
         }
-        let signal = shutdown.clone();
-        tokio::spawn(async move {
-            trellis_bus::shutdown_signal().await;
-            signal.cancel();
-        });
         let config = Config {
             database_url: args.database_url,
             nats,

@@ -4,7 +4,6 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use clap::Parser;
-use tokio_util::sync::CancellationToken;
 
 /// The default admin address: `/metrics`, `/healthz`, `/readyz`, gRPC health.
 const DEFAULT_ADMIN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
@@ -98,22 +97,14 @@ pub fn main_entry() -> ExitCode {
 /// Runs the coordinator with flags already parsed (`trellis coordinator` hosts it this way)
 /// until SIGTERM or Ctrl-C.
 pub fn run_with(args: Args, client: &trellis_grpc::ClientArgs) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("trellis-coordinator: cannot start the async runtime: {err}");
-            return ExitCode::FAILURE;
-        }
-    };
-    runtime.block_on(main_async(args, client))
+    trellis_telemetry::block_on_service(
+        "trellis-coordinator",
+        args.telemetry.log_format,
+        main_async(args, client),
+    )
 }
 
 async fn main_async(args: Args, client: &trellis_grpc::ClientArgs) -> ExitCode {
-    let _telemetry_guard =
-        trellis_telemetry::init("trellis-coordinator", args.telemetry.log_format);
     let fail = |message: String| {
         eprintln!("trellis-coordinator: {message}");
         ExitCode::from(2)
@@ -134,7 +125,7 @@ async fn main_async(args: Args, client: &trellis_grpc::ClientArgs) -> ExitCode {
         Ok(listener) => listener,
         Err(err) => return fail(format!("cannot listen on {}: {err}", args.listen)),
     };
-    let shutdown = CancellationToken::new();
+    let shutdown = trellis_telemetry::cancel_on_signal();
     let telemetry = trellis_telemetry::Telemetry::new();
     if let Some(addr) = args.telemetry.admin_addr_or(DEFAULT_ADMIN)
         && let Err(err) =
@@ -142,11 +133,6 @@ async fn main_async(args: Args, client: &trellis_grpc::ClientArgs) -> ExitCode {
     {
         return fail(err.to_string());
     }
-    let signal = shutdown.clone();
-    tokio::spawn(async move {
-        trellis_bus::shutdown_signal().await;
-        signal.cancel();
-    });
     let config = crate::Config {
         nats,
         shards: args.shards,

@@ -5,7 +5,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use tokio_util::sync::CancellationToken;
 use trellis_grpc::ClientSecurity;
 use trellis_telemetry::redact::Secret;
 
@@ -114,16 +113,6 @@ pub fn run_with(
     coordinator_url: String,
     client: &trellis_grpc::ClientArgs,
 ) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("trellis-monitor: cannot start the async runtime: {err}");
-            return ExitCode::FAILURE;
-        }
-    };
     let client = match client.load() {
         Ok(client) => client,
         Err(err) => {
@@ -131,12 +120,12 @@ pub fn run_with(
             return ExitCode::from(2);
         }
     };
-    runtime.block_on(async move {
-        // A host process (the `trellis` CLI) may have installed a subscriber already.
-        let _telemetry_guard =
-            trellis_telemetry::init("trellis-monitor", args.telemetry.log_format);
-        serve(args, coordinator_url, client).await
-    })
+    let log_format = args.telemetry.log_format;
+    trellis_telemetry::block_on_service(
+        "trellis-monitor",
+        log_format,
+        serve(args, coordinator_url, client),
+    )
 }
 
 /// Serves with `args` until SIGTERM or Ctrl-C.
@@ -159,7 +148,7 @@ pub async fn serve(args: Args, coordinator_url: String, client: ClientSecurity) 
             return ExitCode::from(2);
         }
     };
-    let shutdown = CancellationToken::new();
+    let shutdown = trellis_telemetry::cancel_on_signal();
     if let Some(addr) = args.telemetry.admin_addr_or(DEFAULT_ADMIN)
         && let Err(err) =
             trellis_telemetry::admin::spawn(addr, config.telemetry.clone(), shutdown.clone()).await
@@ -167,11 +156,6 @@ pub async fn serve(args: Args, coordinator_url: String, client: ClientSecurity) 
         eprintln!("trellis-monitor: {err}");
         return ExitCode::from(2);
     }
-    let signal = shutdown.clone();
-    tokio::spawn(async move {
-        trellis_bus::shutdown_signal().await;
-        signal.cancel();
-    });
     if config.token.is_none() && !config.forward_tokens {
         eprintln!(
             "trellis-monitor: no --monitor-token given: the UI is read-only, controls are refused"

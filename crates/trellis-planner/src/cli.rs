@@ -4,7 +4,6 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use clap::Parser;
-use tokio_util::sync::CancellationToken;
 use trellis_core::plan::Limits;
 
 /// The Trellis planner: compiles and analyses plans, serves the `Planner` gRPC API.
@@ -68,22 +67,8 @@ pub fn main_entry() -> ExitCode {
 /// Serves with flags already parsed (`trellis planner` hosts the service this way): installs
 /// tracing and serves until SIGTERM or Ctrl-C.
 pub fn run_with(args: Args) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("trellis-planner: cannot start the async runtime: {err}");
-            return ExitCode::FAILURE;
-        }
-    };
-    runtime.block_on(async move {
-        // A host process (the `trellis` CLI) may have installed a subscriber already.
-        let _telemetry_guard =
-            trellis_telemetry::init("trellis-planner", args.telemetry.log_format);
-        serve(args).await
-    })
+    let log_format = args.telemetry.log_format;
+    trellis_telemetry::block_on_service("trellis-planner", log_format, serve(args))
 }
 
 /// Serves with `args` until SIGTERM or Ctrl-C; for the binary and `trellis planner`.
@@ -106,7 +91,7 @@ pub async fn serve(args: Args) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let shutdown = CancellationToken::new();
+    let shutdown = trellis_telemetry::cancel_on_signal();
     let telemetry = trellis_telemetry::Telemetry::new();
     if let Some(addr) = args.telemetry.admin_addr_or(DEFAULT_ADMIN)
         && let Err(err) =
@@ -115,11 +100,6 @@ pub async fn serve(args: Args) -> ExitCode {
         eprintln!("trellis-planner: {err}");
         return ExitCode::from(2);
     }
-    let signal = shutdown.clone();
-    tokio::spawn(async move {
-        trellis_telemetry::shutdown_signal().await;
-        signal.cancel();
-    });
     let config = crate::Config {
         limits: args.limits(&security),
         security,

@@ -13,7 +13,8 @@
 //!
 //! A service's `run` takes a [`Telemetry`]: the registry and the health its components report to.
 //! A binary makes one and serves it with [`admin::serve`]; `trellis dev` shares one between every
-//! service it hosts.
+//! service it hosts. Every service binary runs its body with [`block_on_service`] and stops on
+//! the token [`cancel_on_signal`] returns.
 
 pub mod admin;
 pub mod metrics;
@@ -21,8 +22,10 @@ pub mod propagation;
 pub mod redact;
 
 use std::net::SocketAddr;
+use std::process::ExitCode;
 
 use opentelemetry_sdk::trace::SdkTracerProvider;
+use tokio_util::sync::CancellationToken;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{EnvFilter, Layer as _};
@@ -210,6 +213,44 @@ fn otlp_provider(service: &'static str) -> Result<Option<SdkTracerProvider>, Str
             .with_batch_exporter(exporter)
             .build(),
     ))
+}
+
+/// Runs a service binary's `body` on a new multi-threaded runtime, with logging (and trace
+/// export) installed for `service` first: what every service's `main` does. A runtime that cannot
+/// start is reported on stderr as `service: ...`, with exit code 1.
+pub fn block_on_service<F>(service: &'static str, log_format: LogFormat, body: F) -> ExitCode
+where
+    F: Future<Output = ExitCode>,
+{
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("{service}: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        // A host process (a test, the `trellis` CLI) may have installed a subscriber already;
+        // `init` then leaves it in place.
+        let _guard = init(service, log_format);
+        body.await
+    })
+}
+
+/// Returns a token that is cancelled on SIGTERM or Ctrl-C ([`shutdown_signal`]): a service
+/// binary's signal to stop gracefully. Call it inside the runtime.
+pub fn cancel_on_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let signal = token.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutdown requested");
+        signal.cancel();
+    });
+    token
 }
 
 /// Completes on SIGTERM (what Kubernetes sends) or Ctrl-C: every service's signal to stop
