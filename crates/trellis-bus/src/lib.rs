@@ -343,6 +343,39 @@ fn consumer_safe(queue: &str) -> String {
         .collect()
 }
 
+/// Streams one execution's log, `trellis.events.<execution_id>` on the events stream, from the
+/// message at stream sequence `start` (0: from its first message) through an ordered consumer:
+/// the messages come pushed in batches, not a request each. The monitor's hubs and the
+/// checkpoint-store's replicas read logs this way.
+///
+/// # Errors
+///
+/// The consumer cannot be created (NATS or the stream is unavailable).
+pub async fn read_execution_log(
+    events: &stream::Stream,
+    execution_id: impl std::fmt::Display,
+    start: u64,
+) -> Result<consumer::pull::Ordered, String> {
+    let deliver_policy = if start == 0 {
+        consumer::DeliverPolicy::All
+    } else {
+        consumer::DeliverPolicy::ByStartSequence {
+            start_sequence: start,
+        }
+    };
+    events
+        .create_consumer(consumer::pull::OrderedConfig {
+            filter_subject: subjects::events(execution_id),
+            deliver_policy,
+            ..Default::default()
+        })
+        .await
+        .map_err(|err| err.to_string())?
+        .messages()
+        .await
+        .map_err(|err| err.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -708,16 +708,7 @@ async fn read_log(
     execution_id: ExecutionId,
     up_to: u64,
 ) -> Result<Vec<v1::Event>, String> {
-    let consumer = events
-        .create_consumer(consumer::pull::OrderedConfig {
-            filter_subject: subjects::events(execution_id),
-            deliver_policy: consumer::DeliverPolicy::All,
-            ..Default::default()
-        })
-        .await
-        .map_err(|err| format!("cannot read the log: {err}"))?;
-    let mut messages = consumer
-        .messages()
+    let mut messages = trellis_bus::read_execution_log(events, execution_id, 0)
         .await
         .map_err(|err| format!("cannot read the log: {err}"))?;
     let mut log: Vec<v1::Event> = Vec::new();

@@ -142,24 +142,7 @@ impl Hubs {
         id: ExecutionId,
         start: u64,
     ) -> Result<consumer::pull::Ordered, String> {
-        let deliver_policy = if start == 0 {
-            consumer::DeliverPolicy::All
-        } else {
-            consumer::DeliverPolicy::ByStartSequence {
-                start_sequence: start,
-            }
-        };
-        self.events
-            .create_consumer(consumer::pull::OrderedConfig {
-                filter_subject: subjects::events(id),
-                deliver_policy,
-                ..Default::default()
-            })
-            .await
-            .map_err(|err| err.to_string())?
-            .messages()
-            .await
-            .map_err(|err| err.to_string())
+        trellis_bus::read_execution_log(&self.events, id, start).await
     }
 
     /// Events of `id`'s log from sequence `from`, at most `limit`, read from the stream itself
