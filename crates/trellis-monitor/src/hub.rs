@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use async_nats::jetstream::{consumer, stream::Stream};
+use async_nats::jetstream::stream::Stream;
 use bytes::Bytes;
 use futures::StreamExt;
 use prometheus_client::metrics::gauge::Gauge;
@@ -135,16 +135,6 @@ impl Hubs {
         }
     }
 
-    /// An ordered consumer of `id`'s log from the message at stream sequence `start` (0: from
-    /// the first).
-    async fn read_log(
-        &self,
-        id: ExecutionId,
-        start: u64,
-    ) -> Result<consumer::pull::Ordered, String> {
-        trellis_bus::read_execution_log(&self.events, id, start).await
-    }
-
     /// Events of `id`'s log from sequence `from`, at most `limit`, read from the stream itself
     /// starting at the message that holds `from` (the hub keeps where each stored message
     /// starts, not the events). Also returns the
@@ -171,7 +161,9 @@ impl Hubs {
             message,
         };
         // One consumer streams the page's messages, rather than a request per message.
-        let mut messages = self.read_log(hub.id, start).await.map_err(failed)?;
+        let mut messages = trellis_bus::read_execution_log(&self.events, hub.id, start)
+            .await
+            .map_err(failed)?;
         let mut out = Vec::new();
         let mut next_seq = from;
         while out.len() < limit && next_seq <= last {
@@ -523,7 +515,7 @@ async fn follow(hubs: Arc<Hubs>, hub: Arc<Hub>) {
             message,
         }));
     };
-    let mut messages = match hubs.read_log(hub.id, 0).await {
+    let mut messages = match trellis_bus::read_execution_log(&hubs.events, hub.id, 0).await {
         Ok(messages) => messages,
         Err(message) => {
             fail(message);
