@@ -1,5 +1,5 @@
 //! The Trellis agent-worker: runs task handlers for the tasks the coordinator publishes on
-//! JetStream (DESIGN.md §1, §3, §6, §7, §11).
+//! JetStream (docs/design.md §1, §3, §6, §7, §11).
 //!
 //! [`run`] connects to NATS, ensures the streams, and for every configured queue pulls from the
 //! queue's durable consumer (`trellis.tasks.<queue>`, shared by every worker of the queue), at

@@ -86,7 +86,7 @@ impl Outcome {
     }
 }
 
-/// When a spawned group is done (DESIGN.md §4). In JSON: `"all_settled"`, `"all_succeeded"`,
+/// When a spawned group is done (docs/design.md §4). In JSON: `"all_settled"`, `"all_succeeded"`,
 /// `"first_success"` or `{"quorum": k}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -128,7 +128,7 @@ pub struct Subtask {
     pub queue: Option<String>,
 }
 
-/// A question for a human (DESIGN.md §7).
+/// A question for a human (docs/design.md §7).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Question {
     /// The question, shown as is.
@@ -181,7 +181,7 @@ impl HandlerRegistry {
         HandlerRegistry::default()
     }
 
-    /// Returns a registry holding the built-in handlers of DESIGN.md §11: `noop`, `sleep`,
+    /// Returns a registry holding the built-in handlers of docs/design.md §11: `noop`, `sleep`,
     /// `fail`, `fanout`, `shell`, `http` and `question`, and `steps` (durable steps, seed 002).
     pub fn with_builtins() -> HandlerRegistry {
         let mut registry = HandlerRegistry::new();

@@ -15,7 +15,7 @@ pub use steps::{STEPS_MAX_AGE, ensure_steps_bucket, steps_bucket};
 
 /// How long a task message may stay unacknowledged before JetStream hands it to another worker.
 /// Workers send `AckProgress` every [`HEARTBEAT_INTERVAL`], so a live worker never hits it; a
-/// dead one loses its task after three silent intervals (DESIGN.md §4, "Agents").
+/// dead one loses its task after three silent intervals (docs/design.md §4, "Agents").
 pub const TASK_ACK_WAIT: Duration = Duration::from_secs(6);
 
 /// How often workers heartbeat and extend their in-flight task messages.
@@ -129,7 +129,7 @@ fn is_invalid_data(error: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-/// The three streams of DESIGN.md §3.
+/// The three streams of docs/design.md §3.
 #[derive(Debug, Clone)]
 pub struct Streams {
     pub tasks: stream::Stream,

@@ -1,4 +1,4 @@
-//! The KV bucket of durable steps (DESIGN.md §6): workers keep the steps a running task instance
+//! The KV bucket of durable steps (docs/design.md §6): workers keep the steps a running task instance
 //! has recorded under its instance id, so an attempt that JetStream delivers again after its
 //! worker died (same attempt, no steps in the assignment) resumes after them.
 //!

@@ -1,4 +1,4 @@
-//! Checkpoints (DESIGN.md §2, §4): what the service does with them, once for both backends.
+//! Checkpoints (docs/design.md §2, §4): what the service does with them, once for both backends.
 //!
 //! - A checkpoint from a caller is verified before anything is stored ([`verify_new`]): ids,
 //!   kind, SHA-256 of the state against `checksum_sha256`, length against `size_bytes`.

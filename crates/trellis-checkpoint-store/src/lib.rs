@@ -1,4 +1,4 @@
-//! The Trellis checkpoint-store service (DESIGN.md §1, §2, §8): checkpoints of executions with
+//! The Trellis checkpoint-store service (docs/design.md §1, §2, §8): checkpoints of executions with
 //! checksums, and the queryable read model built from the event log.
 //!
 //! - [`store`]: the [`Store`] trait, its PostgreSQL and SQLite backends, and [`store::connect`],

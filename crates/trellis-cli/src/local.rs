@@ -1,4 +1,4 @@
-//! Every Trellis service in this process (DESIGN.md §1, the embedded default): the NATS server at
+//! Every Trellis service in this process (docs/design.md §1, the embedded default): the NATS server at
 //! `NATS_URL` when one is given, otherwise a `nats-server -js` child on a free loopback port with
 //! its store in a temporary directory; the checkpoint-store on a SQLite file in the temporary
 //! directory; the planner; a coordinator; and agent-workers with the built-in handlers.

@@ -1,4 +1,4 @@
-//! Checkpoints (DESIGN.md §2, §4): the coordinator snapshots an execution on an interval, when it
+//! Checkpoints (docs/design.md §2, §4): the coordinator snapshots an execution on an interval, when it
 //! is paused and on demand, and hands the bytes to the checkpoint-store. Every `FULL_EVERY`-th
 //! checkpoint is a full snapshot of the state machine; the ones between are deltas holding only
 //! the events since the previous checkpoint (an encoded `EventBatch`), so storage grows with the

@@ -1,4 +1,4 @@
-//! Recovery (DESIGN.md §2): an execution is rebuilt from its latest checkpoint, when the
+//! Recovery (docs/design.md §2): an execution is rebuilt from its latest checkpoint, when the
 //! checkpoint-store has a good one, plus the events of its log after it, read back from
 //! JetStream. Without a checkpoint (no store, store down, every checkpoint corrupt) the whole log
 //! is replayed: slower, same state.

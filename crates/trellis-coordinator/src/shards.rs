@@ -1,4 +1,4 @@
-//! Shards and their leases (DESIGN.md §9).
+//! Shards and their leases (docs/design.md §9).
 //!
 //! Executions are spread over `S` shards by a hash of their id. A coordinator owns a shard while
 //! it holds the shard's lease: a key in the NATS KV bucket `trellis_leases` whose value is the

@@ -1,4 +1,4 @@
-//! SHA-256 checksums of checkpoint bytes (DESIGN.md §10, invariant 6): computed when a checkpoint
+//! SHA-256 checksums of checkpoint bytes (docs/design.md §10, invariant 6): computed when a checkpoint
 //! is made and verified on every read, so a corrupt checkpoint is detected instead of restored.
 
 use sha2::{Digest, Sha256};

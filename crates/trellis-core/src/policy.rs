@@ -1,4 +1,4 @@
-//! Failure handling (DESIGN.md §5): failure actions, escalation chains and retry backoff.
+//! Failure handling (docs/design.md §5): failure actions, escalation chains and retry backoff.
 //!
 //! Everything here is a pure function of its inputs; jitter takes its randomness as an argument so
 //! the state machine stays deterministic (it derives the jitter from the instance id and attempt).

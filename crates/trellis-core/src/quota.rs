@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::plan::Plan;
 use crate::policy::FailureAction;
 
-/// The kinds of failure action (DESIGN.md §5), without their parameters.
+/// The kinds of failure action (docs/design.md §5), without their parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ActionKind {
@@ -33,7 +33,7 @@ pub enum ActionKind {
 }
 
 impl ActionKind {
-    /// Every kind, in the order DESIGN.md lists them.
+    /// Every kind, in the order docs/design.md lists them.
     pub const ALL: [ActionKind; 6] = [
         ActionKind::Retry,
         ActionKind::Reassign,

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ids::{ExecutionId, GroupId, TaskInstanceId, WorkerId};
 
-/// The state of a task instance (DESIGN.md §4).
+/// The state of a task instance (docs/design.md §4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TaskState {

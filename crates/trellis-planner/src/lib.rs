@@ -1,4 +1,4 @@
-//! The Trellis planner service: the gRPC `Planner` API (DESIGN.md §8) over the compiler and the
+//! The Trellis planner service: the gRPC `Planner` API (docs/design.md §8) over the compiler and the
 //! analysis of `trellis-core`.
 //!
 //! `CompilePlan` turns a spec (text plus param values) into a compiled plan, or returns every

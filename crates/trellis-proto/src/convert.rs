@@ -1,6 +1,6 @@
 //! Conversions between the `trellis-core` model and the wire messages of [`v1`](crate::v1).
 //!
-//! The event log is the source of truth (DESIGN.md §2), so [`event_to_proto`] and
+//! The event log is the source of truth (docs/design.md §2), so [`event_to_proto`] and
 //! [`event_from_proto`] are exact inverses: every [`EventBody`] decodes to the value that was
 //! encoded, which is what lets a replay rebuild the state that was live. The other direction of
 //! travel is the worker contract: [`assignment_to_proto`] builds what a worker receives and

@@ -7,7 +7,7 @@
 //!   The `.proto` files are the API reference; their comments are carried into the rustdoc.
 //! - [`convert`] translates between the `trellis-core` model and these messages: the event log,
 //!   task assignments and results, progress, task instances and the execution graph.
-//! - [`subjects`] builds the NATS subjects, stream names and headers of DESIGN.md §3.
+//! - [`subjects`] builds the NATS subjects, stream names and headers of docs/design.md §3.
 //! - [`FILE_DESCRIPTOR_SET`] is the encoded descriptor set (with comments) for gRPC reflection.
 //!
 //! These are wire types only: they stop at the edge of each service, which converts them to and

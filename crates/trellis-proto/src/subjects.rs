@@ -1,4 +1,4 @@
-//! NATS subjects, JetStream stream names and header keys of DESIGN.md §3, in one place so no
+//! NATS subjects, JetStream stream names and header keys of docs/design.md §3, in one place so no
 //! service spells a subject by hand.
 //!
 //! Subject tokens (queue names, shard numbers, ids) must not contain `.`, `*`, `>` or whitespace;

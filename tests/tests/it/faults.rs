@@ -1,4 +1,4 @@
-//! DESIGN.md §10, invariant 5: kill -9 of any one process, or a restart of NATS or PostgreSQL,
+//! docs/design.md §10, invariant 5: kill -9 of any one process, or a restart of NATS or PostgreSQL,
 //! during an execution loses nothing; and §9: a standby coordinator takes over the shards of one
 //! that died. Each test runs 10,000 subtasks in 10 groups through real processes and checks, from
 //! the graph and from the event log, that every task completed once and every group resumed its

@@ -1,4 +1,4 @@
-//! The built-in handlers of DESIGN.md §11: `noop`, `sleep` and `fail` for tests and benchmarks,
+//! The built-in handlers of docs/design.md §11: `noop`, `sleep` and `fail` for tests and benchmarks,
 //! `fanout` to exercise subtask groups, `steps` to exercise durable steps, `shell` and `http` for
 //! real work, and `question` for the human in the loop.
 //!

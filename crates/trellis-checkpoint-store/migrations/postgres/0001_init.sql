@@ -1,4 +1,4 @@
--- The checkpoint-store's schema (DESIGN.md §2, §4; seed 003 §4.1, seed 001).
+-- The checkpoint-store's schema (docs/design.md §2, §4; seed 003 §4.1, seed 001).
 -- Ids are UUIDs (v7, so they sort by creation); instants are BIGINT milliseconds since the Unix
 -- epoch, as on the wire; JSON values are TEXT holding JSON.
 

@@ -1,4 +1,4 @@
--- The checkpoint-store's schema (DESIGN.md §2, §4; seed 003 §4.1, seed 001), SQLite flavour of
+-- The checkpoint-store's schema (docs/design.md §2, §4; seed 003 §4.1, seed 001), SQLite flavour of
 -- migrations/postgres: ids are 16-byte UUID blobs (v7, so they sort by creation); instants are
 -- INTEGER milliseconds since the Unix epoch, as on the wire; JSON values are TEXT holding JSON.
 

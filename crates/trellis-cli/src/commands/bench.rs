@@ -1,4 +1,4 @@
-//! `trellis bench`: the scenarios of BENCH.md against a cluster this command starts itself (every
+//! `trellis bench`: the scenarios of docs/bench.md against a cluster this command starts itself (every
 //! service, a NATS JetStream server with file storage; durability on, nothing mocked), one JSON
 //! object per scenario on stdout, human-readable notes on stderr.
 
@@ -29,10 +29,10 @@ const SCENARIOS: [&str; 8] = [
     "observers",
 ];
 
-/// Measure Trellis on the scenarios of BENCH.md.
+/// Measure Trellis on the scenarios of docs/bench.md.
 #[derive(Debug, Args)]
 #[command(
-    long_about = "Measure Trellis on the scenarios of BENCH.md.\n\n\
+    long_about = "Measure Trellis on the scenarios of docs/bench.md.\n\n\
         Starts every service in this process with a NATS JetStream server of its own (file storage, \
         durability on), runs each scenario with `noop` tasks, and prints one JSON object per \
         scenario on stdout, for example\n  \
@@ -131,7 +131,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
     }
 }
 
-/// One JSON object with the fields in BENCH.md's order (`system`, `scenario`, `n`, then the
+/// One JSON object with the fields in docs/bench.md's order (`system`, `scenario`, `n`, then the
 /// scenario's own), so lines from different engines read alike.
 fn line(scenario: &str, n: usize, fields: &[(&str, Value)]) -> String {
     let mut line = format!(

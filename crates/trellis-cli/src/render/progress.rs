@@ -1,4 +1,4 @@
-//! Progress of an execution (DESIGN.md §4): counts by state, percent, ETA and "wave k of n", and the
+//! Progress of an execution (docs/design.md §4): counts by state, percent, ETA and "wave k of n", and the
 //! one line that shows it.
 //!
 //! The coordinator computes progress; the CLI only shows it. Snapshots come with

@@ -1,4 +1,4 @@
-//! Every relationship type of DESIGN.md §4, and the plan language's routes and confidence
+//! Every relationship type of docs/design.md §4, and the plan language's routes and confidence
 //! threshold, shown by its effect on a real execution: a coordinator and workers over a real
 //! nats-server, judged by the event log and the execution graph.
 

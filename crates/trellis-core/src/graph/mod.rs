@@ -1,7 +1,7 @@
 //! The execution-graph builder of seed 000: it links the flat task instance records of one
 //! execution into the tree that shows how the execution actually ran.
 //!
-//! The tree has two kinds of elements (DESIGN.md §4):
+//! The tree has two kinds of elements (docs/design.md §4):
 //!
 //! - a **node** is one task instance; its `next` is the [`Group`] it spawned, or the instance that
 //!   continues it directly (`continues_task_instance_id`: resumption after a human answer, a

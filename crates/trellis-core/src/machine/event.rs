@@ -140,7 +140,7 @@ pub struct Usage {
     pub cost: f64,
 }
 
-/// When a subtask group is done (DESIGN.md §4).
+/// When a subtask group is done (docs/design.md §4).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GroupRule {
@@ -164,7 +164,7 @@ pub struct SubtaskSpec {
     pub input: serde_json::Value,
 }
 
-/// A question for a human (DESIGN.md §7).
+/// A question for a human (docs/design.md §7).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Question {
     pub id: QuestionId,

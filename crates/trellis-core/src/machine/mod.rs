@@ -1,4 +1,4 @@
-//! The execution state machine (DESIGN.md §2, §4–§7).
+//! The execution state machine (docs/design.md §2, §4–§7).
 //!
 //! One [`Execution`] per running plan. Inputs are [`Event`]s: results reported by workers, requests
 //! from people (pause, resume, cancel, answers) and the machine's own decisions. [`Execution::apply`]
@@ -883,7 +883,7 @@ impl Execution {
         Ok(Applied::Changed { stop })
     }
 
-    /// Starts run `run` of a failed or cancelled execution (DESIGN.md §4, "Execution runs"): plan
+    /// Starts run `run` of a failed or cancelled execution (docs/design.md §4, "Execution runs"): plan
     /// tasks that settled acceptably keep their results; every other task is instantiated again
     /// (with ids of the new run) once its dependencies allow. The earlier runs' instances stay, as
     /// history.

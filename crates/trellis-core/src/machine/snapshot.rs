@@ -1,4 +1,4 @@
-//! Snapshots: the state of an [`Execution`] as bytes, and back (DESIGN.md §2, §4).
+//! Snapshots: the state of an [`Execution`] as bytes, and back (docs/design.md §2, §4).
 //!
 //! A snapshot holds everything `apply` and `decide` read except the plan, which the caller
 //! recompiles from the spec recorded in the log. Indexes derived from the plan or the instances

@@ -133,7 +133,7 @@ pub enum ApplyError {
     GlobalTimeoutNotReached,
 }
 
-/// What a resumed instance receives in its input (DESIGN.md §4 and §7).
+/// What a resumed instance receives in its input (docs/design.md §4 and §7).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum ResumeContext {
@@ -205,7 +205,7 @@ impl Assignment<'_> {
     }
 }
 
-/// A progress snapshot (DESIGN.md §4, "Progress").
+/// A progress snapshot (docs/design.md §4, "Progress").
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Progress {
     pub state: ExecutionState,

@@ -1,4 +1,4 @@
-//! Plans: the spec people write (YAML or JSON, DESIGN.md §11), its compiler, and the compiled,
+//! Plans: the spec people write (YAML or JSON, docs/design.md §11), its compiler, and the compiled,
 //! validated task graph the state machine runs.
 //!
 //! A [`Plan`] can only be built by [`compile`]: every index in it is in range, dependencies form a
@@ -96,7 +96,7 @@ impl Default for PlanOptions {
     }
 }
 
-/// Resource limits of one execution (DESIGN.md §5, "Budgets").
+/// Resource limits of one execution (docs/design.md §5, "Budgets").
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Budget {
     pub max_tokens: Option<u64>,
@@ -264,7 +264,7 @@ impl FileOp {
     }
 }
 
-/// One of the 11 relationship types (DESIGN.md §4), written in snake_case in plans.
+/// One of the 11 relationship types (docs/design.md §4), written in snake_case in plans.
 #[derive(
     Clone,
     Copy,
@@ -294,7 +294,7 @@ pub enum RelationshipKind {
 }
 
 impl RelationshipKind {
-    /// Every kind, in the order of DESIGN.md §4.
+    /// Every kind, in the order of docs/design.md §4.
     pub const ALL: [RelationshipKind; 11] = [
         Self::DependsOn,
         Self::Blocks,

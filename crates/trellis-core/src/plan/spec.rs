@@ -1,4 +1,4 @@
-//! The plan spec as people write it (YAML or JSON, DESIGN.md §11), before any validation.
+//! The plan spec as people write it (YAML or JSON, docs/design.md §11), before any validation.
 //!
 //! These types mirror the file format one to one: every struct denies unknown fields, task
 //! references are still ids, durations are still text. [`super::compile`] checks all of it and
@@ -129,7 +129,7 @@ pub struct OptionsSpec {
     pub budget: Option<BudgetSpec>,
 }
 
-/// `options.failure:` — the plan's failure policy (DESIGN.md §5).
+/// `options.failure:` — the plan's failure policy (docs/design.md §5).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FailureSpec {

@@ -1,4 +1,4 @@
-//! Property tests of DESIGN.md §10 invariants 1–4 on random plans, with worker results delivered in
+//! Property tests of docs/design.md §10 invariants 1–4 on random plans, with worker results delivered in
 //! random order, duplicated, late, and interleaved with pause, resume and cancel, plus replay:
 //! the event log rebuilds the identical state.
 

@@ -1,4 +1,4 @@
-//! The state machine running compiled plans: relationship semantics (DESIGN.md §4) and the example
+//! The state machine running compiled plans: relationship semantics (docs/design.md §4) and the example
 //! plans end to end.
 
 use std::sync::Arc;

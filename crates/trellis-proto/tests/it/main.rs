@@ -1,5 +1,4 @@
-//! Integration tests of `trellis-proto`: one test binary (see STYLE.md, "One integration-test
-//! binary per crate").
+//! Integration tests of `trellis-proto`: one test binary, so the crate links its tests once.
 
 mod convert;
 mod descriptor;
