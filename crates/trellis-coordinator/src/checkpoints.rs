@@ -1,13 +1,10 @@
-//! Checkpoints (docs/design.md §2, §4): the coordinator snapshots an execution on an interval, when it
-//! is paused and on demand, and hands the bytes to the checkpoint-store. Every `FULL_EVERY`-th
-//! checkpoint is a full snapshot of the state machine; the ones between are deltas holding only
-//! the events since the previous checkpoint (an encoded `EventBatch`), so storage grows with the
-//! work done. Restoring verifies every checksum here too, not only in the store.
+//! The checkpoint-store as the coordinator uses it: storing the checkpoints the turn decides on
+//! (`crate::turn`'s checkpoint policy), pruning, and restoring the latest good chain, verifying
+//! every checksum here too, not only in the store.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use prost::Message as _;
 use trellis_core::checksum;
 use trellis_core::ids::ExecutionId;
 use trellis_core::machine::{Execution, SNAPSHOT_FORMAT_VERSION};
@@ -17,22 +14,18 @@ use trellis_proto::convert::{self, LogEntry};
 use trellis_proto::v1;
 use trellis_proto::v1::checkpoint_store_client::CheckpointStoreClient;
 
-/// A full snapshot every this many checkpoints; deltas in between.
-pub(crate) const FULL_EVERY: u32 = 8;
-/// Full checkpoints kept per execution (with their deltas) when pruning.
-pub(crate) const KEEP_FULL: u32 = 2;
 /// Longest wait for the store on any call: recovery falls back to the log rather than hang.
 const CALL_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// A checkpoint restored and verified: the state, and where in the log it stands.
 #[derive(Debug)]
-pub(crate) struct Restored {
-    pub(crate) machine: Execution,
-    pub(crate) sequence: u64,
-    pub(crate) stream_sequence: u64,
-    pub(crate) checkpoint_id: String,
+pub struct Restored {
+    pub machine: Execution,
+    pub sequence: u64,
+    pub stream_sequence: u64,
+    pub checkpoint_id: String,
     /// Deltas applied on top of the full snapshot.
-    pub(crate) deltas: u32,
+    pub deltas: u32,
 }
 
 /// A client of the checkpoint-store; cheap to clone.
@@ -116,7 +109,7 @@ impl StoreClient {
 }
 
 /// Applies a checkpoint chain (a full snapshot, then deltas), checking every checksum.
-pub(crate) fn restore_chain(
+pub fn restore_chain(
     id: ExecutionId,
     plan: Arc<Plan>,
     chain: &[v1::Checkpoint],
@@ -193,21 +186,4 @@ fn verified(checkpoint: &v1::Checkpoint) -> Result<(&v1::CheckpointMetadata, &[u
         ));
     }
     Ok((metadata, &checkpoint.state))
-}
-
-/// Encodes the events after `after` held in the in-memory log as one `EventBatch`: a delta.
-pub(crate) fn delta_state(log: &[(u64, bytes::Bytes)], after: u64) -> Option<Vec<u8>> {
-    // The first batch holding `after + 1` is the last one starting at or before it.
-    let start = log
-        .partition_point(|(first, _)| *first <= after + 1)
-        .saturating_sub(1);
-    let mut events = Vec::new();
-    for (_, bytes) in &log[start..] {
-        let batch = v1::EventBatch::decode(bytes.clone()).ok()?;
-        events.extend(batch.events.into_iter().filter(|e| e.sequence > after));
-    }
-    if events.first().is_none_or(|e| e.sequence != after + 1) {
-        return None;
-    }
-    Some(v1::EventBatch { events }.encode_to_vec())
 }

@@ -1,4 +1,5 @@
-//! The `Coordinator` gRPC service: parses and checks requests, then asks the engine.
+//! The `Coordinator` gRPC service: parses and checks requests, asks the coordinator's turn
+//! through the executor, and maps its domain errors to gRPC statuses, in one place ([`status`]).
 
 use std::pin::Pin;
 
@@ -11,44 +12,60 @@ use trellis_proto::v1::coordinator_server::Coordinator;
 
 use trellis_grpc::server::principal;
 
-use crate::engine::{self, Control, Handle, On};
-use crate::workers::Registry;
+use crate::executor::{self, Flushed, Handle};
+use crate::turn::{self, Action, Answer, ErrorKind};
 
 /// The gRPC face of the coordinator.
 pub struct CoordinatorService {
-    engine: Handle,
-    workers: Registry,
-    /// The event stream, for history older than what the engine holds in memory.
+    executor: Handle,
+    /// The event stream, for history older than what the coordinator holds in memory.
     events: async_nats::jetstream::stream::Stream,
 }
 
-impl CoordinatorService {
-    pub(crate) fn new(
-        engine: Handle,
-        workers: Registry,
-        events: async_nats::jetstream::stream::Stream,
-    ) -> Self {
-        Self {
-            engine,
-            workers,
-            events,
-        }
-    }
+/// Returns the gRPC status of a domain error: the one place the two meet.
+pub(crate) fn status(err: turn::Error) -> Status {
+    let code = match err.kind {
+        ErrorKind::InvalidArgument => tonic::Code::InvalidArgument,
+        ErrorKind::NotFound => tonic::Code::NotFound,
+        ErrorKind::PermissionDenied => tonic::Code::PermissionDenied,
+        ErrorKind::FailedPrecondition => tonic::Code::FailedPrecondition,
+        ErrorKind::Unavailable => tonic::Code::Unavailable,
+        ErrorKind::Internal => tonic::Code::Internal,
+    };
+    Status::new(code, err.message)
 }
 
 impl CoordinatorService {
+    pub(crate) fn new(executor: Handle, events: async_nats::jetstream::stream::Stream) -> Self {
+        Self { executor, events }
+    }
+
+    /// Asks for `action` on the execution the request names, as the caller.
+    async fn on<T>(
+        &self,
+        request: &Request<T>,
+        execution_id_field: &str,
+        action: Action,
+    ) -> Result<Answer, Status> {
+        let scope = principal(request)?.scope;
+        let id = execution_id("execution_id", execution_id_field)?;
+        self.executor
+            .ask(turn::Request::On { id, scope, action })
+            .await
+            .map_err(status)
+    }
+
     /// Pauses, resumes or cancels an execution; returns its state afterwards.
     async fn control<T>(
         &self,
         request: &Request<T>,
         execution_id_field: &str,
-        control: Control,
+        action: Action,
     ) -> Result<i32, Status> {
-        let scope = principal(request)?.scope;
-        let id = execution_id("execution_id", execution_id_field)?;
-        self.engine
-            .on(id, scope, |reply| On::Control { control, reply })
-            .await
+        match self.on(request, execution_id_field, action).await? {
+            Answer::State(state) => Ok(state),
+            other => Err(status(executor::unexpected(&other))),
+        }
     }
 }
 
@@ -70,6 +87,16 @@ fn execution_id(field: &str, value: &str) -> Result<ExecutionId, Status> {
 type EventStream =
     Pin<Box<dyn Stream<Item = Result<v1::ObserveExecutionResponse, Status>> + Send + 'static>>;
 
+/// Returns the answer of the expected kind, or an internal error naming what came instead.
+macro_rules! expect {
+    ($answer:expr, $pattern:pat => $value:expr) => {
+        match $answer {
+            $pattern => Ok($value),
+            other => Err(status(executor::unexpected(&other))),
+        }
+    };
+}
+
 #[tonic::async_trait]
 impl Coordinator for CoordinatorService {
     async fn start_execution(
@@ -87,16 +114,17 @@ impl Coordinator for CoordinatorService {
         let traceparent =
             trellis_telemetry::propagation::traceparent(&trellis_telemetry::propagation::current())
                 .unwrap_or_default();
-        let (id, created) = self
-            .engine
-            .request(|reply| engine::Request::Start {
+        let answer = self
+            .executor
+            .ask(turn::Request::Start {
                 source: Box::new(source),
                 options,
                 principal,
                 traceparent,
-                reply,
             })
-            .await?;
+            .await
+            .map_err(status)?;
+        let (id, created) = expect!(answer, Answer::Started { id, created } => (id, created))?;
         Ok(Response::new(v1::StartExecutionResponse {
             execution_id: id.to_string(),
             created,
@@ -107,16 +135,13 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<v1::PauseExecutionRequest>,
     ) -> Result<Response<v1::PauseExecutionResponse>, Status> {
-        let scope = principal(&request)?.scope;
-        let request = request.into_inner();
-        let reason = or_default(request.reason, "paused by request");
-        let id = execution_id("execution_id", &request.execution_id)?;
+        let reason = or_default(request.get_ref().reason.clone(), "paused by request");
         let state = self
-            .engine
-            .on(id, scope, |reply| On::Control {
-                control: Control::Pause(reason),
-                reply,
-            })
+            .control(
+                &request,
+                &request.get_ref().execution_id,
+                Action::Pause(reason),
+            )
             .await?;
         Ok(Response::new(v1::PauseExecutionResponse { state }))
     }
@@ -126,7 +151,7 @@ impl Coordinator for CoordinatorService {
         request: Request<v1::ResumeExecutionRequest>,
     ) -> Result<Response<v1::ResumeExecutionResponse>, Status> {
         let state = self
-            .control(&request, &request.get_ref().execution_id, Control::Resume)
+            .control(&request, &request.get_ref().execution_id, Action::Resume)
             .await?;
         Ok(Response::new(v1::ResumeExecutionResponse { state }))
     }
@@ -140,7 +165,7 @@ impl Coordinator for CoordinatorService {
             .control(
                 &request,
                 &request.get_ref().execution_id,
-                Control::Cancel(reason),
+                Action::Cancel(reason),
             )
             .await?;
         Ok(Response::new(v1::CancelExecutionResponse { state }))
@@ -150,12 +175,10 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<v1::RetryExecutionRequest>,
     ) -> Result<Response<v1::RetryExecutionResponse>, Status> {
-        let scope = principal(&request)?.scope;
-        let id = execution_id("execution_id", &request.into_inner().execution_id)?;
-        let run_number = self
-            .engine
-            .on(id, scope, |reply| On::Retry { reply })
+        let answer = self
+            .on(&request, &request.get_ref().execution_id, Action::Retry)
             .await?;
+        let run_number = expect!(answer, Answer::Run(run) => run)?;
         Ok(Response::new(v1::RetryExecutionResponse { run_number }))
     }
 
@@ -163,12 +186,10 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<v1::CheckpointExecutionRequest>,
     ) -> Result<Response<v1::CheckpointExecutionResponse>, Status> {
-        let scope = principal(&request)?.scope;
-        let id = execution_id("execution_id", &request.into_inner().execution_id)?;
-        let checkpoint = self
-            .engine
-            .on(id, scope, |reply| On::Checkpoint { reply })
+        let answer = self
+            .on(&request, &request.get_ref().execution_id, Action::Checkpoint)
             .await?;
+        let checkpoint = expect!(answer, Answer::Checkpoint(metadata) => metadata)?;
         Ok(Response::new(v1::CheckpointExecutionResponse {
             checkpoint: Some(checkpoint),
         }))
@@ -178,9 +199,10 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<v1::GetExecutionRequest>,
     ) -> Result<Response<v1::GetExecutionResponse>, Status> {
-        let scope = principal(&request)?.scope;
-        let id = execution_id("execution_id", &request.into_inner().execution_id)?;
-        let execution = self.engine.on(id, scope, |reply| On::Get { reply }).await?;
+        let answer = self
+            .on(&request, &request.get_ref().execution_id, Action::Get)
+            .await?;
+        let execution = expect!(answer, Answer::Execution(execution) => *execution)?;
         Ok(Response::new(v1::GetExecutionResponse {
             execution: Some(execution),
         }))
@@ -192,10 +214,12 @@ impl Coordinator for CoordinatorService {
     ) -> Result<Response<v1::ListExecutionsResponse>, Status> {
         let scope = principal(&request)?.scope;
         let request = request.into_inner();
-        let mut executions = self
-            .engine
-            .request(|reply| engine::Request::List { scope, reply })
-            .await?;
+        let answer = self
+            .executor
+            .ask(turn::Request::List { scope })
+            .await
+            .map_err(status)?;
+        let mut executions = expect!(answer, Answer::Executions(executions) => executions)?;
         executions.retain(|e| {
             (request.namespace.is_empty() || e.namespace == request.namespace)
                 && (request.states.is_empty() || request.states.contains(&e.state))
@@ -229,16 +253,22 @@ impl Coordinator for CoordinatorService {
         let request = request.into_inner();
         let id = execution_id("execution_id", &request.execution_id)?;
         let from = request.from_sequence;
-        let mut observation = self
-            .engine
-            .on(id, scope, |reply| On::Observe { from, reply })
-            .await?;
+        let (mut observation, live) = self
+            .executor
+            .observe(turn::Request::On {
+                id,
+                scope,
+                action: Action::Observe { from },
+            })
+            .await
+            .map_err(status)?;
         if let Some((from, until)) = observation.backfill.take() {
-            // The engine holds the log after its checkpoint only; older events come from JetStream.
+            // The coordinator holds the log after its checkpoint only; older events come from
+            // JetStream.
             let older = backfill(&self.events, id, from, until).await?;
             observation.history.splice(0..0, older);
         }
-        let stream = async_stream(observation);
+        let stream = async_stream(observation, live);
         Ok(Response::new(Box::pin(stream)))
     }
 
@@ -246,12 +276,10 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<v1::GetExecutionGraphRequest>,
     ) -> Result<Response<v1::GetExecutionGraphResponse>, Status> {
-        let scope = principal(&request)?.scope;
-        let id = execution_id("execution_id", &request.into_inner().execution_id)?;
-        let graph = self
-            .engine
-            .on(id, scope, |reply| On::Graph { reply })
+        let answer = self
+            .on(&request, &request.get_ref().execution_id, Action::Graph)
             .await?;
+        let graph = expect!(answer, Answer::Graph(graph) => graph)?;
         Ok(Response::new(v1::GetExecutionGraphResponse {
             graph: Some(graph),
         }))
@@ -261,24 +289,25 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<v1::AnswerQuestionRequest>,
     ) -> Result<Response<v1::AnswerQuestionResponse>, Status> {
-        let scope = principal(&request)?.scope;
-        let request = request.into_inner();
-        let id = execution_id("execution_id", &request.execution_id)?;
-        let question: QuestionId = request.question_id.parse().map_err(|_| {
+        principal(&request)?;
+        execution_id("execution_id", &request.get_ref().execution_id)?;
+        let question: QuestionId = request.get_ref().question_id.parse().map_err(|_| {
             Status::invalid_argument(format!(
                 "question_id: not a question id: {:?}",
-                request.question_id
+                request.get_ref().question_id
             ))
         })?;
-        let answer = request.answer;
-        let (sequence, instance) = self
-            .engine
-            .on(id, scope, |reply| On::Answer {
-                question,
-                answer,
-                reply,
-            })
+        let action = Action::Answer {
+            question,
+            answer: request.get_ref().answer.clone(),
+        };
+        let answer = self
+            .on(&request, &request.get_ref().execution_id, action)
             .await?;
+        let (sequence, instance) = expect!(
+            answer,
+            Answer::Answered { sequence, continuation } => (sequence, continuation)
+        )?;
         Ok(Response::new(v1::AnswerQuestionResponse {
             sequence,
             task_instance_id: instance.map(|i| i.to_string()).unwrap_or_default(),
@@ -292,11 +321,16 @@ impl Coordinator for CoordinatorService {
         // Workers serve queues, not namespaces: any authenticated caller may list them.
         principal(&request)?;
         let request = request.into_inner();
-        Ok(Response::new(v1::ListWorkersResponse {
-            workers: self
-                .workers
-                .list(&request.queue, request.include_terminated),
-        }))
+        let answer = self
+            .executor
+            .ask(turn::Request::Workers {
+                queue: request.queue,
+                include_terminated: request.include_terminated,
+            })
+            .await
+            .map_err(status)?;
+        let workers = expect!(answer, Answer::Workers(workers) => workers)?;
+        Ok(Response::new(v1::ListWorkersResponse { workers }))
     }
 }
 
@@ -313,7 +347,7 @@ async fn backfill(
         .map_err(|err| Status::unavailable(err.to_string()))?
         .unwrap_or(0);
     let mut older = Vec::new();
-    for message in crate::recovery::read_log(events, id, 1, last)
+    for message in crate::recovery::read_log(events, id, 1, last, usize::MAX)
         .await
         .map_err(|err| Status::unavailable(err.to_string()))?
     {
@@ -334,13 +368,11 @@ async fn backfill(
 
 /// History first, then live batches; the stream ends once the execution is over.
 fn async_stream(
-    observation: engine::Observation,
+    observation: turn::Observation,
+    mut live: tokio::sync::broadcast::Receiver<std::sync::Arc<Flushed>>,
 ) -> impl Stream<Item = Result<v1::ObserveExecutionResponse, Status>> {
-    let engine::Observation {
-        history,
-        terminal,
-        mut live,
-        ..
+    let turn::Observation {
+        history, terminal, ..
     } = observation;
     let last = history.last().map_or(0, |e| e.sequence);
     let (tx, rx) = tokio::sync::mpsc::channel(256);

@@ -1,20 +1,22 @@
 //! The Trellis coordinator: runs executions.
 //!
-//! It holds one [`trellis_core::machine::Execution`] per live execution inside a single engine task
-//! ([`engine`]), which is the only writer of their event logs. Requests arrive over gRPC
-//! ([`grpc`]), worker results over the JetStream results stream; every accepted event is appended
-//! to `trellis.events.<execution_id>` before its side effects (dispatching tasks, stopping
-//! cancelled ones) happen, and all of it is done in batches so throughput does not pay one round
-//! trip per task.
+//! Every decision is made by a pure turn ([`turn::Coordinator`]: no I/O, no clock), which holds
+//! one [`trellis_core::machine::Execution`] per live execution. One executor task (`executor`)
+//! feeds it requests from gRPC (`grpc`), worker results from the JetStream results stream,
+//! heartbeats, lease changes and clock ticks, and carries out the effects it returns in the order
+//! the invariants need: every accepted event is appended to `trellis.events.<execution_id>`
+//! before its side effects (dispatching tasks, stopping cancelled ones) happen, and results are
+//! acknowledged after both; all of it in batches, so throughput does not pay a round trip per
+//! task.
 
-mod checkpoints;
+pub mod checkpoints;
 mod cli;
-mod engine;
+mod executor;
 mod grpc;
 mod metrics;
-mod recovery;
+pub mod recovery;
 mod shards;
-mod workers;
+pub mod turn;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -97,6 +99,11 @@ pub fn default_id() -> String {
         .unwrap_or_else(|| "coordinator".to_owned())
 }
 
+/// Returns entropy for the ids this coordinator makes, from the operating system's source.
+fn rand_seed() -> u64 {
+    uuid::Uuid::new_v4().as_u64_pair().0
+}
+
 /// Durations in the config file as milliseconds.
 mod millis {
     use std::time::Duration;
@@ -124,6 +131,10 @@ pub enum Error {
     #[error("invalid configuration: {0}")]
     Config(String),
 }
+
+/// How often the index of the owned shards is listed again, to find executions a former owner
+/// started after this coordinator recovered the shard.
+const INDEX_SCAN_EVERY: Duration = Duration::from_secs(10);
 
 /// The default gRPC address.
 pub const DEFAULT_ADDR: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
@@ -165,28 +176,38 @@ pub async fn run(
     let (leases, index) = shards::buckets(&js, config.lease_ttl, replicas).await?;
     // Workers keep durable steps here; creating it with the streams saves each worker the race.
     trellis_bus::ensure_steps_bucket(&js, replicas).await?;
-    let registry = workers::Registry::start(&nats, metrics.clone(), shutdown.clone()).await?;
-    let events = streams.events.clone();
     tokio::spawn(metrics::watch_queues(
         streams.tasks.clone(),
         metrics.clone(),
         shutdown.clone(),
     ));
-    let (handle, inputs) = engine::Engine::spawn(
-        engine::Setup {
+    let events = streams.events.clone();
+    let coordinator = turn::Coordinator::new(
+        turn::Config {
+            shards: config.shards,
+            checkpoint_every_ms: config.checkpoint_every.as_millis() as u64,
+            checkpoint_store: store.is_some(),
+            access: config.security.access.clone(),
+            max_message_bytes: nats.server_info().max_payload,
+            index_scan_every_ms: INDEX_SCAN_EVERY.as_millis() as u64,
+            seed: rand_seed(),
+        },
+        &config.telemetry.registry,
+    );
+    let (handle, inputs) = executor::Executor::spawn(
+        coordinator,
+        executor::Setup {
             nats: nats.clone(),
             js,
             streams,
             index,
             store,
-            shards: config.shards,
-            checkpoint_every: config.checkpoint_every,
-            access: config.security.access.clone(),
             metrics,
             readiness,
         },
         shutdown.clone(),
     );
+    executor::receive_heartbeats(&nats, inputs.clone(), shutdown.clone()).await?;
     let (first_pass, first_pass_done) = tokio::sync::oneshot::channel();
     tokio::spawn(shards::keep_leases(
         leases,
@@ -211,7 +232,7 @@ pub async fn run(
         authentication = config.security.access.is_some(),
         "coordinator serving"
     );
-    let service = grpc::CoordinatorService::new(handle, registry, events);
+    let service = grpc::CoordinatorService::new(handle, events);
     let authenticate =
         Authenticate::new(config.security.access.clone(), &config.telemetry.registry);
     let routes = tonic::service::Routes::new(InterceptedService::new(

@@ -2,45 +2,25 @@
 //! checkpoint-store has a good one, plus the events of its log after it, read back from
 //! JetStream. Without a checkpoint (no store, store down, every checkpoint corrupt) the whole log
 //! is replayed: slower, same state.
+//!
+//! Reading is async ([`recover`]); what is done with what was read is pure ([`started_of`],
+//! [`replay`]), so the simulation rebuilds executions exactly as a coordinator does.
 
 use std::sync::Arc;
 
 use async_nats::jetstream::stream::{RawMessageErrorKind, Stream};
-use bytes::Bytes;
 use trellis_core::ids::ExecutionId;
 use trellis_core::machine::Execution;
+use trellis_core::plan::Plan;
 use trellis_proto::convert::{self, LogEntry, Started};
 use trellis_proto::subjects;
 
 use crate::checkpoints::{Restored, StoreClient};
-
-/// One message of an execution's log: an encoded `EventBatch` and where it sits in the stream.
-#[derive(Clone, Debug)]
-pub(crate) struct LogMessage {
-    pub(crate) stream_seq: u64,
-    pub(crate) first_seq: u64,
-    pub(crate) payload: Bytes,
-}
-
-/// An execution rebuilt from its checkpoint and log, ready for the engine to adopt.
-#[derive(Debug)]
-pub(crate) struct Recovered {
-    pub(crate) machine: Execution,
-    pub(crate) started: Started,
-    /// The last event sequence applied.
-    pub(crate) seq: u64,
-    /// The stream sequence of the log's last message (the next append expects it).
-    pub(crate) stream_seq: u64,
-    /// The messages read after the checkpoint (all of them without one), for observers.
-    pub(crate) log: Vec<LogMessage>,
-    /// The checkpoint the state came from: its id, event sequence and the number of deltas on
-    /// its full snapshot.
-    pub(crate) checkpoint: Option<(String, u64, u32)>,
-}
+use crate::turn::{LogMessage, Recovered};
 
 /// Why an execution could not be recovered.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum RecoveryError {
+pub enum RecoveryError {
     #[error("cannot read the log of {id}: {message}")]
     Read { id: ExecutionId, message: String },
     #[error("the log of {id} is malformed: {message}")]
@@ -67,17 +47,18 @@ pub(crate) async fn last_stream_seq(
     }
 }
 
-/// Reads an execution's log messages with stream sequences in `from..=until`.
+/// Reads an execution's log messages with stream sequences in `from..=until`, at most `limit`.
 pub(crate) async fn read_log(
     events: &Stream,
     id: ExecutionId,
     from: u64,
     until: u64,
+    limit: usize,
 ) -> Result<Vec<LogMessage>, RecoveryError> {
     let subject = subjects::events(id);
     let mut messages = Vec::new();
     let mut next = from.max(1);
-    while next <= until {
+    while next <= until && messages.len() < limit {
         let message = match events
             .get_first_raw_message_by_subject(&subject, next)
             .await
@@ -122,18 +103,42 @@ pub(crate) async fn recover(
     store: Option<&StoreClient>,
     id: ExecutionId,
 ) -> Result<Option<Recovered>, RecoveryError> {
-    let malformed = |message: String| RecoveryError::Malformed { id, message };
     let Some(last) = last_stream_seq(events, id).await? else {
         return Ok(None);
     };
-    // Sequence 1, `ExecutionStarted`, holds the spec the plan is compiled from.
-    let first = read_log(events, id, 1, last).await.map(|mut all| {
-        all.truncate(1);
-        all
-    });
-    let first = first?
+    let first = read_log(events, id, 1, last, 1)
+        .await?
         .pop()
-        .ok_or_else(|| malformed("the log has no first message".to_owned()))?;
+        .ok_or_else(|| RecoveryError::Malformed {
+            id,
+            message: "the log has no first message".to_owned(),
+        })?;
+    let (started, plan) = started_of(id, &first)?;
+    // The latest good checkpoint, if the store has one; any failure means a full replay.
+    let restored = match store {
+        Some(store) => match store.restore(id, Arc::clone(&plan)).await {
+            Ok(restored) => restored,
+            Err(err) => {
+                tracing::warn!(%id, %err, "no checkpoint used: replaying the whole log");
+                None
+            }
+        },
+        None => None,
+    };
+    let from = match &restored {
+        Some(restored) if restored.stream_sequence > 0 => restored.stream_sequence + 1,
+        _ => first.stream_seq,
+    };
+    let log = read_log(events, id, from, last, usize::MAX).await?;
+    replay(id, started, plan, restored, log, last).map(Some)
+}
+
+/// Decodes the first message of a log: `ExecutionStarted` and the plan it records.
+pub fn started_of(
+    id: ExecutionId,
+    first: &LogMessage,
+) -> Result<(Started, Arc<Plan>), RecoveryError> {
+    let malformed = |message: String| RecoveryError::Malformed { id, message };
     let batch =
         convert::decode_event_batch(&first.payload).map_err(|e| malformed(e.to_string()))?;
     let Some(LogEntry::Started(started)) = batch.entries.first().cloned() else {
@@ -149,48 +154,37 @@ pub(crate) async fn recover(
                 .join("; ")
         ))
     })?;
-    let plan = Arc::new(plan);
+    Ok((started, Arc::new(plan)))
+}
 
-    // The latest good checkpoint, if the store has one; any failure means a full replay.
-    let restored = match store {
-        Some(store) => match store.restore(id, Arc::clone(&plan)).await {
-            Ok(restored) => restored,
-            Err(err) => {
-                tracing::warn!(%id, %err, "no checkpoint used: replaying the whole log");
-                None
-            }
-        },
-        None => None,
-    };
-    let (mut machine, mut seq, from_stream, checkpoint) = match restored {
+/// Applies the log messages after the checkpoint (all of them without one) to the checkpoint's
+/// state (a fresh execution without one); `last` is the stream sequence of the log's last message.
+pub fn replay(
+    id: ExecutionId,
+    started: Started,
+    plan: Arc<Plan>,
+    restored: Option<Restored>,
+    log: Vec<LogMessage>,
+    last: u64,
+) -> Result<Recovered, RecoveryError> {
+    let malformed = |message: String| RecoveryError::Malformed { id, message };
+    let (mut machine, mut seq, checkpoint) = match restored {
         Some(Restored {
             machine,
             sequence,
-            stream_sequence,
             checkpoint_id,
             deltas,
+            ..
         }) => {
             tracing::info!(%id, sequence, %checkpoint_id, "restored from checkpoint");
-            let from = if stream_sequence == 0 {
-                first.stream_seq
-            } else {
-                stream_sequence + 1
-            };
-            (
-                machine,
-                sequence,
-                from,
-                Some((checkpoint_id, sequence, deltas)),
-            )
+            (machine, sequence, Some((checkpoint_id, sequence, deltas)))
         }
         None => (
             Execution::start(id, plan, started.run_number.max(1), started.started_at_ms),
             1,
-            first.stream_seq,
             None,
         ),
     };
-    let log = read_log(events, id, from_stream, last).await?;
     for message in &log {
         let batch =
             convert::decode_event_batch(&message.payload).map_err(|e| malformed(e.to_string()))?;
@@ -224,12 +218,12 @@ pub(crate) async fn recover(
     let stream_seq = log.last().map_or(last, |m| m.stream_seq).max(last);
     // Drain what replay touched: the read model is the store's business, not the coordinator's.
     let _ = machine.take_changed_records();
-    Ok(Some(Recovered {
+    Ok(Recovered {
         machine,
         started,
         seq,
         stream_seq,
         log,
         checkpoint,
-    }))
+    })
 }

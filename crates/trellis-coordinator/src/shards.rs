@@ -1,4 +1,4 @@
-//! Shards and their leases (docs/design.md §9).
+//! Shards and their leases (docs/design.md §9), as kept in NATS.
 //!
 //! Executions are spread over `S` shards by a hash of their id. A coordinator owns a shard while
 //! it holds the shard's lease: a key in the NATS KV bucket `trellis_leases` whose value is the
@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use trellis_core::ids::ExecutionId;
 
-use crate::engine::Input;
+use crate::executor::Inbound;
 
 /// The lease bucket.
 pub(crate) const LEASES_BUCKET: &str = "trellis_leases";
@@ -115,12 +115,6 @@ async fn open_or_create(
     }
 }
 
-/// The key of an execution in the index.
-pub(crate) fn index_key(shard: u32, id: ExecutionId) -> String {
-    format!("{shard}.{id}")
-}
-
-/// Lists the unfinished executions of a shard from the index.
 /// Queues the deletion of an index key on the NATS connection, as `kv::Store::delete` would
 /// send it, and returns the future of its acknowledgement without waiting for it.
 pub(crate) async fn queue_delete(
@@ -133,6 +127,7 @@ pub(crate) async fn queue_delete(
         .await
 }
 
+/// Lists the unfinished executions of a shard from the index.
 pub(crate) async fn indexed(index: &kv::Store, shard: u32) -> Result<Vec<ExecutionId>, String> {
     use futures::StreamExt;
     let prefix = format!("{shard}.");
@@ -156,7 +151,7 @@ pub(crate) async fn keep_leases(
     me: String,
     shards: u32,
     ttl: Duration,
-    tx: mpsc::Sender<Input>,
+    tx: mpsc::Sender<Inbound>,
     first_pass: tokio::sync::oneshot::Sender<()>,
     shutdown: CancellationToken,
 ) {
@@ -180,7 +175,7 @@ pub(crate) async fn keep_leases(
                             tracing::warn!(shard, %err, "shard lease lost");
                             owned.remove(&shard);
                             if tx
-                                .send(Input::Lease(LeaseEvent::Lost(shard)))
+                                .send(Inbound::Lease(LeaseEvent::Lost(shard)))
                                 .await
                                 .is_err()
                             {
@@ -214,7 +209,7 @@ pub(crate) async fn keep_leases(
                 tracing::info!(shard, coordinator = %me, "shard lease acquired");
                 owned.insert(shard, (revision, Instant::now()));
                 if tx
-                    .send(Input::Lease(LeaseEvent::Acquired(shard)))
+                    .send(Inbound::Lease(LeaseEvent::Acquired(shard)))
                     .await
                     .is_err()
                 {

@@ -1,0 +1,292 @@
+//! Work the executor runs beside its loop and reports back as inputs: recovering a shard's
+//! executions, loading one execution, storing a checkpoint, consuming a shard's results, and
+//! receiving worker heartbeats.
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+use futures::StreamExt;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
+use trellis_core::ids::ExecutionId;
+use trellis_proto::subjects;
+use trellis_telemetry::propagation;
+
+use super::append::MAX_BACKOFF;
+use super::{Executor, Inbound};
+use crate::checkpoints::StoreClient;
+use crate::recovery;
+use crate::shards;
+use crate::turn::{CheckpointJob, Input, KEEP_FULL, Recovered};
+
+impl Executor {
+    /// Recovers a shard's unfinished executions from the index and their logs.
+    pub(super) fn spawn_recover_shard(&self, shard: u32) {
+        let events = self.streams.events.clone();
+        let index = self.index.clone();
+        let store = self.store.clone();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let ids = loop {
+                match shards::indexed(&index, shard).await {
+                    Ok(ids) => break ids,
+                    Err(err) => {
+                        tracing::warn!(shard, %err, "cannot list the shard's executions; retrying");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+            };
+            let mut recovered = Vec::with_capacity(ids.len());
+            let mut missing = Vec::new();
+            for id in ids {
+                match recover_with_retry(&events, store.as_ref(), id).await {
+                    Some(execution) => recovered.push(execution),
+                    None => missing.push(id),
+                }
+            }
+            tracing::info!(
+                shard,
+                executions = recovered.len(),
+                ms = started.elapsed().as_millis() as u64,
+                "shard recovered"
+            );
+            let input = Input::ShardRecovered {
+                shard,
+                recovered,
+                missing,
+            };
+            let _ = tx.send(Inbound::Input(input)).await;
+        });
+    }
+
+    /// Lists a shard's index again.
+    pub(super) fn spawn_scan(&self, shard: u32) {
+        let index = self.index.clone();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            match shards::indexed(&index, shard).await {
+                Ok(ids) => {
+                    let _ = tx.send(Inbound::Input(Input::Indexed { shard, ids })).await;
+                }
+                Err(err) => tracing::debug!(shard, %err, "cannot list the shard's executions"),
+            }
+        });
+    }
+
+    /// Loads one execution from its checkpoint and log.
+    pub(super) fn spawn_load(&self, id: ExecutionId) {
+        let events = self.streams.events.clone();
+        let store = self.store.clone();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let (recovered, missing) = match recover_with_retry(&events, store.as_ref(), id).await {
+                Some(execution) => (vec![execution], Vec::new()),
+                None => (Vec::new(), vec![id]),
+            };
+            let input = Input::Loaded { recovered, missing };
+            let _ = tx.send(Inbound::Input(input)).await;
+        });
+    }
+
+    /// Hands a checkpoint to the checkpoint-store (checksum and RPC off the loop), prunes after
+    /// a full one, and reports the answer.
+    pub(super) fn spawn_checkpoint(&self, job: CheckpointJob) {
+        let Some(store) = self.store.clone() else {
+            return;
+        };
+        let tx = self.tx.clone();
+        let metrics = self.metrics.clone();
+        let CheckpointJob {
+            id,
+            full,
+            sequence,
+            checkpoint,
+            trace,
+        } = job;
+        let span = if propagation::enabled() {
+            let span = tracing::info_span!("checkpoint.create", execution_id = %id, sequence, full);
+            propagation::set_parent(&span, trace);
+            span
+        } else {
+            tracing::Span::none()
+        };
+        let kind = if full { "full" } else { "delta" };
+        let size = checkpoint.state.len() as f64;
+        let work = async move {
+            let started = std::time::Instant::now();
+            let result = store.create(checkpoint).await;
+            let labels = [("kind", kind.to_owned())];
+            match &result {
+                Ok(_) => {
+                    metrics
+                        .checkpoint_seconds
+                        .get_or_create(&labels)
+                        .observe(started.elapsed().as_secs_f64());
+                    metrics
+                        .checkpoint_bytes
+                        .get_or_create(&labels)
+                        .observe(size);
+                }
+                Err(_) => {
+                    metrics.checkpoint_failures.inc();
+                }
+            }
+            if full
+                && result.is_ok()
+                && let Err(err) = store.prune(id, KEEP_FULL).await
+            {
+                tracing::debug!(%id, %err, "pruning checkpoints failed");
+            }
+            let input = Input::CheckpointDone {
+                id,
+                full,
+                sequence,
+                result,
+            };
+            let _ = tx.send(Inbound::Input(input)).await;
+        };
+        tokio::spawn(work.instrument(span));
+    }
+
+    /// Starts consuming a shard's results.
+    pub(super) fn spawn_consumer(&mut self, shard: u32) {
+        let token = self.shutdown.child_token();
+        if let Some(old) = self.consumers.insert(shard, token.clone()) {
+            old.cancel();
+        }
+        tokio::spawn(consume_results(
+            self.streams.results.clone(),
+            shard,
+            self.tx.clone(),
+            token,
+        ));
+    }
+}
+
+/// Recovers one execution, retrying while NATS cannot be read; `None` when its log is empty or
+/// malformed (reported).
+async fn recover_with_retry(
+    events: &jetstream::stream::Stream,
+    store: Option<&StoreClient>,
+    id: ExecutionId,
+) -> Option<Recovered> {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match recovery::recover(events, store, id).await {
+            Ok(recovered) => return recovered,
+            Err(err @ recovery::RecoveryError::Malformed { .. }) => {
+                tracing::error!(%id, %err, "execution cannot be recovered");
+                return None;
+            }
+            Err(err) => {
+                tracing::warn!(%id, %err, "recovery read failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+}
+
+/// Pulls the results of one shard in batches and hands them to the executor, until `stop`. The
+/// durable consumer is created afresh when the shard is taken over (and after NATS errors), so
+/// results the previous owner took but never acknowledged are delivered again at once rather
+/// than after the ack wait.
+async fn consume_results(
+    results: jetstream::stream::Stream,
+    shard: u32,
+    tx: mpsc::Sender<Inbound>,
+    stop: CancellationToken,
+) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        if stop.is_cancelled() {
+            return;
+        }
+        let _ = results
+            .delete_consumer(&format!("coordinator-{shard}"))
+            .await;
+        let messages = match trellis_bus::results_consumer(&results, shard).await {
+            Ok(consumer) => consumer
+                .stream()
+                .max_messages_per_batch(1000)
+                .messages()
+                .await
+                .map_err(|err| err.to_string()),
+            Err(err) => Err(err.to_string()),
+        };
+        let mut messages = match messages {
+            Ok(messages) => messages,
+            Err(err) => {
+                tracing::warn!(shard, %err, "cannot consume task results; retrying");
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(50);
+        loop {
+            let first = tokio::select! {
+                () = stop.cancelled() => return,
+                next = messages.next() => next,
+            };
+            let Some(first) = first else { break };
+            let mut batch = Vec::with_capacity(64);
+            let mut failed = false;
+            let mut next = Some(first);
+            // Take whatever else is already buffered, without waiting.
+            while let Some(item) = next.take() {
+                match item {
+                    Ok(message) => batch.push(message),
+                    Err(err) => {
+                        tracing::warn!(shard, %err, "results consumer failed; starting it again");
+                        failed = true;
+                        break;
+                    }
+                }
+                if batch.len() >= 2000 {
+                    break;
+                }
+                next = futures::FutureExt::now_or_never(messages.next()).flatten();
+            }
+            if !batch.is_empty() && tx.send(Inbound::Results(batch)).await.is_err() {
+                return;
+            }
+            if failed {
+                break;
+            }
+        }
+    }
+}
+
+/// Hands worker heartbeats (core NATS) to the executor until `stop`.
+pub(crate) async fn receive_heartbeats(
+    nats: &async_nats::Client,
+    tx: mpsc::Sender<Inbound>,
+    stop: CancellationToken,
+) -> Result<(), crate::Error> {
+    let mut subscription = nats
+        .subscribe(subjects::HEARTBEAT_WILDCARD)
+        .await
+        .map_err(|e| crate::Error::Subscribe {
+            subject: subjects::HEARTBEAT_WILDCARD.to_owned(),
+            message: e.to_string(),
+        })?;
+    tokio::spawn(async move {
+        loop {
+            let message = tokio::select! {
+                () = stop.cancelled() => return,
+                message = subscription.next() => message,
+            };
+            let Some(message) = message else { return };
+            if tx.send(Inbound::Heartbeat(message.payload)).await.is_err() {
+                return;
+            }
+        }
+    });
+    Ok(())
+}

@@ -1,0 +1,332 @@
+//! The executor: the one task that drives the coordinator's pure turn ([`crate::turn`]) and
+//! carries out its effects.
+//!
+//! Each turn of its loop takes whatever inputs are waiting (requests, batches of worker results,
+//! heartbeats, a clock tick, lease changes, recovered executions), hands them to
+//! [`Coordinator::turn`] with the time, and then, in this order: (1) answers what needs nothing
+//! durable and starts recoveries; (2) writes the index entries of new executions, then appends
+//! each execution's new events, all appends in flight together, each naming the stream sequence
+//! it must follow so only one coordinator can ever extend a log, retried until stored; (3) hands
+//! the outcomes to [`Coordinator::appended`] and carries out what it returns: task assignments,
+//! stop messages, progress, observers, index deletes; (4) acknowledges the consumed result
+//! messages and answers the writes; (5) starts checkpoints, loads and consumers. A crash between
+//! any two steps loses nothing: recovery re-issues what the log says is due, and unacknowledged
+//! results are delivered again. A NATS outage stalls the loop instead of skipping the log.
+
+mod append;
+mod background;
+mod publish;
+
+pub(crate) use background::receive_heartbeats;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_nats::jetstream::{self, kv};
+use bytes::Bytes;
+use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use trellis_core::ids::ExecutionId;
+use trellis_proto::v1;
+use trellis_telemetry::Readiness;
+use trellis_telemetry::propagation;
+
+use crate::checkpoints::StoreClient;
+use crate::metrics::Metrics;
+use crate::shards::LeaseEvent;
+use crate::turn::{
+    Answer, Coordinator, Delivery, Error, Input, Observation, ReplyTo, Request, Token, Writes,
+};
+
+/// How often executions with timers (retries, deadlines, expiring questions) are re-examined.
+const TICK: Duration = Duration::from_millis(20);
+/// Most inputs taken in one turn of the loop.
+const MAX_INPUTS_PER_TURN: usize = 4096;
+/// Capacity of each execution's observer channel, in flushed batches.
+const OBSERVER_CAPACITY: usize = 4096;
+
+/// Returns the wall clock in Unix milliseconds: the only clock the coordinator reads.
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// What the observers of one execution receive per turn.
+#[derive(Debug)]
+pub(crate) struct Flushed {
+    pub(crate) items: Vec<v1::ObserveExecutionResponse>,
+    pub(crate) terminal: bool,
+}
+
+/// An answer, with the live channel of an observer.
+type Answered = (Answer, Option<broadcast::Receiver<Arc<Flushed>>>);
+
+/// What reaches the executor task.
+pub(crate) enum Inbound {
+    Request {
+        request: Request,
+        reply: oneshot::Sender<Result<Answered, Error>>,
+    },
+    Results(Vec<jetstream::Message>),
+    Heartbeat(Bytes),
+    Lease(LeaseEvent),
+    /// What a background task (recovery, checkpoint) reports.
+    Input(Input),
+}
+
+/// A cheap handle to the executor task.
+#[derive(Clone, Debug)]
+pub(crate) struct Handle {
+    tx: mpsc::Sender<Inbound>,
+}
+
+impl Handle {
+    /// Asks the coordinator and waits for the answer.
+    pub(crate) async fn ask(&self, request: Request) -> Result<Answer, Error> {
+        self.ask_live(request).await.map(|(answer, _)| answer)
+    }
+
+    /// Asks to observe an execution: its history so far and the live channel after it.
+    pub(crate) async fn observe(
+        &self,
+        request: Request,
+    ) -> Result<(Observation, broadcast::Receiver<Arc<Flushed>>), Error> {
+        match self.ask_live(request).await? {
+            (Answer::Observation(observation), Some(live)) => Ok((observation, live)),
+            (other, _) => Err(unexpected(&other)),
+        }
+    }
+
+    async fn ask_live(&self, request: Request) -> Result<Answered, Error> {
+        let (reply, rx) = oneshot::channel();
+        let stopping = || Error::unavailable("the coordinator is shutting down");
+        self.tx
+            .send(Inbound::Request { request, reply })
+            .await
+            .map_err(|_| stopping())?;
+        rx.await.map_err(|_| stopping())?
+    }
+}
+
+/// The error for an answer of the wrong kind: a bug, said plainly rather than panicking.
+pub(crate) fn unexpected(answer: &Answer) -> Error {
+    Error::new(
+        crate::turn::ErrorKind::Internal,
+        format!("the coordinator answered with an unexpected {answer:?}"),
+    )
+}
+
+/// How the executor is set up.
+pub(crate) struct Setup {
+    pub(crate) nats: async_nats::Client,
+    pub(crate) js: jetstream::Context,
+    pub(crate) streams: trellis_bus::Streams,
+    pub(crate) index: kv::Store,
+    pub(crate) store: Option<StoreClient>,
+    pub(crate) metrics: Metrics,
+    /// Ready while this coordinator owns a shard.
+    pub(crate) readiness: Readiness,
+}
+
+/// The executor and the coordinator it drives.
+pub(crate) struct Executor {
+    coordinator: Coordinator,
+    nats: async_nats::Client,
+    js: jetstream::Context,
+    streams: trellis_bus::Streams,
+    index: kv::Store,
+    store: Option<StoreClient>,
+    metrics: Metrics,
+    readiness: Readiness,
+    tx: mpsc::Sender<Inbound>,
+    shutdown: CancellationToken,
+    replies: HashMap<ReplyTo, oneshot::Sender<Result<Answered, Error>>>,
+    next_reply: ReplyTo,
+    messages: HashMap<Token, jetstream::Message>,
+    next_token: Token,
+    consumers: HashMap<u32, CancellationToken>,
+    observers: HashMap<ExecutionId, broadcast::Sender<Arc<Flushed>>>,
+}
+
+impl Executor {
+    /// Starts the executor task; returns its handle and the sender lease events and heartbeats
+    /// go to.
+    pub(crate) fn spawn(
+        coordinator: Coordinator,
+        setup: Setup,
+        shutdown: CancellationToken,
+    ) -> (Handle, mpsc::Sender<Inbound>) {
+        let (tx, rx) = mpsc::channel(1024);
+        let executor = Executor {
+            coordinator,
+            nats: setup.nats,
+            js: setup.js,
+            streams: setup.streams,
+            index: setup.index,
+            store: setup.store,
+            metrics: setup.metrics,
+            readiness: setup.readiness,
+            tx: tx.clone(),
+            shutdown,
+            replies: HashMap::new(),
+            next_reply: 0,
+            messages: HashMap::new(),
+            next_token: 0,
+            consumers: HashMap::new(),
+            observers: HashMap::new(),
+        };
+        tokio::spawn(executor.run(rx));
+        (Handle { tx: tx.clone() }, tx)
+    }
+
+    async fn run(mut self, mut rx: mpsc::Receiver<Inbound>) {
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_tick = 0;
+        loop {
+            let mut inputs = Vec::new();
+            tokio::select! {
+                biased;
+                () = self.shutdown.cancelled() => break,
+                inbound = rx.recv() => {
+                    let Some(inbound) = inbound else { break };
+                    self.take(inbound, &mut inputs);
+                    let mut n = 1;
+                    while n < MAX_INPUTS_PER_TURN {
+                        match rx.try_recv() {
+                            Ok(inbound) => self.take(inbound, &mut inputs),
+                            Err(_) => break,
+                        }
+                        n += 1;
+                    }
+                }
+                _ = tick.tick() => {}
+            }
+            let now = now_ms();
+            // Timers are looked at every tick even while inputs keep the loop busy.
+            if now >= last_tick + TICK.as_millis() as u64 {
+                last_tick = now;
+                inputs.push(Input::Tick);
+                self.observers.retain(|_, sender| sender.receiver_count() > 0);
+            }
+            let writes = self.coordinator.turn(inputs, now);
+            let appends = self.before_appends(writes);
+            let outcomes = self.append(appends).await;
+            let effects = self.coordinator.appended(outcomes, now);
+            self.carry_out(effects).await;
+            self.readiness.set(self.coordinator.owns_any());
+        }
+        for token in self.consumers.values() {
+            token.cancel();
+        }
+        tracing::info!("coordinator engine stopped");
+    }
+
+    /// Turns what reached the task into the turn's inputs, keeping what must be answered or
+    /// acknowledged later.
+    fn take(&mut self, inbound: Inbound, inputs: &mut Vec<Input>) {
+        match inbound {
+            Inbound::Request { request, reply } => {
+                self.next_reply += 1;
+                self.replies.insert(self.next_reply, reply);
+                inputs.push(Input::Request {
+                    reply: self.next_reply,
+                    request,
+                });
+            }
+            Inbound::Results(messages) => {
+                let deliveries = messages
+                    .into_iter()
+                    .map(|message| {
+                        self.next_token += 1;
+                        let delivery = Delivery {
+                            token: self.next_token,
+                            payload: message.payload.clone(),
+                            span: result_span(&message),
+                        };
+                        self.messages.insert(self.next_token, message);
+                        delivery
+                    })
+                    .collect();
+                inputs.push(Input::Results(deliveries));
+            }
+            Inbound::Heartbeat(payload) => inputs.push(Input::Heartbeat(payload)),
+            Inbound::Lease(LeaseEvent::Acquired(shard)) => inputs.push(Input::LeaseAcquired(shard)),
+            Inbound::Lease(LeaseEvent::Lost(shard)) => inputs.push(Input::LeaseLost(shard)),
+            Inbound::Input(input) => inputs.push(input),
+        }
+    }
+
+    /// Does what the turn asks before its appends, and returns the appends.
+    fn before_appends(&mut self, writes: Writes) -> Vec<crate::turn::Append> {
+        let Writes {
+            replies,
+            recover,
+            scan,
+            stop_consuming,
+            forget,
+            appends,
+        } = writes;
+        self.reply(replies);
+        for shard in stop_consuming {
+            if let Some(token) = self.consumers.remove(&shard) {
+                token.cancel();
+            }
+        }
+        for id in forget {
+            self.observers.remove(&id);
+        }
+        for shard in recover {
+            self.spawn_recover_shard(shard);
+        }
+        for shard in scan {
+            self.spawn_scan(shard);
+        }
+        appends
+    }
+
+    /// Sends answers to their callers; an observer is subscribed to the execution's live channel
+    /// as it gets its history, so nothing falls between them.
+    fn reply(&mut self, replies: Vec<(ReplyTo, Result<Answer, Error>)>) {
+        for (reply_to, answer) in replies {
+            let Some(sender) = self.replies.remove(&reply_to) else {
+                continue;
+            };
+            let answered = answer.map(|answer| {
+                let live = match &answer {
+                    Answer::Observation(observation) if !observation.terminal => {
+                        Some(
+                            self.observers
+                                .entry(observation.execution)
+                                .or_insert_with(|| broadcast::channel(OBSERVER_CAPACITY).0)
+                                .subscribe(),
+                        )
+                    }
+                    Answer::Observation(_) => Some(broadcast::channel(1).1),
+                    _ => None,
+                };
+                (answer, live)
+            });
+            let _ = sender.send(answered);
+        }
+    }
+}
+
+/// The span a result is applied in: a child of the worker's run, so dispatch → run → result is
+/// one line of the trace. `Span::none()` when traces are not exported.
+fn result_span(message: &jetstream::Message) -> tracing::Span {
+    if !propagation::enabled() {
+        return tracing::Span::none();
+    }
+    let span = tracing::info_span!(
+        "task.result",
+        otel.kind = "consumer",
+        execution_id = tracing::field::Empty,
+        task_instance_id = tracing::field::Empty,
+        attempt = tracing::field::Empty,
+    );
+    propagation::set_parent(&span, propagation::extract_nats(message.headers.as_ref()));
+    span
+}

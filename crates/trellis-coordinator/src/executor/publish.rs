@@ -1,0 +1,199 @@
+//! The side effects of a turn, carried out once its appends are stored: task assignments (their
+//! acks awaited in chunks, republished until stored), stop messages and progress (core NATS),
+//! observers, index deletes; then the result acknowledgements and the answers to writes; then
+//! the background work the turn asked for.
+
+use std::future::IntoFuture;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, context::PublishAckFuture, context::PublishError};
+use bytes::Bytes;
+use futures::future::join_all;
+use trellis_proto::{subjects, v1};
+use trellis_telemetry::propagation;
+
+use super::append::retry_until;
+use super::{Executor, Flushed};
+use crate::shards;
+use crate::turn::{Ack, Assign, Effects};
+
+/// Task assignments published before their acks are awaited.
+const PUBLISH_CHUNK: usize = 1000;
+
+/// An assignment published, with what is needed to publish it again.
+type Published = (String, HeaderMap, Bytes, Result<PublishAckFuture, PublishError>);
+
+impl Executor {
+    /// Carries out what a turn allows once its appends are stored, in order.
+    pub(super) async fn carry_out(&mut self, effects: Effects) {
+        let Effects {
+            assignments,
+            cancels,
+            progress,
+            observed,
+            index_deletes,
+            forget,
+            acks,
+            replies,
+            checkpoints,
+            load,
+            consume,
+        } = effects;
+        for chunk in assignments.chunks(PUBLISH_CHUNK) {
+            let mut published = Vec::with_capacity(chunk.len());
+            for assign in chunk {
+                let headers = assignment_headers(assign);
+                let publish = self
+                    .js
+                    .publish_with_headers(
+                        assign.subject.clone(),
+                        headers.clone(),
+                        assign.payload.clone(),
+                    )
+                    .await;
+                published.push((
+                    assign.subject.clone(),
+                    headers,
+                    assign.payload.clone(),
+                    publish,
+                ));
+            }
+            self.await_assignments(published).await;
+        }
+        for message in cancels.into_iter().chain(progress) {
+            let _ = self.nats.publish(message.subject, message.payload).await;
+        }
+        for observed in observed {
+            let Some(sender) = self.observers.get(&observed.id) else {
+                continue;
+            };
+            if sender.receiver_count() > 0 {
+                let mut items: Vec<v1::ObserveExecutionResponse> = observed
+                    .events
+                    .into_iter()
+                    .map(|event| v1::ObserveExecutionResponse {
+                        event: Some(event),
+                        progress: None,
+                    })
+                    .collect();
+                if let Some(last) = items.last_mut() {
+                    last.progress = observed.progress;
+                }
+                let _ = sender.send(Arc::new(Flushed {
+                    items,
+                    terminal: observed.terminal,
+                }));
+            }
+            if observed.terminal {
+                self.observers.remove(&observed.id);
+            }
+        }
+        // Finished executions leave the index once their last event is stored; a crash before
+        // this only means the next owner loads them, sees them finished and removes them. The
+        // deletes are queued on the connection here, so a later put of the same key (a new run)
+        // follows them, but their acks are not waited for: a lost delete leaves only a key the
+        // next owner removes.
+        for key in index_deletes {
+            match shards::queue_delete(&self.js, &key).await {
+                Ok(ack) => {
+                    tokio::spawn(async move {
+                        if let Err(err) = ack.await {
+                            tracing::debug!(%key, %err, "index delete not acknowledged");
+                        }
+                    });
+                }
+                Err(err) => tracing::debug!(%key, %err, "index delete not sent"),
+            }
+        }
+        for id in forget {
+            self.observers.remove(&id);
+        }
+        self.acknowledge(acks).await;
+        self.reply(replies);
+        for job in checkpoints {
+            self.spawn_checkpoint(job);
+        }
+        for id in load {
+            self.spawn_load(id);
+        }
+        for shard in consume {
+            self.spawn_consumer(shard);
+        }
+    }
+
+    /// Acknowledges consumed result messages, or hands them back for a later delivery.
+    async fn acknowledge(&mut self, acks: Vec<(crate::turn::Token, Ack)>) {
+        let messages: Vec<(jetstream::Message, Ack)> = acks
+            .into_iter()
+            .filter_map(|(token, ack)| self.messages.remove(&token).map(|m| (m, ack)))
+            .collect();
+        join_all(messages.iter().map(|(message, ack)| async move {
+            match ack {
+                Ack::Ack => {
+                    let _ = message.ack().await;
+                }
+                Ack::Later => {
+                    let _ = message
+                        .ack_with(jetstream::AckKind::Nak(Some(Duration::from_millis(200))))
+                        .await;
+                }
+            }
+        }))
+        .await;
+    }
+
+    /// Awaits the acks of published task assignments; those not stored are published again until
+    /// they are (the message id makes that safe).
+    async fn await_assignments(&self, published: Vec<Published>) {
+        let mut acks = Vec::with_capacity(published.len());
+        let mut again = Vec::new();
+        for (subject, headers, payload, publish) in published {
+            match publish {
+                Ok(ack) => acks.push(((subject, headers, payload), ack.into_future())),
+                Err(_) => again.push((subject, headers, payload)),
+            }
+        }
+        let (meta, futures): (Vec<_>, Vec<_>) = acks.into_iter().unzip();
+        for (meta, ack) in meta.into_iter().zip(join_all(futures).await) {
+            if ack.is_err() {
+                again.push(meta);
+            }
+        }
+        for (subject, headers, payload) in again {
+            tracing::warn!(%subject, "task assignment not stored; publishing it again");
+            retry_until(&self.shutdown, || async {
+                self.js
+                    .publish_with_headers(subject.clone(), headers.clone(), payload.clone())
+                    .await?
+                    .await
+                    .map(|_| ())
+            })
+            .await;
+        }
+    }
+}
+
+/// The headers of an assignment: its message id and (when traces are exported) the
+/// `task.dispatch` span, of which the worker's run of the task is a child.
+fn assignment_headers(assign: &Assign) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(subjects::MSG_ID_HEADER, assign.msg_id.as_str());
+    if propagation::enabled() {
+        let span = tracing::info_span!(
+            "task.dispatch",
+            otel.kind = "producer",
+            execution_id = %assign.execution,
+            task_instance_id = %assign.instance,
+            attempt = assign.attempt,
+            queue = assign
+                .subject
+                .strip_prefix(subjects::TASKS_PREFIX)
+                .map_or("", |queue| queue.trim_start_matches('.')),
+        );
+        propagation::set_parent(&span, assign.trace.clone());
+        propagation::inject_nats(&propagation::context_of(&span), &mut headers);
+    }
+    headers
+}

@@ -1,0 +1,180 @@
+//! Admission: who may start what. A start request is checked against the caller's namespace and
+//! its quota, de-duplicated by idempotency key, and its plan compiled, once; what the log records
+//! lets every replay rebuild the identical plan.
+
+use std::sync::Arc;
+
+use trellis_core::ids::ExecutionId;
+use trellis_core::machine::Execution;
+use trellis_core::plan::{PlanErrors, compile_str};
+use trellis_core::quota::Quota;
+use trellis_grpc::access::{self, Principal};
+use trellis_proto::{convert, v1};
+
+use super::live::{Live, Tenancy};
+use super::{Coordinator, Error};
+
+/// Room kept beside a spec for the rest of the first log message (its other events).
+const STARTED_HEADROOM: usize = 256 * 1024;
+
+impl Coordinator {
+    /// Returns the quota of `namespace`: the access file's, or none without one. A namespace the
+    /// file no longer declares (an execution started before it was removed) runs unlimited.
+    pub(super) fn quota(&self, namespace: &str) -> Quota {
+        self.config
+            .access
+            .as_ref()
+            .and_then(|access| access.quota(namespace).cloned())
+            .unwrap_or(Quota::UNLIMITED)
+    }
+
+    /// Starts an execution; returns its id, and whether it is new (not found by its idempotency
+    /// key).
+    pub(super) fn start(
+        &mut self,
+        source: v1::start_execution_request::PlanSource,
+        options: v1::ExecutionOptions,
+        principal: &Principal,
+        traceparent: String,
+        now: u64,
+    ) -> Result<(ExecutionId, bool), Error> {
+        use v1::start_execution_request::PlanSource;
+        let namespace = principal
+            .namespace_for(&options.namespace)
+            .map_err(|why| Error::denied(format!("namespace: {why}")))?;
+        access::check_namespace_name(&namespace)
+            .map_err(|why| Error::invalid(format!("namespace: {why}")))?;
+        if let Some(access) = &self.config.access
+            && access.quota(&namespace).is_none()
+        {
+            return Err(Error::invalid(format!(
+                "namespace: no namespace {namespace:?} in the access file (it declares: {})",
+                access.namespaces().join(", ")
+            )));
+        }
+        if !options.idempotency_key.is_empty()
+            && let Some(id) = self
+                .by_key
+                .get(&(namespace.clone(), options.idempotency_key.clone()))
+        {
+            return Ok((*id, false));
+        }
+        if self.owned.is_empty() {
+            return Err(Error::unavailable(
+                "this coordinator owns no shard (it is a standby, or still recovering); \
+                 start executions on the active coordinator",
+            ));
+        }
+        let quota = self.quota(&namespace);
+        let limits = self.limits.plan();
+        let invalid = |source: &str, errors: PlanErrors| {
+            let lines: Vec<String> = errors.iter().map(|e| format!("{source}: {e}")).collect();
+            Error::invalid(lines.join("\n"))
+        };
+        // The log records text that compiles to the same plan on recovery: spec text as sent
+        // when it needs nothing else, otherwise the plan's canonical flat JSON spec.
+        let (plan, text, format) = match source {
+            PlanSource::Spec(spec) => {
+                let source = if spec.source_name.is_empty() {
+                    "plan"
+                } else {
+                    spec.source_name.as_str()
+                };
+                if spec.params.is_empty() {
+                    let plan = compile_str(&spec.text, &limits).map_err(|e| invalid(source, e))?;
+                    let format =
+                        v1::PlanFormat::try_from(spec.format).unwrap_or(v1::PlanFormat::Yaml);
+                    (plan, spec.text, format)
+                } else {
+                    let plan = convert::compile_wire_spec(&spec, &limits)
+                        .map_err(|e| invalid(source, e))?;
+                    let text = convert::canonical_spec_json(&plan);
+                    (plan, text, v1::PlanFormat::Json)
+                }
+            }
+            PlanSource::Plan(plan) => {
+                let plan = convert::compile_wire_plan(&plan, &limits)
+                    .map_err(|e| invalid("plan_source.plan", e))?;
+                let text = convert::canonical_spec_json(&plan);
+                (plan, text, v1::PlanFormat::Json)
+            }
+        };
+        let violations = quota.check_plan(&plan);
+        if !violations.is_empty() {
+            let lines: Vec<String> = violations.iter().map(ToString::to_string).collect();
+            return Err(Error::denied(format!(
+                "the plan uses failure actions namespace {namespace:?} may not use:\n{}",
+                lines.join("\n")
+            )));
+        }
+        // The quota's cap is enforced at run time: the plan runs with it, and the log records
+        // it so every replay compiles the same plan.
+        let asked = plan.options.max_concurrency;
+        let capped = quota.cap_concurrency(asked);
+        let max_concurrency_cap = (capped != asked).then_some(capped).flatten();
+        let mut plan = plan;
+        plan.options.max_concurrency = capped;
+        // `ExecutionStarted` logs the spec whole, in one message with up to a batch of other
+        // events: refuse what the NATS server would refuse, rather than retry that append forever.
+        let max_payload = self.config.max_message_bytes;
+        if max_payload > 0 && text.len() + STARTED_HEADROOM > max_payload {
+            return Err(Error::invalid(format!(
+                "the plan's spec is {} bytes, and the log records it in one NATS message, which \
+                 this NATS server limits to {max_payload} bytes: raise the server's max_payload \
+                 (Trellis documents {} bytes) or split the plan",
+                text.len(),
+                trellis_bus::MAX_PAYLOAD
+            )));
+        }
+        // An id whose shard this coordinator owns: expected tries = shards / owned shards.
+        let (id, shard) = loop {
+            let id = self.ids.execution(now);
+            let shard = self.shard_of(id);
+            if self.owned.contains(&shard) {
+                break (id, shard);
+            }
+        };
+        let labels: std::collections::BTreeMap<String, String> = options
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let plan_name = plan.name.clone();
+        let machine = Execution::start(id, Arc::new(plan), 1, now);
+        let started = convert::started_to_proto(
+            id,
+            &convert::Started {
+                plan_name,
+                run_number: 1,
+                spec: text,
+                format,
+                started_at_ms: now,
+                idempotency_key: options.idempotency_key.clone(),
+                labels: labels.clone(),
+                namespace: namespace.to_string(),
+                max_concurrency_cap,
+                traceparent: traceparent.clone(),
+            },
+        );
+        let tenancy = Tenancy {
+            namespace: namespace.clone(),
+            checkpoints_allowed: quota.checkpoints,
+            traceparent,
+        };
+        let mut live = Live::new(machine, labels, now, shard, tenancy);
+        live.seq = 1;
+        live.pending.push(started);
+        live.index_put = true;
+        self.executions.insert(id, live);
+        if !options.idempotency_key.is_empty() {
+            self.by_key
+                .insert((namespace.clone(), options.idempotency_key), id);
+        }
+        self.metrics
+            .executions_started
+            .get_or_create(&[("namespace", namespace.to_string())])
+            .inc();
+        tracing::info!(%id, shard, %namespace, caller = %principal.name, "execution started");
+        Ok((id, true))
+    }
+}

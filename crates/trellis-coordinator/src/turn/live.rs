@@ -1,0 +1,267 @@
+//! One live execution: its state machine, its log as held in memory, and what the current turn
+//! produced for it (events to append, instances to dispatch, attempts to stop).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use trellis_core::ids::{ExecutionId, TaskInstanceId};
+use trellis_core::machine::{Applied, ApplyError, Event, EventBody, Execution};
+use trellis_core::record::TaskState;
+use trellis_proto::{convert, v1};
+use trellis_telemetry::propagation::{self, Context};
+
+use super::checkpoint::CheckpointState;
+use crate::metrics::{self, Metrics};
+
+/// Who an execution belongs to and what it may do, fixed at its start.
+#[derive(Debug)]
+pub(super) struct Tenancy {
+    pub(super) namespace: Arc<str>,
+    pub(super) checkpoints_allowed: bool,
+    pub(super) traceparent: String,
+}
+
+#[derive(Debug)]
+pub(super) struct Live {
+    pub(super) machine: Execution,
+    pub(super) labels: BTreeMap<String, String>,
+    pub(super) created_at_ms: u64,
+    pub(super) shard: u32,
+    pub(super) namespace: Arc<str>,
+    /// Whether its namespace's quota allows checkpoints.
+    pub(super) checkpoints_allowed: bool,
+    /// The trace of the call that started it: the parent of its dispatch, append and checkpoint
+    /// spans (empty when that call was not traced).
+    pub(super) trace: Context,
+    /// The last sequence appended (or about to be).
+    pub(super) seq: u64,
+    /// The stream sequence of the last message on this execution's log subject; the next append
+    /// must follow it.
+    pub(super) stream_seq: u64,
+    /// The log held in memory as the encoded `EventBatch` messages, with each one's first
+    /// sequence: compact, and what observers and delta checkpoints read. It starts at `log_base`.
+    pub(super) log: Vec<(u64, Bytes)>,
+    pub(super) log_base: u64,
+    /// Events of this turn, not yet appended.
+    pub(super) pending: Vec<v1::Event>,
+    /// Messages of this turn being appended: they join `log` once stored.
+    pub(super) appending: Vec<(u64, Bytes)>,
+    /// Instances to send to workers once the turn's events are stored.
+    pub(super) dispatch: Vec<TaskInstanceId>,
+    /// Attempts to stop once the turn's events are stored.
+    pub(super) stop: Vec<TaskInstanceId>,
+    pub(super) last_progress_ms: u64,
+    /// The state changed since the last progress snapshot was published.
+    pub(super) progress_due: bool,
+    /// Touched this turn.
+    pub(super) dirty: bool,
+    /// The index entry must be written before the next append (a new execution or run).
+    pub(super) index_put: bool,
+    /// The index entry is written and the execution not yet finished.
+    pub(super) indexed: bool,
+    pub(super) checkpoint: CheckpointState,
+}
+
+/// What an applied event adds to the metrics.
+enum Count {
+    /// An instance's first dispatch: its queue and the seconds since it became ready.
+    DispatchLatency(trellis_telemetry::metrics::Labels1, f64),
+    /// An attempt's outcome, by queue and type.
+    Attempt(Outcome, trellis_telemetry::metrics::Labels2),
+}
+
+#[derive(Clone, Copy)]
+enum Outcome {
+    Completed,
+    Failed,
+    Lost,
+}
+
+impl Live {
+    pub(super) fn new(
+        machine: Execution,
+        labels: BTreeMap<String, String>,
+        created_at_ms: u64,
+        shard: u32,
+        tenancy: Tenancy,
+    ) -> Self {
+        Self {
+            machine,
+            labels,
+            created_at_ms,
+            shard,
+            namespace: tenancy.namespace,
+            checkpoints_allowed: tenancy.checkpoints_allowed,
+            trace: propagation::from_traceparent(&tenancy.traceparent),
+            seq: 0,
+            stream_seq: 0,
+            log: Vec::new(),
+            log_base: 1,
+            pending: Vec::new(),
+            appending: Vec::new(),
+            dispatch: Vec::new(),
+            stop: Vec::new(),
+            last_progress_ms: 0,
+            progress_due: true,
+            dirty: false,
+            index_put: false,
+            indexed: false,
+            checkpoint: CheckpointState::default(),
+        }
+    }
+
+    /// Applies an event and, when it changed the state, queues it for the log and counts it.
+    /// Returns what apply said.
+    pub(super) fn record(
+        &mut self,
+        id: ExecutionId,
+        event: Event,
+        metrics: &Metrics,
+    ) -> Result<Applied, ApplyError> {
+        // Read before apply: a settled attempt's times and labels describe the attempt.
+        let counted = self.count(&event);
+        let applied = self.machine.apply(&event)?;
+        if let Applied::Changed { stop } = &applied {
+            match counted {
+                Some(Count::DispatchLatency(labels, seconds)) => {
+                    metrics
+                        .dispatch_latency
+                        .get_or_create(&labels)
+                        .observe(seconds);
+                }
+                Some(Count::Attempt(outcome, labels)) => {
+                    let family = match outcome {
+                        Outcome::Completed => &metrics.completed,
+                        Outcome::Failed => &metrics.failed,
+                        Outcome::Lost => &metrics.lost,
+                    };
+                    family.get_or_create(&labels).inc();
+                }
+                None => {}
+            }
+            self.seq += 1;
+            self.pending
+                .push(convert::event_to_proto(id, self.seq, &event));
+            self.stop.extend_from_slice(stop);
+            if let EventBody::TaskDispatched { instance, .. } = event.body {
+                self.dispatch.push(instance);
+            }
+        }
+        Ok(applied)
+    }
+
+    /// Returns what to count for `event` once it is applied: the attempt outcomes by queue and
+    /// type, and the dispatch latency of an instance's first dispatch (from the instance becoming
+    /// ready to its assignment being sent). `None` for other events.
+    fn count(&self, event: &Event) -> Option<Count> {
+        let (instance, outcome) = match &event.body {
+            EventBody::TaskDispatched {
+                instance,
+                attempt: 1,
+                ..
+            } => {
+                let assignment = self.machine.assignment(*instance)?;
+                let (ready_at, _) = self.machine.instance_times(*instance)?;
+                let seconds = event.at_ms.saturating_sub(ready_at) as f64 / 1000.0;
+                return Some(Count::DispatchLatency(
+                    [("queue", assignment.queue.to_owned())],
+                    seconds,
+                ));
+            }
+            EventBody::TaskCompleted { instance, .. } => (instance, Outcome::Completed),
+            EventBody::TaskFailed { instance, .. } | EventBody::TaskTimedOut { instance, .. } => {
+                (instance, Outcome::Failed)
+            }
+            EventBody::TaskLost { instance, .. } => (instance, Outcome::Lost),
+            _ => return None,
+        };
+        let assignment = self.machine.assignment(*instance)?;
+        Some(Count::Attempt(
+            outcome,
+            metrics::task_labels(assignment.queue, assignment.task_type),
+        ))
+    }
+
+    /// Lets the machine decide until it has nothing more to do now.
+    pub(super) fn decide(&mut self, id: ExecutionId, now: u64, metrics: &Metrics) {
+        for _ in 0..1_000 {
+            let commands = self.machine.decide(now);
+            if commands.is_empty() {
+                return;
+            }
+            for command in commands {
+                if let Err(err) = self.record(id, command.into_event(now), metrics) {
+                    // A decision the machine refuses is a bug in the machine; stop deciding for
+                    // this turn rather than loop.
+                    tracing::error!(%id, %err, "decision refused");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Returns the execution as `GetExecution` and `ListExecutions` show it.
+    pub(super) fn summary(&self, id: ExecutionId, now: u64) -> v1::Execution {
+        let progress = convert::progress_to_proto(&self.machine.progress(now));
+        let (started, ended) = self.machine.times_ms();
+        v1::Execution {
+            execution_id: id.to_string(),
+            name: self.machine.plan().name.clone(),
+            state: convert::execution_state_to_proto(self.machine.state()),
+            run_number: self.machine.run_number(),
+            counts: progress.counts,
+            usage: Some(convert::usage_to_proto(self.machine.usage())),
+            created_at_unix_ms: self.created_at_ms as i64,
+            started_at_unix_ms: Some(started as i64),
+            ended_at_unix_ms: ended.map(|t| t as i64),
+            reason: self.machine.reason().unwrap_or_default().to_owned(),
+            last_sequence: self.seq,
+            labels: self
+                .labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            namespace: self.namespace.to_string(),
+            open_questions: self
+                .machine
+                .open_questions()
+                .into_iter()
+                .map(|open| v1::OpenQuestion {
+                    task_instance_id: open.instance.to_string(),
+                    task_id: open.task_id,
+                    question: Some(convert::question_to_proto(open.question)),
+                    asked_at_unix_ms: open.asked_at_ms as i64,
+                })
+                .collect(),
+            progress: Some(progress),
+        }
+    }
+
+    /// The instances a worker should be running now: after a recovery their assignments are
+    /// published again (JetStream drops the copies it still holds, by message id).
+    pub(super) fn redispatch_running(&mut self) {
+        self.dispatch = self.machine.instances_in(TaskState::Running).collect();
+    }
+
+    /// Decodes the log held in memory from sequence `from` on.
+    pub(super) fn history(&self, from: u64) -> Vec<v1::Event> {
+        use prost::Message as _;
+        // The batch holding `from` is the last one starting at or before it.
+        let start = self
+            .log
+            .partition_point(|(first, _)| *first <= from)
+            .saturating_sub(1);
+        let mut events = Vec::new();
+        for (_, bytes) in &self.log[start..] {
+            match v1::EventBatch::decode(bytes.clone()) {
+                Ok(batch) => {
+                    events.extend(batch.events.into_iter().filter(|e| e.sequence >= from));
+                }
+                // The bytes were encoded by this process; failing to decode them is a bug.
+                Err(err) => tracing::error!(%err, "cannot decode an event batch of the log"),
+            }
+        }
+        events
+    }
+}

@@ -1,0 +1,575 @@
+//! The coordinator's decisions, as a pure turn: no I/O, no clock, no randomness of its own.
+//!
+//! A [`Coordinator`] owns the live executions of the shards this coordinator holds and makes every
+//! decision the coordinator makes: admission (tenancy, quota, idempotency, compiling the plan
+//! once), applying worker results, when a checkpoint is due and whether it is full or a delta, the
+//! progress throttle, writes to the execution index, and what a refused append (fencing) means.
+//! It takes [`Input`]s and returns effects for the executor (`crate::executor`) to carry out, in
+//! two steps per turn, so the invariants are kept by construction:
+//!
+//! 1. [`Coordinator::turn`] applies a batch of inputs, lets every touched execution decide, and
+//!    returns [`Writes`]: answers that need nothing durable (reads, refusals), shards and
+//!    executions to recover, and the log [`Append`]s (each naming the stream sequence it must
+//!    follow, with the index entry to write first when the execution is new).
+//! 2. The executor performs the appends and hands back each one's [`Appended`] outcome;
+//!    [`Coordinator::appended`] returns the [`Effects`] that may happen now that the log holds
+//!    what caused them: task assignments, cancels, progress, observers, index deletes, then the
+//!    acknowledgements of the results consumed and the answers to writes, and the checkpoints due.
+//!    An execution whose append was refused (another coordinator wrote its log) has no side
+//!    effects; its results are not acknowledged and it is loaded again.
+//!
+//! Time is the `now` each step is given, and ids come from a generator seeded at construction,
+//! so the same inputs in the same order give the same effects: the deterministic simulation in
+//! `tests/simulation` drives several coordinators this way.
+
+mod admission;
+mod checkpoint;
+mod error;
+mod flush;
+mod live;
+mod requests;
+mod results;
+mod shards;
+mod workers;
+
+use std::collections::{BTreeSet, HashMap};
+use std::hash::BuildHasherDefault;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use trellis_core::ids::{ExecutionId, QuestionId, TaskInstanceId, mix};
+use trellis_grpc::access::{self, AccessPolicy, Principal, Scope};
+use trellis_proto::{subjects, v1};
+use trellis_telemetry::propagation::Context;
+
+pub use checkpoint::{CheckpointJob, FULL_EVERY, KEEP_FULL};
+pub use error::{Error, ErrorKind};
+pub use shards::{LogMessage, Recovered, index_key};
+
+use crate::metrics::Metrics;
+use live::Live;
+
+/// A hash map whose iteration order depends only on what was inserted, so a turn's effects come
+/// out in the same order for the same inputs (std's default hasher is seeded per process).
+type Map<K, V> = HashMap<K, V, BuildHasherDefault<std::hash::DefaultHasher>>;
+
+/// Names the caller waiting for an answer; the executor maps it back to its reply channel.
+pub type ReplyTo = u64;
+/// Names a consumed result message; the executor maps it back to the message to acknowledge.
+pub type Token = u64;
+
+/// How a coordinator decides.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Shards executions are spread over (`trellis.results.<shard>`).
+    pub shards: u32,
+    /// A running execution whose state changed is checkpointed this often.
+    pub checkpoint_every_ms: u64,
+    /// A checkpoint-store is configured: checkpoints are taken.
+    pub checkpoint_store: bool,
+    /// Namespaces, quotas and limits; `None`: one namespace, no quota, default limits.
+    pub access: Option<Arc<AccessPolicy>>,
+    /// The largest message the NATS server takes (0: unknown); a plan whose first log message
+    /// would be larger is refused at admission instead of failing to append forever.
+    pub max_message_bytes: usize,
+    /// The owned shards' index is listed again this often.
+    pub index_scan_every_ms: u64,
+    /// Entropy for the ids this coordinator makes (executions, checkpoints).
+    pub seed: u64,
+}
+
+/// What a turn takes.
+#[derive(Debug)]
+pub enum Input {
+    /// A caller's request; its answer names `reply`.
+    Request { reply: ReplyTo, request: Request },
+    /// Worker result messages consumed from `trellis.results.<shard>`.
+    Results(Vec<Delivery>),
+    /// A worker heartbeat (an encoded `WorkerHeartbeat`).
+    Heartbeat(Bytes),
+    /// The clock moved: timers (retries, deadlines, expiring questions) are looked at again.
+    Tick,
+    /// This coordinator now holds the lease of a shard.
+    LeaseAcquired(u32),
+    /// The lease of a shard is gone (taken over, or not renewed in time).
+    LeaseLost(u32),
+    /// A shard's unfinished executions, rebuilt after its lease was acquired.
+    ShardRecovered {
+        shard: u32,
+        recovered: Vec<Recovered>,
+        /// Indexed executions whose log is empty or cannot be read back.
+        missing: Vec<ExecutionId>,
+    },
+    /// The indexed executions of a shard ([`Writes::scan`]).
+    Indexed { shard: u32, ids: Vec<ExecutionId> },
+    /// Executions loaded on demand (not in memory, or reloaded after a refused append).
+    Loaded {
+        recovered: Vec<Recovered>,
+        missing: Vec<ExecutionId>,
+    },
+    /// The checkpoint-store answered a checkpoint.
+    CheckpointDone {
+        id: ExecutionId,
+        full: bool,
+        sequence: u64,
+        result: Result<v1::CheckpointMetadata, String>,
+    },
+}
+
+/// One consumed result message.
+#[derive(Debug)]
+pub struct Delivery {
+    pub token: Token,
+    /// The encoded `TaskResult`.
+    pub payload: Bytes,
+    /// The span the result is applied in (`Span::none()` when traces are not exported).
+    pub span: tracing::Span,
+}
+
+/// A caller's request.
+#[derive(Debug)]
+pub enum Request {
+    Start {
+        /// Boxed: a compiled plan is far larger than the other requests.
+        source: Box<v1::start_execution_request::PlanSource>,
+        options: v1::ExecutionOptions,
+        /// Who starts it: decides the namespace and its quota.
+        principal: Principal,
+        /// The W3C `traceparent` of the call, recorded for the execution's later spans.
+        traceparent: String,
+    },
+    /// A request about one execution, which the caller's scope must allow: an execution of
+    /// another namespace is answered NOT_FOUND, as if it did not exist.
+    On {
+        id: ExecutionId,
+        scope: Scope,
+        action: Action,
+    },
+    List {
+        scope: Scope,
+    },
+    Workers {
+        /// Only workers of this queue (empty: all).
+        queue: String,
+        include_terminated: bool,
+    },
+}
+
+/// What to do with one execution.
+#[derive(Debug)]
+pub enum Action {
+    Pause(String),
+    Resume,
+    Cancel(String),
+    Retry,
+    Checkpoint,
+    Answer { question: QuestionId, answer: String },
+    Get,
+    Graph,
+    /// The log from sequence `from` on, then what follows live.
+    Observe { from: u64 },
+}
+
+impl Request {
+    /// The execution the request is about, if one.
+    fn execution(&self) -> Option<ExecutionId> {
+        match self {
+            Self::On { id, .. } => Some(*id),
+            Self::Start { .. } | Self::List { .. } | Self::Workers { .. } => None,
+        }
+    }
+}
+
+/// The answer to a request.
+#[derive(Debug)]
+pub enum Answer {
+    /// The execution started (`created`), or the one started before under the same
+    /// idempotency key.
+    Started { id: ExecutionId, created: bool },
+    /// The execution's state after a pause, resume or cancel (a `v1::ExecutionState`).
+    State(i32),
+    /// The run a retry started.
+    Run(u32),
+    Checkpoint(v1::CheckpointMetadata),
+    /// The log sequence the answer was recorded at and the instance continuing the task.
+    Answered {
+        sequence: u64,
+        continuation: Option<TaskInstanceId>,
+    },
+    Execution(Box<v1::Execution>),
+    Graph(v1::ExecutionGraph),
+    Observation(Observation),
+    Executions(Vec<v1::Execution>),
+    Workers(Vec<v1::WorkerInfo>),
+}
+
+/// The history an observer starts from; what follows comes from the [`Effects::observed`] of
+/// later turns, which the executor hands to the observer from this answer on.
+#[derive(Debug)]
+pub struct Observation {
+    pub execution: ExecutionId,
+    /// Events before the ones held in memory (an execution restored from a checkpoint keeps only
+    /// the log after it): `(from, until)` sequences, inclusive, to read from the log first.
+    pub backfill: Option<(u64, u64)>,
+    pub history: Vec<v1::Event>,
+    /// The execution is over and every event is in `history`: nothing will follow.
+    pub terminal: bool,
+}
+
+/// What a turn asks for before any side effect: the log writes, and what needs nothing durable.
+#[derive(Debug, Default)]
+pub struct Writes {
+    /// Answers that wait for nothing (reads and refusals); an observer's subscription starts here,
+    /// so it sees this turn's events through [`Effects::observed`].
+    pub replies: Vec<(ReplyTo, Result<Answer, Error>)>,
+    /// Shards whose unfinished executions must be recovered ([`Input::ShardRecovered`]).
+    pub recover: Vec<u32>,
+    /// Shards whose index must be listed again ([`Input::Indexed`]): an execution a former
+    /// owner started after the shard was recovered is found this way.
+    pub scan: Vec<u32>,
+    /// Shards whose results must no longer be consumed.
+    pub stop_consuming: Vec<u32>,
+    /// Executions dropped from memory (their shard was lost): their observers end.
+    pub forget: Vec<ExecutionId>,
+    /// The log appends, one per execution with new events.
+    pub appends: Vec<Append>,
+}
+
+/// New events of one execution, for its log.
+#[derive(Debug)]
+pub struct Append {
+    pub id: ExecutionId,
+    /// The index key to write before the first message (a new execution or run), so a
+    /// coordinator taking the shard over finds every execution that has a log.
+    pub index_put: Option<String>,
+    /// The stream sequence of the last message on the execution's subject: JetStream refuses
+    /// the first message unless it follows it (`Nats-Expected-Last-Subject-Sequence`).
+    pub expected_stream_seq: u64,
+    /// Encoded `EventBatch`es with the sequence of each one's first event, in order.
+    pub messages: Vec<(u64, Bytes)>,
+    /// The execution's trace, parent of the append's span.
+    pub trace: Context,
+}
+
+/// What became of an [`Append`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Appended {
+    /// Every message is stored; the last one at this stream sequence.
+    Stored { stream_seq: u64 },
+    /// Another writer extended the log: this coordinator must not.
+    Fenced { why: String },
+    /// The coordinator is stopping: nothing more happens for the execution.
+    Stopped,
+}
+
+/// What may happen once the turn's appends are stored, in the order the executor performs it:
+/// the side effects, then `acks` and `replies`, then the background work.
+#[derive(Debug, Default)]
+pub struct Effects {
+    /// Task assignments for the work queues (de-duplicated by `msg_id`).
+    pub assignments: Vec<Assign>,
+    /// Stop messages for cancelled task attempts (core NATS).
+    pub cancels: Vec<Publish>,
+    /// Progress snapshots (core NATS).
+    pub progress: Vec<Publish>,
+    /// New events per execution, for its observers.
+    pub observed: Vec<Observed>,
+    /// Index keys of executions that finished: their last event is stored.
+    pub index_deletes: Vec<String>,
+    /// Executions dropped from memory (their append was refused): their observers end.
+    pub forget: Vec<ExecutionId>,
+    /// Result messages to acknowledge (applied, or set aside for good), or to hand back for
+    /// later (their execution is being loaded, or its append was refused).
+    pub acks: Vec<(Token, Ack)>,
+    /// Answers to writes: the caller learns of a change once it is stored.
+    pub replies: Vec<(ReplyTo, Result<Answer, Error>)>,
+    /// Checkpoints to hand to the checkpoint-store ([`Input::CheckpointDone`] answers each).
+    pub checkpoints: Vec<CheckpointJob>,
+    /// Executions to load from their log ([`Input::Loaded`]).
+    pub load: Vec<ExecutionId>,
+    /// Shards whose results may now be consumed (their executions are adopted).
+    pub consume: Vec<u32>,
+}
+
+/// One task assignment to publish.
+#[derive(Debug)]
+pub struct Assign {
+    pub subject: String,
+    /// `Nats-Msg-Id`: `<instance>:<attempt>`.
+    pub msg_id: String,
+    /// The encoded `TaskAssignment`.
+    pub payload: Bytes,
+    /// The execution's trace, parent of the dispatch span.
+    pub trace: Context,
+    pub execution: ExecutionId,
+    pub instance: TaskInstanceId,
+    pub attempt: u32,
+}
+
+/// A core NATS message.
+#[derive(Debug)]
+pub struct Publish {
+    pub subject: String,
+    pub payload: Bytes,
+}
+
+/// The events one turn appended to an execution's log, for its observers.
+#[derive(Debug)]
+pub struct Observed {
+    pub id: ExecutionId,
+    pub events: Vec<v1::Event>,
+    /// The progress snapshot published with them, if one was.
+    pub progress: Option<v1::Progress>,
+    /// The execution is over: nothing follows.
+    pub terminal: bool,
+}
+
+/// What to do with a consumed result message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ack {
+    /// Done with: its effects are stored (or it was set aside).
+    Ack,
+    /// Not now: deliver it again after a short delay.
+    Later,
+}
+
+/// A request that waits for an execution (or its shard) to be loaded.
+#[derive(Debug)]
+struct Waiting {
+    reply: ReplyTo,
+    request: Request,
+}
+
+/// Makes the ids of one coordinator: UUIDv7 from the turn's time and a counter mixed with the
+/// coordinator's seed, so they are unique across coordinators and reproducible in a simulation.
+#[derive(Debug)]
+struct Ids {
+    seed: u64,
+    counter: u64,
+}
+
+impl Ids {
+    fn next_entropy(&mut self, now: u64) -> u128 {
+        self.counter += 1;
+        mix(u128::from(self.seed), &[self.counter, now])
+    }
+
+    fn execution(&mut self, now: u64) -> ExecutionId {
+        ExecutionId::derived(now, self.next_entropy(now))
+    }
+
+    fn checkpoint(&mut self, now: u64) -> String {
+        ExecutionId::derived(now, self.next_entropy(now)).to_string()
+    }
+}
+
+/// The live executions of this coordinator's shards, and every decision about them.
+#[derive(Debug)]
+pub struct Coordinator {
+    config: Config,
+    limits: access::Limits,
+    metrics: Metrics,
+    ids: Ids,
+    /// Shards whose executions this coordinator holds and whose results it consumes.
+    owned: BTreeSet<u32>,
+    /// Shards being recovered after their lease was acquired.
+    acquiring: BTreeSet<u32>,
+    executions: Map<ExecutionId, Live>,
+    /// Idempotency keys, per namespace: a key only finds executions of the caller's namespace.
+    by_key: Map<(Arc<str>, String), ExecutionId>,
+    /// Executions touched this turn, in the order they were first touched.
+    dirty: Vec<ExecutionId>,
+    /// Executions being loaded from the log, with the requests waiting for them.
+    loading: Map<ExecutionId, Vec<Waiting>>,
+    /// Requests that arrived while the shard they need was being recovered.
+    parked: Vec<Waiting>,
+    workers: workers::Registry,
+    /// Executions found to have no log, so results naming them are set aside without a look.
+    missing: BTreeSet<ExecutionId>,
+    /// Executions being loaded because a result named them.
+    loads_for_results: BTreeSet<ExecutionId>,
+    /// Attempts a result named that the state did not know, looked up again in the log once:
+    /// a second refusal sets the result aside.
+    rechecked: BTreeSet<results::AttemptKey>,
+    last_scan_ms: u64,
+    /// What this turn has answered or consumed so far.
+    pending: Pending,
+    /// Executions whose append this turn was refused.
+    refused: BTreeSet<ExecutionId>,
+}
+
+/// What a turn collects before it returns.
+#[derive(Debug, Default)]
+struct Pending {
+    writes: Writes,
+    /// Answers that wait for the appends, with the execution the write changed.
+    replies: Vec<(ReplyTo, Option<ExecutionId>, Result<Answer, Error>)>,
+    /// Consumed results, with the execution each fed (none: set aside).
+    acks: Vec<(Token, Option<ExecutionId>)>,
+    /// Results handed back at once: their execution is not in memory yet.
+    later: Vec<Token>,
+    /// Results naming an attempt the state does not know.
+    doubtful: Vec<(Token, results::AttemptKey)>,
+    load: Vec<ExecutionId>,
+    consume: Vec<u32>,
+}
+
+impl Coordinator {
+    /// Returns a coordinator that owns no shard yet; its metrics go to `registry`.
+    pub fn new(config: Config, registry: &trellis_telemetry::Registry) -> Self {
+        let limits = config
+            .access
+            .as_ref()
+            .map_or_else(access::Limits::default, |access| access.limits());
+        Self {
+            ids: Ids {
+                seed: config.seed,
+                counter: 0,
+            },
+            config: Config {
+                shards: config.shards.max(1),
+                ..config
+            },
+            limits,
+            metrics: Metrics::new(registry),
+            owned: BTreeSet::new(),
+            acquiring: BTreeSet::new(),
+            executions: Map::default(),
+            by_key: Map::default(),
+            dirty: Vec::new(),
+            loading: Map::default(),
+            parked: Vec::new(),
+            workers: workers::Registry::default(),
+            missing: BTreeSet::new(),
+            loads_for_results: BTreeSet::new(),
+            rechecked: BTreeSet::new(),
+            last_scan_ms: 0,
+            pending: Pending::default(),
+            refused: BTreeSet::new(),
+        }
+    }
+
+    /// Applies `inputs`, lets every touched execution decide, and returns the log writes and
+    /// what needs nothing durable. Call [`Coordinator::appended`] with the appends' outcomes
+    /// before the next turn.
+    pub fn turn(&mut self, inputs: impl IntoIterator<Item = Input>, now: u64) -> Writes {
+        for input in inputs {
+            self.input(input, now);
+        }
+        for id in &self.dirty {
+            if let Some(live) = self.executions.get_mut(id) {
+                live.decide(*id, now, &self.metrics);
+            }
+        }
+        self.writes()
+    }
+
+    /// Takes the outcome of each append of the last turn and returns what may happen now.
+    pub fn appended(&mut self, outcomes: Vec<(ExecutionId, Appended)>, now: u64) -> Effects {
+        let mut effects = self.side_effects(outcomes, now);
+        effects.checkpoints = self.checkpoints(now);
+        effects.replies = self.write_replies();
+        self.metrics
+            .executions_live
+            .set(self.executions.len() as i64);
+        effects
+    }
+
+    /// Returns true while this coordinator owns a shard.
+    pub fn owns_any(&self) -> bool {
+        !self.owned.is_empty()
+    }
+
+    /// Returns the shards this coordinator owns.
+    pub fn owned(&self) -> impl Iterator<Item = u32> + '_ {
+        self.owned.iter().copied()
+    }
+
+    /// Returns the live state of an execution held in memory.
+    pub fn execution(&self, id: ExecutionId) -> Option<&trellis_core::machine::Execution> {
+        self.executions.get(&id).map(|live| &live.machine)
+    }
+
+    /// Returns the last event sequence of an execution held in memory (appended, or about to be).
+    pub fn last_sequence(&self, id: ExecutionId) -> Option<u64> {
+        self.executions.get(&id).map(|live| live.seq)
+    }
+
+    /// Returns the ids of the executions held in memory.
+    pub fn execution_ids(&self) -> impl Iterator<Item = ExecutionId> + '_ {
+        self.executions.keys().copied()
+    }
+
+    /// Returns the shard of an execution.
+    pub fn shard_of(&self, id: ExecutionId) -> u32 {
+        subjects::shard_of(&id.to_string(), self.config.shards)
+    }
+
+    fn input(&mut self, input: Input, now: u64) {
+        match input {
+            Input::Request { reply, request } => self.request(reply, request, now),
+            Input::Results(deliveries) => {
+                tracing::debug!(n_results = deliveries.len(), "results received");
+                for delivery in deliveries {
+                    self.result(delivery, now);
+                }
+            }
+            Input::Heartbeat(payload) => self.workers.heartbeat(&payload, now),
+            Input::Tick => {
+                for (id, live) in &mut self.executions {
+                    if !live.machine.state().is_terminal() && !live.dirty {
+                        live.dirty = true;
+                        self.dirty.push(*id);
+                    }
+                }
+                self.workers.sweep(now, &self.metrics);
+                if now >= self.last_scan_ms + self.config.index_scan_every_ms {
+                    self.last_scan_ms = now;
+                    let owned: Vec<u32> = self.owned.iter().copied().collect();
+                    self.pending.writes.scan.extend(owned);
+                }
+            }
+            Input::Indexed { shard, ids } => self.indexed(shard, ids),
+            Input::LeaseAcquired(shard) => self.acquire(shard),
+            Input::LeaseLost(shard) => self.lose(shard, now),
+            Input::ShardRecovered {
+                shard,
+                recovered,
+                missing,
+            } => self.shard_recovered(shard, recovered, missing, now),
+            Input::Loaded { recovered, missing } => self.loaded(recovered, missing, now),
+            Input::CheckpointDone {
+                id,
+                full,
+                sequence,
+                result,
+            } => self.checkpoint_done(id, full, sequence, result),
+        }
+    }
+
+    /// Marks an execution touched this turn.
+    fn mark(&mut self, id: ExecutionId) {
+        if let Some(live) = self.executions.get_mut(&id)
+            && !live.dirty
+        {
+            live.dirty = true;
+            self.dirty.push(id);
+        }
+    }
+
+    /// Answers now, before the appends.
+    fn reply_now(&mut self, reply: ReplyTo, answer: Result<Answer, Error>) {
+        self.pending.writes.replies.push((reply, answer));
+    }
+
+    /// Answers once the turn's appends are stored; `changed` names the execution the answer
+    /// is about, whose append must have been stored for the answer to hold.
+    fn reply_after(
+        &mut self,
+        reply: ReplyTo,
+        changed: Option<ExecutionId>,
+        answer: Result<Answer, Error>,
+    ) {
+        self.pending.replies.push((reply, changed, answer));
+    }
+}

@@ -1,0 +1,248 @@
+//! Shard ownership as the turn sees it: a lease acquired starts a recovery of the shard's
+//! unfinished executions, which are adopted before the shard's results are consumed; a lease lost
+//! drops them; an execution not in memory is loaded from its log on demand.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use trellis_core::ids::ExecutionId;
+use trellis_core::machine::Execution;
+use trellis_proto::convert::Started;
+
+use super::live::{Live, Tenancy};
+use super::{Coordinator, Error, Waiting};
+
+/// Most ids remembered as having no log (their results are set aside without a look).
+const MAX_MISSING: usize = 10_000;
+
+/// One message of an execution's log: an encoded `EventBatch` and where it sits in the stream.
+#[derive(Clone, Debug)]
+pub struct LogMessage {
+    pub stream_seq: u64,
+    pub first_seq: u64,
+    pub payload: Bytes,
+}
+
+/// An execution rebuilt from its checkpoint and log, ready to be adopted.
+#[derive(Debug)]
+pub struct Recovered {
+    pub machine: Execution,
+    pub started: Started,
+    /// The last event sequence applied.
+    pub seq: u64,
+    /// The stream sequence of the log's last message (the next append expects it).
+    pub stream_seq: u64,
+    /// The messages read after the checkpoint (all of them without one), for observers.
+    pub log: Vec<LogMessage>,
+    /// The checkpoint the state came from: its id, event sequence and the number of deltas on
+    /// its full snapshot.
+    pub checkpoint: Option<(String, u64, u32)>,
+}
+
+/// The index key of an execution: `<shard>.<id>`.
+pub fn index_key(shard: u32, id: ExecutionId) -> String {
+    format!("{shard}.{id}")
+}
+
+impl Coordinator {
+    /// A lease was acquired: the shard's unfinished executions are recovered (in the
+    /// background), then adopted.
+    pub(super) fn acquire(&mut self, shard: u32) {
+        if self.owned.contains(&shard) || !self.acquiring.insert(shard) {
+            return;
+        }
+        self.pending.writes.recover.push(shard);
+    }
+
+    /// A lease was lost: the shard's executions are forgotten and its results no longer consumed.
+    pub(super) fn lose(&mut self, shard: u32, now: u64) {
+        self.owned.remove(&shard);
+        self.acquiring.remove(&shard);
+        self.pending.writes.stop_consuming.push(shard);
+        // Adopted earlier in this turn: its results must not be consumed after all.
+        self.pending.consume.retain(|consumed| *consumed != shard);
+        let gone: Vec<ExecutionId> = self
+            .executions
+            .iter()
+            .filter(|(_, live)| live.shard == shard)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &gone {
+            self.executions.remove(id);
+            // What this turn did to them is not stored: no answer or acknowledgement may say so.
+            self.refused.insert(*id);
+        }
+        self.dirty.retain(|id| !gone.contains(id));
+        self.by_key.retain(|_, id| !gone.contains(id));
+        tracing::warn!(shard, executions = gone.len(), "shard given up");
+        self.pending.writes.forget.extend(gone);
+        // Requests waiting for an execution of the shard, or for the shard's recovery, are
+        // answered as any request about a shard this coordinator does not own.
+        let loading: Vec<ExecutionId> = self
+            .loading
+            .keys()
+            .copied()
+            .filter(|id| self.shard_of(*id) == shard)
+            .collect();
+        let mut retry: Vec<Waiting> = std::mem::take(&mut self.parked);
+        for id in loading {
+            retry.extend(self.loading.remove(&id).unwrap_or_default());
+        }
+        for waiting in retry {
+            self.request(waiting.reply, waiting.request, now);
+        }
+    }
+
+    pub(super) fn shard_recovered(
+        &mut self,
+        shard: u32,
+        recovered: Vec<Recovered>,
+        missing: Vec<ExecutionId>,
+        now: u64,
+    ) {
+        if !self.acquiring.remove(&shard) {
+            // The lease was lost again while recovering.
+            return;
+        }
+        self.owned.insert(shard);
+        self.adopt(recovered, now);
+        self.pending.consume.push(shard);
+        tracing::info!(shard, "shard owned");
+        for id in missing {
+            self.fail_waiting(id);
+        }
+        // Requests that arrived while the shard was recovered. Those for another shard still
+        // being recovered park again.
+        for waiting in std::mem::take(&mut self.parked) {
+            self.request(waiting.reply, waiting.request, now);
+        }
+    }
+
+    pub(super) fn loaded(&mut self, recovered: Vec<Recovered>, missing: Vec<ExecutionId>, now: u64) {
+        let recovered: Vec<Recovered> = recovered
+            .into_iter()
+            .filter(|execution| self.owned.contains(&self.shard_of(execution.machine.id())))
+            .collect();
+        let ids: Vec<ExecutionId> = recovered.iter().map(|r| r.machine.id()).collect();
+        self.adopt(recovered, now);
+        for id in missing {
+            self.fail_waiting(id);
+        }
+        for id in ids {
+            self.loads_for_results.remove(&id);
+            for waiting in self.loading.remove(&id).unwrap_or_default() {
+                self.request(waiting.reply, waiting.request, now);
+            }
+        }
+    }
+
+    /// Loads the indexed executions of an owned shard that are not in memory: a former owner
+    /// may have started them after this coordinator read the index.
+    pub(super) fn indexed(&mut self, shard: u32, ids: Vec<ExecutionId>) {
+        if !self.owned.contains(&shard) {
+            return;
+        }
+        for id in ids {
+            if self.shard_of(id) == shard
+                && !self.executions.contains_key(&id)
+                && !self.loading.contains_key(&id)
+                && !self.missing.contains(&id)
+            {
+                tracing::info!(%id, shard, "indexed execution not in memory; loading it");
+                self.loading.insert(id, Vec::new());
+                self.pending.load.push(id);
+            }
+        }
+    }
+
+    /// Answers the requests waiting for an execution that could not be loaded.
+    fn fail_waiting(&mut self, id: ExecutionId) {
+        // A result names an execution without a log: a worker's mistake, since a result follows
+        // an assignment and the assignment its stored events. Its results are set aside from now
+        // on. (An execution an index scan found may not have its first event stored yet: it is
+        // looked at again by the next scan.)
+        if self.loads_for_results.remove(&id) {
+            if self.missing.len() >= MAX_MISSING {
+                self.missing.clear();
+            }
+            self.missing.insert(id);
+        }
+        for waiting in self.loading.remove(&id).unwrap_or_default() {
+            self.reply_now(waiting.reply, Err(Error::not_found(id)));
+        }
+    }
+
+    fn adopt(&mut self, recovered: Vec<Recovered>, now: u64) {
+        for execution in recovered {
+            let id = execution.machine.id();
+            let shard = self.shard_of(id);
+            let namespace: Arc<str> = Arc::from(execution.started.namespace());
+            let tenancy = Tenancy {
+                checkpoints_allowed: self.quota(&namespace).checkpoints,
+                namespace: namespace.clone(),
+                traceparent: execution.started.traceparent.clone(),
+            };
+            let mut live = Live::new(
+                execution.machine,
+                execution.started.labels.clone(),
+                execution.started.started_at_ms,
+                shard,
+                tenancy,
+            );
+            live.seq = execution.seq;
+            live.stream_seq = execution.stream_seq;
+            live.log_base = execution
+                .log
+                .first()
+                .map_or(execution.seq + 1, |m| m.first_seq);
+            live.log = execution
+                .log
+                .into_iter()
+                .map(|m| (m.first_seq, m.payload))
+                .collect();
+            live.indexed = true;
+            if let Some((checkpoint_id, seq, deltas)) = execution.checkpoint {
+                live.checkpoint.id = Some(checkpoint_id);
+                live.checkpoint.seq = seq;
+                live.checkpoint.since_full = deltas;
+                live.checkpoint.at_ms = now;
+            }
+            if !live.machine.state().is_terminal() {
+                live.redispatch_running();
+            }
+            if !execution.started.idempotency_key.is_empty() {
+                self.by_key
+                    .insert((namespace, execution.started.idempotency_key.clone()), id);
+            }
+            self.executions.insert(id, live);
+            self.mark(id);
+        }
+    }
+
+    /// Loads an execution that is not in memory (finished before a restart, or fenced) from its
+    /// log, then answers the request.
+    pub(super) fn load(&mut self, id: ExecutionId, waiting: Waiting) {
+        let shard = self.shard_of(id);
+        if self.acquiring.contains(&shard) {
+            // Its shard is being recovered: answer once it is.
+            self.parked.push(waiting);
+            return;
+        }
+        if !self.owned.contains(&shard) {
+            self.reply_now(
+                waiting.reply,
+                Err(Error::unavailable(format!(
+                    "execution {id} belongs to shard {shard}, which this coordinator does not \
+                     own; ask the coordinator that does"
+                ))),
+            );
+            return;
+        }
+        if let Some(waiting_list) = self.loading.get_mut(&id) {
+            waiting_list.push(waiting);
+            return;
+        }
+        self.loading.insert(id, vec![waiting]);
+        self.pending.load.push(id);
+    }
+}

@@ -1,0 +1,118 @@
+//! The worker registry, built from heartbeats (core NATS, held in memory, never a database write
+//! each), with missed-heartbeat detection.
+
+use std::collections::BTreeMap;
+
+use trellis_proto::{convert, v1};
+
+use crate::metrics::Metrics;
+
+/// A worker is declared terminated after this many missed heartbeats.
+const MISSED_BEFORE_TERMINATED: u32 = 3;
+
+#[derive(Debug)]
+struct Entry {
+    last: v1::WorkerHeartbeat,
+    first_seen_ms: u64,
+    last_seen_ms: u64,
+    /// Missed heartbeats since the last one, already counted in the metric.
+    missed_counted: u32,
+}
+
+/// The workers seen, by id.
+#[derive(Debug, Default)]
+pub(super) struct Registry {
+    workers: BTreeMap<String, Entry>,
+    last_sweep_ms: u64,
+}
+
+impl Registry {
+    /// Takes one encoded heartbeat; an invalid one is logged and ignored.
+    pub(super) fn heartbeat(&mut self, payload: &[u8], now: u64) {
+        let heartbeat = match convert::decode_worker_heartbeat(payload) {
+            Ok(heartbeat) => heartbeat,
+            Err(err) => {
+                tracing::warn!(%err, "invalid heartbeat ignored");
+                return;
+            }
+        };
+        let entry = self
+            .workers
+            .entry(heartbeat.worker_id.clone())
+            .or_insert_with(|| Entry {
+                last: heartbeat.clone(),
+                first_seen_ms: now,
+                last_seen_ms: now,
+                missed_counted: 0,
+            });
+        entry.last = heartbeat;
+        entry.last_seen_ms = now;
+        entry.missed_counted = 0;
+    }
+
+    /// Once per heartbeat interval, counts the intervals each worker missed since the last sweep
+    /// (up to the point it is declared terminated, so a worker that is gone for good stops
+    /// counting) and how many are alive.
+    pub(super) fn sweep(&mut self, now: u64, metrics: &Metrics) {
+        let interval_ms = interval_ms();
+        if now < self.last_sweep_ms + interval_ms {
+            return;
+        }
+        self.last_sweep_ms = now;
+        let mut alive = 0;
+        for entry in self.workers.values_mut() {
+            let terminated = entry.last.state == v1::WorkerState::Terminated as i32;
+            // Half an interval of grace: a heartbeat a few milliseconds late is not a missed one.
+            let late = now.saturating_sub(entry.last_seen_ms + interval_ms / 2);
+            let missed = ((late / interval_ms) as u32).min(MISSED_BEFORE_TERMINATED);
+            if !terminated && missed > entry.missed_counted {
+                metrics
+                    .missed_heartbeats
+                    .inc_by(u64::from(missed - entry.missed_counted));
+                entry.missed_counted = missed;
+            }
+            if !terminated && missed < MISSED_BEFORE_TERMINATED {
+                alive += 1;
+            }
+        }
+        metrics.workers_alive.set(alive);
+    }
+
+    /// Returns the workers with their state as seen at `now`.
+    pub(super) fn list(
+        &self,
+        now: u64,
+        queue: &str,
+        include_terminated: bool,
+    ) -> Vec<v1::WorkerInfo> {
+        let interval = interval_ms();
+        self.workers
+            .iter()
+            .filter(|(_, e)| queue.is_empty() || e.last.queues.iter().any(|q| q == queue))
+            .map(|(id, e)| {
+                let missed = (now.saturating_sub(e.last_seen_ms) / interval) as u32;
+                let state = if missed >= MISSED_BEFORE_TERMINATED {
+                    v1::WorkerState::Terminated
+                } else if e.last.running.is_empty() {
+                    v1::WorkerState::Idle
+                } else {
+                    v1::WorkerState::Running
+                };
+                v1::WorkerInfo {
+                    worker_id: id.clone(),
+                    state: state as i32,
+                    last_heartbeat: Some(e.last.clone()),
+                    first_seen_at_unix_ms: e.first_seen_ms as i64,
+                    missed_heartbeats: missed,
+                    tasks_completed: 0,
+                    tasks_failed: 0,
+                }
+            })
+            .filter(|w| include_terminated || w.state != v1::WorkerState::Terminated as i32)
+            .collect()
+    }
+}
+
+fn interval_ms() -> u64 {
+    (trellis_bus::HEARTBEAT_INTERVAL.as_millis() as u64).max(1)
+}
