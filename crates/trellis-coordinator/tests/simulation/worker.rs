@@ -1,0 +1,232 @@
+//! Simulated agent-workers: they take task messages from the work queue, run them for a while as
+//! the task's `"sim"` behaviour says (see `plans.rs`), publish the result to the shard the
+//! assignment names, and only then acknowledge the task message, extending it while they run, as
+//! the real worker does. A worker that dies loses its runs; their messages are delivered again
+//! after the ack wait.
+
+use bytes::Bytes;
+use prost::Message as _;
+use serde_json::{Value, json};
+use trellis_core::ids::{GroupId, QuestionId, TaskInstanceId, mix};
+use trellis_proto::v1;
+
+use crate::nats::Nats;
+use crate::rng::Rng;
+
+/// A task attempt being run.
+#[derive(Debug)]
+pub struct Run {
+    /// The task message's sequence in the work queue.
+    pub seq: u64,
+    pub assignment: v1::TaskAssignment,
+    pub done_at: u64,
+}
+
+/// One simulated worker.
+#[derive(Debug)]
+pub struct Worker {
+    pub idx: usize,
+    pub up: bool,
+    pub runs: Vec<Run>,
+    pub slots: usize,
+}
+
+impl Worker {
+    pub fn new(idx: usize, slots: usize) -> Self {
+        Self {
+            idx,
+            up: true,
+            runs: Vec::new(),
+            slots,
+        }
+    }
+
+    /// The worker dies: its runs are lost, its task messages left to time out.
+    pub fn die(&mut self) {
+        self.up = false;
+        self.runs.clear();
+    }
+
+    /// Does what is due at `now`: extends running tasks, finishes those done, takes new ones.
+    pub fn step(&mut self, nats: &mut Nats, rng: &mut Rng, now: u64, ack_wait: u64) {
+        if !self.up {
+            return;
+        }
+        for run in &self.runs {
+            nats.tasks.extend(run.seq, self.idx, now + ack_wait);
+        }
+        let (done, running): (Vec<Run>, Vec<Run>) =
+            self.runs.drain(..).partition(|run| run.done_at <= now);
+        self.runs = running;
+        for run in done {
+            // Lost its message meanwhile (the ack wait passed): another worker has it.
+            if !nats.tasks.holds(run.seq, self.idx) {
+                continue;
+            }
+            let result = outcome(&run.assignment, self.idx, now);
+            publish_result(nats, &run.assignment, result, now);
+            // Died between publishing and acknowledging: the task runs again elsewhere.
+            if rng.one_in(200) {
+                self.die();
+                return;
+            }
+            nats.tasks.ack(run.seq, self.idx);
+        }
+        while self.runs.len() < self.slots {
+            let Some(seq) = nats.tasks.available(now).first().copied() else {
+                break;
+            };
+            let Some((payload, _)) = nats.tasks.take(seq, self.idx, now + ack_wait) else {
+                break;
+            };
+            let Ok(assignment) = v1::TaskAssignment::decode(payload) else {
+                nats.tasks.ack(seq, self.idx);
+                continue;
+            };
+            let started = v1::task_result::Outcome::Started(v1::task_result::Started {});
+            publish_result(nats, &assignment, started, now);
+            let slow = sim(&assignment)["slow"] == json!(true) && assignment.attempt == 1;
+            let duration = if slow { 200 } else { rng.between(1, 25) };
+            self.runs.push(Run {
+                seq,
+                assignment,
+                done_at: now + duration,
+            });
+        }
+    }
+
+    /// A cancel for an attempt: the run stops and its message is acknowledged.
+    pub fn cancel(&mut self, nats: &mut Nats, cancel: &v1::CancelTask) {
+        let idx = self.idx;
+        self.runs.retain(|run| {
+            let stop = run.assignment.task_instance_id == cancel.task_instance_id
+                && run.assignment.attempt == cancel.attempt;
+            if stop {
+                nats.tasks.ack(run.seq, idx);
+            }
+            !stop
+        });
+    }
+}
+
+/// The task's behaviour.
+fn sim(assignment: &v1::TaskAssignment) -> Value {
+    serde_json::from_slice::<Value>(&assignment.input)
+        .ok()
+        .and_then(|input| input.get("sim").cloned())
+        .unwrap_or(Value::Null)
+}
+
+/// What an attempt reports when it ends.
+fn outcome(assignment: &v1::TaskAssignment, worker: usize, now: u64) -> v1::task_result::Outcome {
+    use v1::task_result::{Asked, Completed, Failed, Outcome, Spawned};
+    let completed = |output: Value| {
+        Outcome::Completed(Completed {
+            output: output.to_string().into_bytes(),
+        })
+    };
+    if let Some(resume) = &assignment.resume {
+        match &resume.resumed_after {
+            Some(v1::resume_context::ResumedAfter::GroupSummary(summary)) => {
+                return completed(json!({ "resumed": summary.group_id, "worker": worker }));
+            }
+            Some(v1::resume_context::ResumedAfter::HumanAnswer(answer)) => {
+                return completed(json!({ "answer": answer.answer }));
+            }
+            None => {}
+        }
+    }
+    let behaviour = sim(assignment);
+    let fail = behaviour["fail"].as_u64().unwrap_or(0);
+    if u64::from(assignment.attempt) <= fail {
+        return Outcome::Failed(Failed {
+            error: format!("attempt {} fails on purpose", assignment.attempt),
+            retryable: true,
+        });
+    }
+    let instance: TaskInstanceId = assignment
+        .task_instance_id
+        .parse()
+        .unwrap_or(TaskInstanceId::nil());
+    let entropy = mix(instance.0.as_u128(), &[u64::from(assignment.attempt)]);
+    if behaviour["ask"] == json!(true) {
+        return Outcome::Question(Asked {
+            question: Some(v1::Question {
+                question_id: QuestionId::derived(now, entropy).to_string(),
+                question_type: "approval".to_owned(),
+                text: "go on?".to_owned(),
+                options: vec!["yes".to_owned(), "no".to_owned()],
+                ..Default::default()
+            }),
+        });
+    }
+    if let Some(spawn) = behaviour.get("spawn") {
+        let members = spawn["members"]
+            .as_array()
+            .map(|members| {
+                members
+                    .iter()
+                    .map(|member| v1::SubtaskSpec {
+                        task_type: crate::plans::QUEUE.to_owned(),
+                        input: json!({ "sim": member }).to_string().into_bytes(),
+                        queue: None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let (kind, quorum) = match &spawn["rule"] {
+            Value::String(rule) if rule == "all_succeeded" => {
+                (v1::CompletionRuleKind::AllSucceeded, 0)
+            }
+            Value::String(rule) if rule == "first_success" => {
+                (v1::CompletionRuleKind::FirstSuccess, 0)
+            }
+            Value::Object(rule) => (
+                v1::CompletionRuleKind::Quorum,
+                rule.get("quorum").and_then(Value::as_u64).unwrap_or(1) as u32,
+            ),
+            _ => (v1::CompletionRuleKind::AllSettled, 0),
+        };
+        return Outcome::Spawned(Spawned {
+            group: Some(v1::SubtaskGroup {
+                group_id: GroupId::derived(now, entropy).to_string(),
+                rule: Some(v1::CompletionRule {
+                    kind: kind.into(),
+                    quorum,
+                }),
+                members,
+            }),
+        });
+    }
+    completed(json!({ "task": assignment.task_id, "worker": worker }))
+}
+
+/// Publishes a result on the results stream of the assignment's shard.
+fn publish_result(
+    nats: &mut Nats,
+    assignment: &v1::TaskAssignment,
+    outcome: v1::task_result::Outcome,
+    now: u64,
+) {
+    let result = v1::TaskResult {
+        execution_id: assignment.execution_id.clone(),
+        task_instance_id: assignment.task_instance_id.clone(),
+        attempt: assignment.attempt,
+        worker_id: "sim-worker".to_owned(),
+        usage: None,
+        sent_at_unix_ms: now as i64,
+        outcome: Some(outcome),
+    };
+    let shard = assignment.results_shard.unwrap_or(0) as usize;
+    if let Some((queue, _)) = nats.results.get_mut(shard) {
+        let seq = queue.publish(None, Bytes::from(result.encode_to_vec()), now, 0);
+        if std::env::var_os("TRELLIS_SIM_VERBOSE").is_some() {
+            eprintln!(
+                "{now}: result {shard}/{seq:?} of {} attempt {}: {:?}",
+                result.task_instance_id,
+                result.attempt,
+                result.outcome.as_ref().map(std::mem::discriminant)
+            );
+        }
+    }
+}
