@@ -37,8 +37,8 @@ pub struct Events {
     pub records: Vec<Record>,
     by_subject: BTreeMap<ExecutionId, Vec<usize>>,
     msg_ids: BTreeMap<String, u64>,
-    /// A deliberately broken server that ignores the expected sequence (to show the checks catch
-    /// two writers).
+    /// A deliberately broken stream that fences nothing: it ignores the expected sequence and
+    /// de-duplicates nothing (to show the checks catch two writers).
     pub no_fencing: bool,
 }
 
@@ -52,7 +52,9 @@ impl Events {
         expected_last: u64,
         payload: Bytes,
     ) -> Result<(u64, bool), AppendError> {
-        if let Some(seq) = self.msg_ids.get(&msg_id) {
+        if let Some(seq) = self.msg_ids.get(&msg_id)
+            && !self.no_fencing
+        {
             return Ok((*seq, true));
         }
         let last = self.last_seq(id).unwrap_or(0);

@@ -586,6 +586,7 @@ impl World {
                         let ours = !duplicate
                             || self.nats.events.get(stream_seq).is_some_and(|r| r.payload == payload);
                         if !ours {
+                            FENCED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             outcome = Some(Appended::Fenced {
                                 why: "message id used by another writer".to_owned(),
                             });
