@@ -534,6 +534,8 @@ mod fake {
     use trellis_proto::v1::*;
 
     pub const EXECUTION_ID: &str = "0190a5c4-7d1e-7000-8000-000000000001";
+    /// The group `build` spawns.
+    pub const GROUP_ID: &str = "0190a5c4-7d1e-7000-8000-0000000000a0";
 
     #[derive(Debug, Default)]
     pub struct Fake {
@@ -617,7 +619,7 @@ mod fake {
                     task_instance_id: instance("i-build"),
                     attempt: 1,
                     group: Some(SubtaskGroup {
-                        group_id: "g1".to_owned(),
+                        group_id: GROUP_ID.to_owned(),
                         rule: Some(CompletionRule {
                             kind: CompletionRuleKind::AllSettled as i32,
                             quorum: 0,
@@ -841,29 +843,43 @@ mod fake {
             request: Request<GetExecutionGraphRequest>,
         ) -> Result<Response<GetExecutionGraphResponse>, Status> {
             Self::check_id(&request.get_ref().execution_id)?;
-            let node = |task_id: &str, state: TaskState, next: Option<Next>| GraphNode {
+            // The graph the coordinator's builder makes of `build`, its group of two and its
+            // resumed instance: ids are UUIDs and members point at their parent and group.
+            let node = |n: u32, task_id: &str, next: Option<Next>| GraphNode {
                 record: Some(TaskInstance {
+                    task_instance_id: format!("0190a5c4-7d1e-7000-8000-0000000000b{n}"),
                     task_id: task_id.to_owned(),
-                    state: state as i32,
+                    correlation_id: EXECUTION_ID.to_owned(),
+                    state: TaskState::Completed as i32,
                     attempt: 1,
+                    created_at_unix_ms: START_MS + i64::from(n),
                     ..TaskInstance::default()
                 }),
                 next,
             };
-            let mut resumed = node("build", TaskState::Completed, None);
+            let member = |n: u32| {
+                let mut member = node(n, "noop", None);
+                if let Some(record) = member.record.as_mut() {
+                    record.parent_task_instance_id =
+                        Some("0190a5c4-7d1e-7000-8000-0000000000b1".to_owned());
+                    record.subtask_group_id = Some(GROUP_ID.to_owned());
+                }
+                member
+            };
+            let mut resumed = node(4, "build", None);
             if let Some(record) = resumed.record.as_mut() {
-                record.resumed_after_subtasks_group_id = Some("g1".to_owned());
+                record.resumed_after_subtasks_group_id = Some(GROUP_ID.to_owned());
             }
             Ok(Response::new(GetExecutionGraphResponse {
                 graph: Some(ExecutionGraph {
                     nodes: vec![
-                        node("build", TaskState::Completed, Some(Next::GroupIndex(0))),
-                        node("noop", TaskState::Completed, None),
-                        node("noop", TaskState::Completed, None),
+                        node(1, "build", Some(Next::GroupIndex(0))),
+                        member(2),
+                        member(3),
                         resumed,
                     ],
                     groups: vec![GraphGroup {
-                        group_id: "g1".to_owned(),
+                        group_id: GROUP_ID.to_owned(),
                         node_indices: vec![1, 2],
                         next_node_index: Some(3),
                     }],
@@ -952,7 +968,7 @@ fn submit_wait_json_follows_every_event_across_a_broken_stream() {
     assert_eq!(events[0]["labels"]["team"], "infra");
     assert_eq!(events[3]["kind"], "subtasks_spawned");
     assert_eq!(events[3]["instance"], "i-build");
-    assert_eq!(events[3]["group"], "g1");
+    assert_eq!(events[3]["group"], fake::GROUP_ID);
     assert_eq!(events[3]["rule"], "all_settled");
     assert_eq!(events[3]["members"].as_array().map(Vec::len), Some(2));
     assert_eq!(events[7]["kind"], "task_failed");
@@ -1030,11 +1046,14 @@ fn tree_events_status_and_answer_against_a_coordinator() {
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     assert_eq!(
         stdout(&output),
-        "build [completed] attempt 1\n\
-         ├─ group g1 (2 subtasks, all_settled)\n\
-         │  ├─ noop [completed] attempt 1\n\
-         │  └─ noop [completed] attempt 1\n\
-         └─ resumed: build [completed] attempt 1\n"
+        format!(
+            "build [completed] attempt 1\n\
+             ├─ group {} (2 subtasks, all_settled)\n\
+             │  ├─ noop [completed] attempt 1\n\
+             │  └─ noop [completed] attempt 1\n\
+             └─ resumed: build [completed] attempt 1\n",
+            fake::GROUP_ID
+        )
     );
 
     let output = run(&["--coordinator", &url, "events", "--from", "8", id]);
