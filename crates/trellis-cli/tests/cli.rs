@@ -743,30 +743,53 @@ mod fake {
 
         async fn resume_execution(
             &self,
-            _: Request<ResumeExecutionRequest>,
+            request: Request<ResumeExecutionRequest>,
         ) -> Result<Response<ResumeExecutionResponse>, Status> {
-            Err(Status::unimplemented("resume"))
+            Self::check_id(&request.get_ref().execution_id)?;
+            Ok(Response::new(ResumeExecutionResponse {
+                state: ExecutionState::Running as i32,
+            }))
         }
 
+        /// Cancels only with a reason, so that tests see the reason arrive.
         async fn cancel_execution(
             &self,
-            _: Request<CancelExecutionRequest>,
+            request: Request<CancelExecutionRequest>,
         ) -> Result<Response<CancelExecutionResponse>, Status> {
-            Err(Status::unimplemented("cancel"))
+            let request = request.into_inner();
+            Self::check_id(&request.execution_id)?;
+            if request.reason.is_empty() {
+                return Err(Status::invalid_argument("a reason is required"));
+            }
+            Ok(Response::new(CancelExecutionResponse {
+                state: ExecutionState::Cancelled as i32,
+            }))
         }
 
         async fn retry_execution(
             &self,
-            _: Request<RetryExecutionRequest>,
+            request: Request<RetryExecutionRequest>,
         ) -> Result<Response<RetryExecutionResponse>, Status> {
-            Err(Status::unimplemented("retry"))
+            Self::check_id(&request.get_ref().execution_id)?;
+            Ok(Response::new(RetryExecutionResponse { run_number: 2 }))
         }
 
         async fn checkpoint_execution(
             &self,
-            _: Request<CheckpointExecutionRequest>,
+            request: Request<CheckpointExecutionRequest>,
         ) -> Result<Response<CheckpointExecutionResponse>, Status> {
-            Err(Status::unimplemented("checkpoint"))
+            Self::check_id(&request.get_ref().execution_id)?;
+            Ok(Response::new(CheckpointExecutionResponse {
+                checkpoint: Some(CheckpointMetadata {
+                    checkpoint_id: "0190a5c4-7d1e-7000-8000-0000000000c1".to_owned(),
+                    execution_id: EXECUTION_ID.to_owned(),
+                    event_sequence: 13,
+                    kind: CheckpointKind::Full as i32,
+                    checksum_sha256: vec![0xab, 0x01],
+                    size_bytes: 1234,
+                    ..CheckpointMetadata::default()
+                }),
+            }))
         }
 
         async fn get_execution(
@@ -893,6 +916,9 @@ mod fake {
             request: Request<AnswerQuestionRequest>,
         ) -> Result<Response<AnswerQuestionResponse>, Status> {
             let request = request.into_inner();
+            if request.question_id == "nope" {
+                return Err(Status::not_found("no question nope"));
+            }
             if request.answer != "yes" {
                 return Err(Status::invalid_argument("answer must be one of: yes, no"));
             }
@@ -1120,6 +1146,77 @@ fn tree_events_status_and_answer_against_a_coordinator() {
         "{}",
         stderr(&output)
     );
+}
+
+#[test]
+fn control_commands_say_what_happened_and_exit_accordingly() {
+    let (url, _fake) = fake::start();
+    let id = fake::EXECUTION_ID;
+    // (arguments, exit code, stdout, stderr)
+    let cases: [(&[&str], i32, String, String); 8] = [
+        (
+            &["resume", id],
+            0,
+            format!("execution {id} is running\n"),
+            String::new(),
+        ),
+        (
+            &["cancel", "--reason", "wrong branch", id],
+            0,
+            format!("execution {id} is cancelled\n"),
+            String::new(),
+        ),
+        (
+            &["cancel", id],
+            2,
+            String::new(),
+            format!("trellis: execution {id}: a reason is required\n"),
+        ),
+        (
+            &["retry", id],
+            0,
+            format!("execution {id} is running again as run 2: only what did not complete runs\n"),
+            String::new(),
+        ),
+        (
+            &["checkpoint", id],
+            0,
+            format!(
+                "checkpoint 0190a5c4-7d1e-7000-8000-0000000000c1 of execution {id}: full, up to \
+                 event 13, 1234 bytes, sha256 ab01\n"
+            ),
+            String::new(),
+        ),
+        (
+            &["pause", id],
+            1,
+            String::new(),
+            format!("trellis: execution {id}: execution is completed\n"),
+        ),
+        (
+            &["retry", "nope"],
+            1,
+            String::new(),
+            "trellis: execution nope not found\n".to_owned(),
+        ),
+        (
+            &["answer", id, "nope", "yes"],
+            1,
+            String::new(),
+            format!("trellis: question nope of execution {id} not found\n"),
+        ),
+    ];
+    for (args, code, out, err) in cases {
+        let output = run(&[&["--coordinator", url.as_str()], args].concat());
+        assert_eq!(
+            output.status.code(),
+            Some(code),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        assert_eq!(stdout(&output), out, "{args:?}");
+        assert_eq!(stderr(&output), err, "{args:?}");
+    }
 }
 
 #[test]
