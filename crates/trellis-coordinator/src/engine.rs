@@ -33,9 +33,10 @@ use trellis_core::plan::{PlanErrors, compile_str};
 use trellis_core::quota::Quota;
 use trellis_core::record::TaskState;
 use trellis_grpc::access::{self, AccessPolicy, Principal, Scope};
-use trellis_proto::{convert, subjects, v1};
+use trellis_proto::{subjects, v1};
 use trellis_telemetry::Readiness;
 use trellis_telemetry::propagation::{self, Context};
+use trellis_wire::{common, log, plan, read, worker};
 
 use crate::checkpoints::{self, FULL_EVERY, KEEP_FULL, StoreClient};
 use crate::metrics::{self, Metrics};
@@ -370,8 +371,7 @@ impl Live {
                 None => {}
             }
             self.seq += 1;
-            self.pending
-                .push(convert::event_to_proto(id, self.seq, &event));
+            self.pending.push(log::event_to_proto(id, self.seq, &event));
             self.stop.extend_from_slice(stop);
             if let EventBody::TaskDispatched { instance, .. } = event.body {
                 self.dispatch.push(instance);
@@ -431,15 +431,15 @@ impl Live {
     }
 
     fn summary(&self, id: ExecutionId, now: u64) -> v1::Execution {
-        let progress = convert::progress_to_proto(&self.machine.progress(now));
+        let progress = read::progress_to_proto(&self.machine.progress(now));
         let (started, ended) = self.machine.times_ms();
         v1::Execution {
             execution_id: id.to_string(),
             name: self.machine.plan().name.clone(),
-            state: convert::execution_state_to_proto(self.machine.state()),
+            state: read::execution_state_to_proto(self.machine.state()),
             run_number: self.machine.run_number(),
             counts: progress.counts,
-            usage: Some(convert::usage_to_proto(self.machine.usage())),
+            usage: Some(common::usage_to_proto(self.machine.usage())),
             created_at_unix_ms: self.created_at_ms as i64,
             started_at_unix_ms: Some(started as i64),
             ended_at_unix_ms: ended.map(|t| t as i64),
@@ -454,7 +454,7 @@ impl Live {
                 .map(|open| v1::OpenQuestion {
                     task_instance_id: open.instance.to_string(),
                     task_id: open.task_id,
-                    question: Some(convert::question_to_proto(open.question)),
+                    question: Some(common::question_to_proto(open.question)),
                     asked_at_unix_ms: open.asked_at_ms as i64,
                 })
                 .collect(),
@@ -733,7 +733,7 @@ impl Engine {
                 "task result over the payload limit: the attempt fails"
             );
         }
-        let (id, event) = match convert::result_to_event(&result, now) {
+        let (id, event) = match worker::result_to_event(&result, now) {
             Ok(converted) => converted,
             Err(err) => {
                 tracing::warn!(subject = %message.subject, %err, "invalid task result set aside");
@@ -1102,7 +1102,7 @@ impl Engine {
                 let result = match self.executions.get(&id) {
                     None => Err(not_found(id)),
                     Some(live) => trellis_core::graph::build(live.machine.records())
-                        .map(|graph| convert::graph_to_proto(&graph))
+                        .map(|graph| read::graph_to_proto(&graph))
                         .map_err(|err| Status::internal(format!("execution graph of {id}: {err}"))),
                 };
                 let _ = reply.send(result);
@@ -1224,16 +1224,16 @@ impl Engine {
                         v1::PlanFormat::try_from(spec.format).unwrap_or(v1::PlanFormat::Yaml);
                     (plan, spec.text, format)
                 } else {
-                    let plan = convert::compile_wire_spec(&spec, &limits)
-                        .map_err(|e| invalid(source, e))?;
-                    let text = convert::canonical_spec_json(&plan);
+                    let plan =
+                        plan::compile_wire_spec(&spec, &limits).map_err(|e| invalid(source, e))?;
+                    let text = plan::canonical_spec_json(&plan);
                     (plan, text, v1::PlanFormat::Json)
                 }
             }
             PlanSource::Plan(plan) => {
-                let plan = convert::compile_wire_plan(&plan, &limits)
+                let plan = plan::compile_wire_plan(&plan, &limits)
                     .map_err(|e| invalid("plan_source.plan", e))?;
-                let text = convert::canonical_spec_json(&plan);
+                let text = plan::canonical_spec_json(&plan);
                 (plan, text, v1::PlanFormat::Json)
             }
         };
@@ -1274,9 +1274,9 @@ impl Engine {
         };
         let plan_name = plan.name.clone();
         let machine = Execution::start(id, Arc::new(plan), 1, now);
-        let started = convert::started_to_proto(
+        let started = log::started_to_proto(
             id,
-            &convert::Started {
+            &log::Started {
                 plan_name,
                 run_number: 1,
                 spec: text,
@@ -1324,7 +1324,7 @@ impl Engine {
         };
         live.record(id, Event { at_ms: now, body }, &self.metrics)
             .map_err(|err| Status::failed_precondition(err.to_string()))?;
-        Ok(convert::execution_state_to_proto(live.machine.state()))
+        Ok(read::execution_state_to_proto(live.machine.state()))
     }
 
     fn retry(&mut self, id: ExecutionId, now: u64) -> Result<u32, Status> {
@@ -1516,7 +1516,7 @@ impl Engine {
                     continue;
                 };
                 let mut message =
-                    convert::assignment_to_proto(*id, live.machine.run_number(), &assignment);
+                    worker::assignment_to_proto(*id, live.machine.run_number(), &assignment);
                 message.results_shard = Some(live.shard);
                 let mut headers = HeaderMap::new();
                 headers.insert(
@@ -1579,7 +1579,7 @@ impl Engine {
             // pass over every instance.
             let progress = (live.progress_due
                 && (terminal || now >= live.last_progress_ms + PROGRESS_EVERY_MS))
-                .then(|| convert::progress_to_proto(&live.machine.progress(now)));
+                .then(|| read::progress_to_proto(&live.machine.progress(now)));
             if let Some(progress) = &progress {
                 live.last_progress_ms = now;
                 live.progress_due = false;

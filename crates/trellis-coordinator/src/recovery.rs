@@ -9,8 +9,8 @@ use async_nats::jetstream::stream::{RawMessageErrorKind, Stream};
 use bytes::Bytes;
 use trellis_core::ids::ExecutionId;
 use trellis_core::machine::Execution;
-use trellis_proto::convert::{self, LogEntry, Started};
 use trellis_proto::subjects;
+use trellis_wire::log::{self, LogEntry, Started};
 
 use crate::checkpoints::{Restored, StoreClient};
 
@@ -134,8 +134,7 @@ pub(crate) async fn recover(
     let first = first?
         .pop()
         .ok_or_else(|| malformed("the log has no first message".to_owned()))?;
-    let batch =
-        convert::decode_event_batch(&first.payload).map_err(|e| malformed(e.to_string()))?;
+    let batch = log::decode_event_batch(&first.payload).map_err(|e| malformed(e.to_string()))?;
     let Some(LogEntry::Started(started)) = batch.entries.first().cloned() else {
         return Err(malformed("sequence 1 is not execution_started".to_owned()));
     };
@@ -193,7 +192,7 @@ pub(crate) async fn recover(
     let log = read_log(events, id, from_stream, last).await?;
     for message in &log {
         let batch =
-            convert::decode_event_batch(&message.payload).map_err(|e| malformed(e.to_string()))?;
+            log::decode_event_batch(&message.payload).map_err(|e| malformed(e.to_string()))?;
         for (offset, entry) in batch.entries.into_iter().enumerate() {
             let sequence = batch.first_sequence + offset as u64;
             if sequence <= seq {

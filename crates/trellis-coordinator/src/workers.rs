@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
-use trellis_proto::{convert, subjects, v1};
+use trellis_proto::{subjects, v1};
+use trellis_wire::worker;
 
 use crate::engine::now_ms;
 
@@ -58,7 +59,7 @@ impl Registry {
                     message = subscription.next() => message,
                 };
                 let Some(message) = message else { return };
-                let heartbeat = match convert::decode_worker_heartbeat(&message.payload) {
+                let heartbeat = match worker::decode_heartbeat(&message.payload) {
                     Ok(heartbeat) => heartbeat,
                     Err(err) => {
                         tracing::warn!(subject = %message.subject, %err, "invalid heartbeat ignored");
