@@ -1,12 +1,13 @@
-# Trellis recipes. CI runs `.ci/run`, which runs the same test command as `just test`.
+# Trellis recipes. CI runs `.ci/run`, which runs `scripts/test` as `just test` does.
 
 # List the recipes.
 default:
     @just --list
 
-# Run every test (the README's test command).
-test:
-    cargo test --workspace
+# Run every test (the README's test command), after installing and starting what they need;
+# options go to `cargo test`, e.g. `just test -p trellis-core`.
+test *args:
+    scripts/test {{args}}
 
 # Format the code.
 fmt:

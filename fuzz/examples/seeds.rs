@@ -11,8 +11,9 @@ use std::path::Path;
 use prost::Message as _;
 use trellis_core::machine::{Event, EventBody};
 use trellis_fuzz::{Live, PLAN, T0, execution_id};
-use trellis_proto::convert::{self, Started};
 use trellis_proto::v1::{self, task_result};
+use trellis_wire::log::{self, Started};
+use trellis_wire::worker;
 
 fn main() -> std::io::Result<()> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds");
@@ -30,7 +31,7 @@ fn main() -> std::io::Result<()> {
             .exec
             .assignment(*instance)
             .expect("a running instance has an assignment");
-        let message = convert::assignment_to_proto(execution_id(), 1, &assignment);
+        let message = worker::assignment_to_proto(execution_id(), 1, &assignment);
         write(
             "nats_task_assignment",
             &format!("{}.pb", message.task_id),
@@ -139,7 +140,7 @@ fn main() -> std::io::Result<()> {
         traceparent: String::new(),
     };
     let start = v1::EventBatch {
-        events: vec![convert::started_to_proto(execution_id(), &started)],
+        events: vec![log::started_to_proto(execution_id(), &started)],
     };
     write("nats_event_batch", "started.pb", &start.encode_to_vec())?;
     let mut log = live.log.clone();
@@ -171,19 +172,16 @@ fn main() -> std::io::Result<()> {
     let mut whole = start.clone();
     whole
         .events
-        .extend(convert::event_batch_to_proto(execution_id(), 2, &log).events);
+        .extend(log::event_batch_to_proto(execution_id(), 2, &log).events);
     write("nats_event_batch", "whole-log.pb", &whole.encode_to_vec())?;
     write(
         "nats_event_batch",
         "after-start.pb",
-        &convert::event_batch_to_proto(execution_id(), 2, &log).encode_to_vec(),
+        &log::event_batch_to_proto(execution_id(), 2, &log).encode_to_vec(),
     )?;
     for (n, event) in log.iter().enumerate() {
-        let batch = convert::event_batch_to_proto(
-            execution_id(),
-            2 + n as u64,
-            std::slice::from_ref(event),
-        );
+        let batch =
+            log::event_batch_to_proto(execution_id(), 2 + n as u64, std::slice::from_ref(event));
         write(
             "nats_event_batch",
             &format!("event-{n:02}-{}.pb", event.body.name()),

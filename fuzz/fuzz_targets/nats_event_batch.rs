@@ -17,10 +17,10 @@ use std::sync::Arc;
 use libfuzzer_sys::fuzz_target;
 use trellis_core::machine::Execution;
 use trellis_fuzz::Live;
-use trellis_proto::convert::{self, LogEntry};
+use trellis_wire::log::{self, LogEntry};
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(batch) = convert::decode_event_batch(data) {
+    if let Ok(batch) = log::decode_event_batch(data) {
         let events: Vec<_> = batch
             .entries
             .iter()
@@ -31,8 +31,8 @@ fuzz_target!(|data: &[u8]| {
             .collect();
         if events.len() == batch.entries.len() {
             let again =
-                convert::event_batch_to_proto(batch.execution_id, batch.first_sequence, &events);
-            let again = convert::decode_event_batch(&prost::Message::encode_to_vec(&again))
+                log::event_batch_to_proto(batch.execution_id, batch.first_sequence, &events);
+            let again = log::decode_event_batch(&prost::Message::encode_to_vec(&again))
                 .expect("a decoded batch re-encodes to one that decodes");
             assert_eq!(again, batch, "a batch changed through a round trip");
         }

@@ -12,10 +12,10 @@
 use libfuzzer_sys::fuzz_target;
 use trellis_agent_worker::fuzzing;
 use trellis_fuzz::Live;
-use trellis_proto::convert;
+use trellis_wire::worker;
 
 fuzz_target!(|data: &[u8]| {
-    let valid = convert::decode_task_assignment(data).is_ok();
+    let valid = worker::decode_task_assignment(data).is_ok();
     let Some(assignment) = fuzzing::accept_assignment(data) else {
         assert!(
             !valid,
@@ -35,7 +35,7 @@ fuzz_target!(|data: &[u8]| {
     result.execution_id = live.exec.id().to_string();
     result.task_instance_id = instance.to_string();
     result.attempt = attempt;
-    let (_, event) = match convert::result_to_event(&result, live.now) {
+    let (_, event) = match worker::result_to_event(&result, live.now) {
         Ok(converted) => converted,
         Err(err) => panic!("the coordinator refuses a built-in's result: {err}\n{result:?}"),
     };

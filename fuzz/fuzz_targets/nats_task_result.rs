@@ -17,21 +17,22 @@ use prost::Message as _;
 use trellis_core::ids::WorkerId;
 use trellis_core::machine::{Applied, Event, EventBody};
 use trellis_fuzz::Live;
-use trellis_proto::{convert, v1};
+use trellis_proto::v1;
+use trellis_wire::worker;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&steer, payload)) = data.split_first() else {
         return;
     };
     let mut live = Live::new();
-    let direct = convert::decode_task_result(payload, live.now);
+    let direct = worker::decode_task_result(payload, live.now);
     let Ok(mut result) = v1::TaskResult::decode(payload) else {
         assert!(direct.is_err(), "bytes that are no TaskResult converted");
         return;
     };
     assert_eq!(
         direct.ok(),
-        convert::result_to_event(&result, live.now).ok(),
+        worker::result_to_event(&result, live.now).ok(),
         "decoding in one step and in two disagree"
     );
     if steer & 1 != 0 {
@@ -53,7 +54,7 @@ fuzz_target!(|data: &[u8]| {
                 .expect("a started result for a dispatched attempt applies");
         }
     }
-    let Ok((id, event)) = convert::result_to_event(&result, live.now) else {
+    let Ok((id, event)) = worker::result_to_event(&result, live.now) else {
         return;
     };
     if id != live.exec.id() {

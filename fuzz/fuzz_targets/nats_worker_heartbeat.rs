@@ -7,10 +7,10 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use trellis_proto::convert;
+use trellis_wire::worker;
 
 fuzz_target!(|data: &[u8]| {
-    let taken = match convert::decode_worker_heartbeat(data) {
+    let taken = match worker::decode_heartbeat(data) {
         Ok(heartbeat) => {
             assert!(!heartbeat.worker_id.is_empty());
             assert!(heartbeat.cpu_percent.is_finite() && heartbeat.cpu_percent >= 0.0);

@@ -53,16 +53,9 @@ const EXIT_USAGE: u8 = 64;
 /// with the built-in handlers until SIGTERM or Ctrl-C. Another package can host the same binary
 /// by calling it from its own `main`.
 pub fn main_entry() -> ExitCode {
-    let args = match Args::try_parse() {
+    let args: Args = match trellis_telemetry::parse_flags(std::env::args_os()) {
         Ok(args) => args,
-        Err(error) => {
-            let _ = error.print();
-            return if error.use_stderr() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::SUCCESS
-            };
-        }
+        Err(exit) => return exit,
     };
     trellis_telemetry::block_on_service(
         "trellis-agent-worker",
@@ -94,10 +87,11 @@ async fn main_async(args: Args) -> ExitCode {
         return ExitCode::from(EXIT_USAGE);
     }
     let shutdown = trellis_telemetry::cancel_on_signal();
-    if let Some(addr) = args.telemetry.admin_addr_or(DEFAULT_ADMIN)
-        && let Err(error) = trellis_telemetry::admin::spawn(
-            addr,
-            config.telemetry.clone(),
+    if let Err(error) = args
+        .telemetry
+        .spawn_admin(
+            DEFAULT_ADMIN,
+            &config.telemetry,
             // The admin server outlives the worker's drain: probes see it stop being ready.
             CancellationToken::new(),
         )
@@ -106,13 +100,8 @@ async fn main_async(args: Args) -> ExitCode {
         eprintln!("trellis-agent-worker: {error}");
         return ExitCode::from(EXIT_USAGE);
     }
-    match crate::run(config, HandlerRegistry::with_builtins(), shutdown).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("trellis-agent-worker: {error}");
-            ExitCode::FAILURE
-        }
-    }
+    let outcome = crate::run(config, HandlerRegistry::with_builtins(), shutdown).await;
+    trellis_telemetry::exit_code("trellis-agent-worker", outcome)
 }
 
 #[cfg(test)]

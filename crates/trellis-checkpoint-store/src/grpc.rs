@@ -8,9 +8,9 @@ use std::sync::Arc;
 use tonic::{Code, Request, Response, Status};
 use trellis_core::ids::{ExecutionId, GroupId, TaskInstanceId};
 use trellis_core::machine::ExecutionState;
-use trellis_proto::convert;
 use trellis_proto::v1;
 use trellis_proto::v1::checkpoint_store_server::CheckpointStore;
+use trellis_wire::{common, read};
 use uuid::Uuid;
 
 use crate::checkpoint::{self, page_limit};
@@ -150,15 +150,15 @@ fn question_to_proto(question: &QuestionRow) -> v1::OpenQuestion {
     v1::OpenQuestion {
         task_instance_id: question.task_instance_id.to_string(),
         task_id: question.task_id.clone(),
-        question: Some(convert::question_to_proto(&question.question)),
+        question: Some(common::question_to_proto(&question.question)),
         asked_at_unix_ms: to_unix_ms(question.asked_at_ms),
     }
 }
 
 /// Returns the wire summary of an execution row.
 pub fn execution_to_proto(row: &ExecutionRow, open_questions: &[QuestionRow]) -> v1::Execution {
-    let state = convert::execution_state_to_proto(row.state);
-    let counts = convert::counts_to_proto(&row.progress.counts);
+    let state = read::execution_state_to_proto(row.state);
+    let counts = read::counts_to_proto(&row.progress.counts);
     let reason = (!row.reason.is_empty()).then(|| row.reason.clone());
     v1::Execution {
         execution_id: row.execution_id.to_string(),
@@ -166,7 +166,7 @@ pub fn execution_to_proto(row: &ExecutionRow, open_questions: &[QuestionRow]) ->
         state,
         run_number: row.run_number,
         counts: Some(counts),
-        usage: Some(convert::usage_to_proto(row.usage)),
+        usage: Some(common::usage_to_proto(row.usage)),
         created_at_unix_ms: to_unix_ms(row.created_at_ms),
         started_at_unix_ms: row.started_at_ms.map(to_unix_ms),
         ended_at_unix_ms: row.ended_at_ms.map(to_unix_ms),
@@ -202,7 +202,7 @@ fn execution_states(states: &[i32]) -> Result<Vec<ExecutionState>, Status> {
         .iter()
         .enumerate()
         .map(|(idx, state)| {
-            convert::execution_state_from_proto(*state)
+            read::execution_state_from_proto(*state)
                 .map_err(|err| Status::invalid_argument(format!("states[{idx}]: {}", err.kind())))
         })
         .collect()
@@ -338,7 +338,7 @@ impl CheckpointStore for CheckpointStoreService {
             .iter()
             .enumerate()
             .map(|(idx, state)| {
-                convert::task_state_from_proto(*state).map_err(|err| {
+                read::task_state_from_proto(*state).map_err(|err| {
                     Status::invalid_argument(format!("states[{idx}]: {}", err.kind()))
                 })
             })
@@ -384,7 +384,7 @@ impl CheckpointStore for CheckpointStoreService {
         let (records, next) =
             split_page(records, limit, |record| record.task_instance_id.to_string());
         Ok(Response::new(v1::QueryTaskInstancesResponse {
-            task_instances: records.iter().map(convert::record_to_proto).collect(),
+            task_instances: records.iter().map(read::record_to_proto).collect(),
             page: page_response(next),
         }))
     }

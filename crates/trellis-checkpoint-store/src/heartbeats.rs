@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
-use trellis_proto::{convert, subjects, v1};
+use trellis_proto::{subjects, v1};
+use trellis_wire::worker;
 
 use crate::store::{Store, WorkerRow};
 
@@ -47,7 +48,7 @@ pub(crate) struct Workers {
 impl Workers {
     /// Takes one heartbeat message; a corrupt one is ignored with a warning.
     pub(crate) fn receive(&mut self, subject: &str, payload: &[u8], now_ms: u64) {
-        let heartbeat = match convert::decode_worker_heartbeat(payload) {
+        let heartbeat = match worker::decode_heartbeat(payload) {
             Ok(heartbeat) => heartbeat,
             Err(err) => {
                 tracing::warn!(%subject, %err, "invalid heartbeat ignored");

@@ -25,8 +25,8 @@ use tokio_util::sync::CancellationToken;
 use trellis_core::ids::{ExecutionId, TaskInstanceId};
 use trellis_core::machine::{Event, EventBody, Execution};
 use trellis_core::record::TaskStatusRecord;
-use trellis_proto::convert::{self, LogEntry, Started};
 use trellis_proto::{subjects, v1};
+use trellis_wire::log::{self, LogEntry, Started};
 
 use crate::store::{
     EventRow, ExecutionRow, ExecutionWrite, ProgressRow, QuestionResolved, QuestionRow,
@@ -86,7 +86,7 @@ struct LogMessage {
     events: Vec<v1::Event>,
 }
 
-/// Decodes an `EventBatch` message. Unlike `convert::decode_event_batch`, events of unknown
+/// Decodes an `EventBatch` message. Unlike `log::decode_event_batch`, events of unknown
 /// kinds are kept (to be stored and skipped); only the envelope is checked here.
 fn decode_message(payload: &[u8]) -> Result<LogMessage, String> {
     let batch =
@@ -306,7 +306,7 @@ impl Applier {
             tracing::warn!(%execution_id, sequence, "event of an unknown kind skipped");
             return;
         }
-        let entry = match convert::event_from_proto(&event) {
+        let entry = match log::event_from_proto(&event) {
             Ok(entry) => entry,
             Err(err) => {
                 tracing::warn!(%execution_id, sequence, %err, "invalid event skipped");

@@ -212,16 +212,9 @@ pub fn main_entry() -> ExitCode {
 /// [`main_entry`] with the arguments given (the first is the program name), so another package
 /// can host the same binary.
 pub fn main_from(args: impl IntoIterator<Item = OsString>) -> ExitCode {
-    let args = match Args::try_parse_from(args) {
+    let args: Args = match trellis_telemetry::parse_flags(args) {
         Ok(args) => args,
-        Err(err) => {
-            let _ = err.print();
-            return if err.use_stderr() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::SUCCESS
-            };
-        }
+        Err(exit) => return exit,
     };
     let log_format = args.telemetry.log_format;
     trellis_telemetry::block_on_service("trellis-checkpoint-store", log_format, async move {
@@ -243,9 +236,10 @@ pub fn main_from(args: impl IntoIterator<Item = OsString>) -> ExitCode {
         };
         let shutdown = trellis_telemetry::cancel_on_signal();
         let telemetry = Telemetry::new();
-        if let Some(addr) = args.telemetry.admin_addr_or(DEFAULT_ADMIN)
-            && let Err(err) =
-                trellis_telemetry::admin::spawn(addr, telemetry.clone(), shutdown.clone()).await
+        if let Err(err) = args
+            .telemetry
+            .spawn_admin(DEFAULT_ADMIN, &telemetry, shutdown.clone())
+            .await
         {
             return fail(err.to_string());
         }
@@ -255,13 +249,8 @@ pub fn main_from(args: impl IntoIterator<Item = OsString>) -> ExitCode {
             security,
             telemetry,
         };
-        match run(config, listener, shutdown).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(err) => {
-                eprintln!("trellis-checkpoint-store: {err}");
-                ExitCode::FAILURE
-            }
-        }
+        let outcome = run(config, listener, shutdown).await;
+        trellis_telemetry::exit_code("trellis-checkpoint-store", outcome)
     })
 }
 

@@ -534,6 +534,8 @@ mod fake {
     use trellis_proto::v1::*;
 
     pub const EXECUTION_ID: &str = "0190a5c4-7d1e-7000-8000-000000000001";
+    /// The group `build` spawns.
+    pub const GROUP_ID: &str = "0190a5c4-7d1e-7000-8000-0000000000a0";
 
     #[derive(Debug, Default)]
     pub struct Fake {
@@ -617,7 +619,7 @@ mod fake {
                     task_instance_id: instance("i-build"),
                     attempt: 1,
                     group: Some(SubtaskGroup {
-                        group_id: "g1".to_owned(),
+                        group_id: GROUP_ID.to_owned(),
                         rule: Some(CompletionRule {
                             kind: CompletionRuleKind::AllSettled as i32,
                             quorum: 0,
@@ -741,30 +743,53 @@ mod fake {
 
         async fn resume_execution(
             &self,
-            _: Request<ResumeExecutionRequest>,
+            request: Request<ResumeExecutionRequest>,
         ) -> Result<Response<ResumeExecutionResponse>, Status> {
-            Err(Status::unimplemented("resume"))
+            Self::check_id(&request.get_ref().execution_id)?;
+            Ok(Response::new(ResumeExecutionResponse {
+                state: ExecutionState::Running as i32,
+            }))
         }
 
+        /// Cancels only with a reason, so that tests see the reason arrive.
         async fn cancel_execution(
             &self,
-            _: Request<CancelExecutionRequest>,
+            request: Request<CancelExecutionRequest>,
         ) -> Result<Response<CancelExecutionResponse>, Status> {
-            Err(Status::unimplemented("cancel"))
+            let request = request.into_inner();
+            Self::check_id(&request.execution_id)?;
+            if request.reason.is_empty() {
+                return Err(Status::invalid_argument("a reason is required"));
+            }
+            Ok(Response::new(CancelExecutionResponse {
+                state: ExecutionState::Cancelled as i32,
+            }))
         }
 
         async fn retry_execution(
             &self,
-            _: Request<RetryExecutionRequest>,
+            request: Request<RetryExecutionRequest>,
         ) -> Result<Response<RetryExecutionResponse>, Status> {
-            Err(Status::unimplemented("retry"))
+            Self::check_id(&request.get_ref().execution_id)?;
+            Ok(Response::new(RetryExecutionResponse { run_number: 2 }))
         }
 
         async fn checkpoint_execution(
             &self,
-            _: Request<CheckpointExecutionRequest>,
+            request: Request<CheckpointExecutionRequest>,
         ) -> Result<Response<CheckpointExecutionResponse>, Status> {
-            Err(Status::unimplemented("checkpoint"))
+            Self::check_id(&request.get_ref().execution_id)?;
+            Ok(Response::new(CheckpointExecutionResponse {
+                checkpoint: Some(CheckpointMetadata {
+                    checkpoint_id: "0190a5c4-7d1e-7000-8000-0000000000c1".to_owned(),
+                    execution_id: EXECUTION_ID.to_owned(),
+                    event_sequence: 13,
+                    kind: CheckpointKind::Full as i32,
+                    checksum_sha256: vec![0xab, 0x01],
+                    size_bytes: 1234,
+                    ..CheckpointMetadata::default()
+                }),
+            }))
         }
 
         async fn get_execution(
@@ -841,29 +866,43 @@ mod fake {
             request: Request<GetExecutionGraphRequest>,
         ) -> Result<Response<GetExecutionGraphResponse>, Status> {
             Self::check_id(&request.get_ref().execution_id)?;
-            let node = |task_id: &str, state: TaskState, next: Option<Next>| GraphNode {
+            // The graph the coordinator's builder makes of `build`, its group of two and its
+            // resumed instance: ids are UUIDs and members point at their parent and group.
+            let node = |n: u32, task_id: &str, next: Option<Next>| GraphNode {
                 record: Some(TaskInstance {
+                    task_instance_id: format!("0190a5c4-7d1e-7000-8000-0000000000b{n}"),
                     task_id: task_id.to_owned(),
-                    state: state as i32,
+                    correlation_id: EXECUTION_ID.to_owned(),
+                    state: TaskState::Completed as i32,
                     attempt: 1,
+                    created_at_unix_ms: START_MS + i64::from(n),
                     ..TaskInstance::default()
                 }),
                 next,
             };
-            let mut resumed = node("build", TaskState::Completed, None);
+            let member = |n: u32| {
+                let mut member = node(n, "noop", None);
+                if let Some(record) = member.record.as_mut() {
+                    record.parent_task_instance_id =
+                        Some("0190a5c4-7d1e-7000-8000-0000000000b1".to_owned());
+                    record.subtask_group_id = Some(GROUP_ID.to_owned());
+                }
+                member
+            };
+            let mut resumed = node(4, "build", None);
             if let Some(record) = resumed.record.as_mut() {
-                record.resumed_after_subtasks_group_id = Some("g1".to_owned());
+                record.resumed_after_subtasks_group_id = Some(GROUP_ID.to_owned());
             }
             Ok(Response::new(GetExecutionGraphResponse {
                 graph: Some(ExecutionGraph {
                     nodes: vec![
-                        node("build", TaskState::Completed, Some(Next::GroupIndex(0))),
-                        node("noop", TaskState::Completed, None),
-                        node("noop", TaskState::Completed, None),
+                        node(1, "build", Some(Next::GroupIndex(0))),
+                        member(2),
+                        member(3),
                         resumed,
                     ],
                     groups: vec![GraphGroup {
-                        group_id: "g1".to_owned(),
+                        group_id: GROUP_ID.to_owned(),
                         node_indices: vec![1, 2],
                         next_node_index: Some(3),
                     }],
@@ -877,6 +916,9 @@ mod fake {
             request: Request<AnswerQuestionRequest>,
         ) -> Result<Response<AnswerQuestionResponse>, Status> {
             let request = request.into_inner();
+            if request.question_id == "nope" {
+                return Err(Status::not_found("no question nope"));
+            }
             if request.answer != "yes" {
                 return Err(Status::invalid_argument("answer must be one of: yes, no"));
             }
@@ -952,7 +994,7 @@ fn submit_wait_json_follows_every_event_across_a_broken_stream() {
     assert_eq!(events[0]["labels"]["team"], "infra");
     assert_eq!(events[3]["kind"], "subtasks_spawned");
     assert_eq!(events[3]["instance"], "i-build");
-    assert_eq!(events[3]["group"], "g1");
+    assert_eq!(events[3]["group"], fake::GROUP_ID);
     assert_eq!(events[3]["rule"], "all_settled");
     assert_eq!(events[3]["members"].as_array().map(Vec::len), Some(2));
     assert_eq!(events[7]["kind"], "task_failed");
@@ -1030,11 +1072,14 @@ fn tree_events_status_and_answer_against_a_coordinator() {
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     assert_eq!(
         stdout(&output),
-        "build [completed] attempt 1\n\
-         ├─ group g1 (2 subtasks, all_settled)\n\
-         │  ├─ noop [completed] attempt 1\n\
-         │  └─ noop [completed] attempt 1\n\
-         └─ resumed: build [completed] attempt 1\n"
+        format!(
+            "build [completed] attempt 1\n\
+             ├─ group {} (2 subtasks, all_settled)\n\
+             │  ├─ noop [completed] attempt 1\n\
+             │  └─ noop [completed] attempt 1\n\
+             └─ resumed: build [completed] attempt 1\n",
+            fake::GROUP_ID
+        )
     );
 
     let output = run(&["--coordinator", &url, "events", "--from", "8", id]);
@@ -1101,6 +1146,77 @@ fn tree_events_status_and_answer_against_a_coordinator() {
         "{}",
         stderr(&output)
     );
+}
+
+#[test]
+fn control_commands_say_what_happened_and_exit_accordingly() {
+    let (url, _fake) = fake::start();
+    let id = fake::EXECUTION_ID;
+    // (arguments, exit code, stdout, stderr)
+    let cases: [(&[&str], i32, String, String); 8] = [
+        (
+            &["resume", id],
+            0,
+            format!("execution {id} is running\n"),
+            String::new(),
+        ),
+        (
+            &["cancel", "--reason", "wrong branch", id],
+            0,
+            format!("execution {id} is cancelled\n"),
+            String::new(),
+        ),
+        (
+            &["cancel", id],
+            2,
+            String::new(),
+            format!("trellis: execution {id}: a reason is required\n"),
+        ),
+        (
+            &["retry", id],
+            0,
+            format!("execution {id} is running again as run 2: only what did not complete runs\n"),
+            String::new(),
+        ),
+        (
+            &["checkpoint", id],
+            0,
+            format!(
+                "checkpoint 0190a5c4-7d1e-7000-8000-0000000000c1 of execution {id}: full, up to \
+                 event 13, 1234 bytes, sha256 ab01\n"
+            ),
+            String::new(),
+        ),
+        (
+            &["pause", id],
+            1,
+            String::new(),
+            format!("trellis: execution {id}: execution is completed\n"),
+        ),
+        (
+            &["retry", "nope"],
+            1,
+            String::new(),
+            "trellis: execution nope not found\n".to_owned(),
+        ),
+        (
+            &["answer", id, "nope", "yes"],
+            1,
+            String::new(),
+            format!("trellis: question nope of execution {id} not found\n"),
+        ),
+    ];
+    for (args, code, out, err) in cases {
+        let output = run(&[&["--coordinator", url.as_str()], args].concat());
+        assert_eq!(
+            output.status.code(),
+            Some(code),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        assert_eq!(stdout(&output), out, "{args:?}");
+        assert_eq!(stderr(&output), err, "{args:?}");
+    }
 }
 
 #[test]

@@ -10,9 +10,9 @@ use trellis_core::ids::ExecutionId;
 use trellis_core::machine::{Execution, SNAPSHOT_FORMAT_VERSION};
 use trellis_core::plan::Plan;
 use trellis_grpc::{AuthChannel, ClientSecurity};
-use trellis_proto::convert::{self, LogEntry};
 use trellis_proto::v1;
 use trellis_proto::v1::checkpoint_store_client::CheckpointStoreClient;
+use trellis_wire::log::{self, LogEntry};
 
 /// Longest wait for the store on any call: recovery falls back to the log rather than hang.
 const CALL_TIMEOUT: Duration = Duration::from_secs(3);
@@ -143,7 +143,7 @@ pub fn restore_chain(
     let mut last = full_meta;
     for delta in deltas {
         let (meta, state) = verified(delta)?;
-        let batch = convert::decode_event_batch(state)
+        let batch = log::decode_event_batch(state)
             .map_err(|err| format!("delta {}: {err}", meta.checkpoint_id))?;
         for (offset, entry) in batch.entries.into_iter().enumerate() {
             let at = batch.first_sequence + offset as u64;

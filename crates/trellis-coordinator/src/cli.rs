@@ -80,18 +80,10 @@ pub struct Args {
 /// coordinator until SIGTERM or Ctrl-C. Another package can host the same binary by calling it
 /// from its own `main`.
 pub fn main_entry() -> ExitCode {
-    let binary = match Binary::try_parse() {
-        Ok(binary) => binary,
-        Err(err) => {
-            let _ = err.print();
-            return if err.use_stderr() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::SUCCESS
-            };
-        }
-    };
-    run_with(binary.args, &binary.client)
+    match trellis_telemetry::parse_flags::<Binary>(std::env::args_os()) {
+        Ok(binary) => run_with(binary.args, &binary.client),
+        Err(exit) => exit,
+    }
 }
 
 /// Runs the coordinator with flags already parsed (`trellis coordinator` hosts it this way)
@@ -127,9 +119,10 @@ async fn main_async(args: Args, client: &trellis_grpc::ClientArgs) -> ExitCode {
     };
     let shutdown = trellis_telemetry::cancel_on_signal();
     let telemetry = trellis_telemetry::Telemetry::new();
-    if let Some(addr) = args.telemetry.admin_addr_or(DEFAULT_ADMIN)
-        && let Err(err) =
-            trellis_telemetry::admin::spawn(addr, telemetry.clone(), shutdown.clone()).await
+    if let Err(err) = args
+        .telemetry
+        .spawn_admin(DEFAULT_ADMIN, &telemetry, shutdown.clone())
+        .await
     {
         return fail(err.to_string());
     }
@@ -144,13 +137,8 @@ async fn main_async(args: Args, client: &trellis_grpc::ClientArgs) -> ExitCode {
         store_client,
         telemetry,
     };
-    match crate::run(config, listener, shutdown).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("trellis-coordinator: {err}");
-            ExitCode::FAILURE
-        }
-    }
+    let outcome = crate::run(config, listener, shutdown).await;
+    trellis_telemetry::exit_code("trellis-coordinator", outcome)
 }
 
 #[cfg(test)]

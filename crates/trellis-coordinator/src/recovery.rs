@@ -12,8 +12,8 @@ use async_nats::jetstream::stream::{RawMessageErrorKind, Stream};
 use trellis_core::ids::ExecutionId;
 use trellis_core::machine::Execution;
 use trellis_core::plan::Plan;
-use trellis_proto::convert::{self, LogEntry, Started};
 use trellis_proto::subjects;
+use trellis_wire::log::{self, LogEntry, Started};
 
 use crate::checkpoints::{Restored, StoreClient};
 use crate::turn::{LogMessage, Recovered};
@@ -140,7 +140,7 @@ pub fn started_of(
 ) -> Result<(Started, Arc<Plan>), RecoveryError> {
     let malformed = |message: String| RecoveryError::Malformed { id, message };
     let batch =
-        convert::decode_event_batch(&first.payload).map_err(|e| malformed(e.to_string()))?;
+        log::decode_event_batch(&first.payload).map_err(|e| malformed(e.to_string()))?;
     let Some(LogEntry::Started(started)) = batch.entries.first().cloned() else {
         return Err(malformed("sequence 1 is not execution_started".to_owned()));
     };
@@ -187,7 +187,7 @@ pub fn replay(
     };
     for message in &log {
         let batch =
-            convert::decode_event_batch(&message.payload).map_err(|e| malformed(e.to_string()))?;
+            log::decode_event_batch(&message.payload).map_err(|e| malformed(e.to_string()))?;
         for (offset, entry) in batch.entries.into_iter().enumerate() {
             let sequence = batch.first_sequence + offset as u64;
             if sequence <= seq {

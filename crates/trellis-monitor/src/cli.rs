@@ -103,8 +103,10 @@ impl Args {
 /// Runs the `trellis-monitor` binary: parses the flags, installs tracing, and serves until
 /// SIGTERM or Ctrl-C.
 pub fn main_entry() -> ExitCode {
-    let binary = Binary::parse();
-    run_with(binary.args, binary.coordinator, &binary.client)
+    match trellis_telemetry::parse_flags::<Binary>(std::env::args_os()) {
+        Ok(binary) => run_with(binary.args, binary.coordinator, &binary.client),
+        Err(exit) => exit,
+    }
 }
 
 /// Serves with flags already parsed (`trellis monitor` hosts the service this way).
@@ -149,9 +151,10 @@ pub async fn serve(args: Args, coordinator_url: String, client: ClientSecurity) 
         }
     };
     let shutdown = trellis_telemetry::cancel_on_signal();
-    if let Some(addr) = args.telemetry.admin_addr_or(DEFAULT_ADMIN)
-        && let Err(err) =
-            trellis_telemetry::admin::spawn(addr, config.telemetry.clone(), shutdown.clone()).await
+    if let Err(err) = args
+        .telemetry
+        .spawn_admin(DEFAULT_ADMIN, &config.telemetry, shutdown.clone())
+        .await
     {
         eprintln!("trellis-monitor: {err}");
         return ExitCode::from(2);
@@ -162,13 +165,8 @@ pub async fn serve(args: Args, coordinator_url: String, client: ClientSecurity) 
         );
     }
     eprintln!("trellis-monitor: http://{}", args.listen);
-    match crate::run(config, listener, shutdown).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("trellis-monitor: {err}");
-            ExitCode::FAILURE
-        }
-    }
+    let outcome = crate::run(config, listener, shutdown).await;
+    trellis_telemetry::exit_code("trellis-monitor", outcome)
 }
 
 #[cfg(test)]

@@ -25,8 +25,8 @@ use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 use trellis_core::ids::ExecutionId;
 use trellis_core::machine::Execution;
-use trellis_proto::convert::{self, LogEntry, Started};
 use trellis_proto::{subjects, v1};
+use trellis_wire::log::{self, LogEntry, Started};
 
 use crate::metrics::Open;
 use crate::views::{EventView, ExecutionView, InstanceView, PlanView};
@@ -391,7 +391,7 @@ impl Hub {
                 tracing::warn!(id = %self.id, after = state.seq, sequence = event.sequence, "the log has a gap");
             }
             state.seq = event.sequence;
-            match convert::event_from_proto(event) {
+            match log::event_from_proto(event) {
                 Ok(LogEntry::Started(started)) => self.start(&mut state, started),
                 Ok(LogEntry::Event(applied)) => {
                     if let Some(machine) = state.machine.as_mut()

@@ -8,8 +8,9 @@ use trellis_core::analysis;
 use trellis_core::machine::{Execution as Machine, StateCounts};
 use trellis_core::plan::Plan;
 use trellis_core::record::{TaskState, TaskStatusRecord};
-use trellis_proto::convert::{self, Started};
 use trellis_proto::v1;
+use trellis_wire::log::Started;
+use trellis_wire::read;
 
 /// One execution: its state, progress and times.
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
@@ -36,7 +37,7 @@ pub struct ExecutionView {
 
 /// The snake_case name of a wire execution state.
 pub(crate) fn execution_state_name(state: i32) -> &'static str {
-    convert::execution_state_from_proto(state)
+    read::execution_state_from_proto(state)
         .map(|s| s.as_str())
         .unwrap_or("pending")
 }
@@ -54,7 +55,7 @@ impl ExecutionView {
         let counts = execution
             .counts
             .as_ref()
-            .map(convert::counts_from_proto)
+            .map(read::counts_from_proto)
             .unwrap_or_default();
         // The coordinator always sends its progress with a summary.
         let progress = execution.progress.clone().unwrap_or_default();

@@ -61,7 +61,10 @@ impl Args {
 /// Runs the `trellis-planner` binary: parses the flags, installs tracing, and serves until SIGTERM
 /// or Ctrl-C.
 pub fn main_entry() -> ExitCode {
-    run_with(Args::parse())
+    match trellis_telemetry::parse_flags(std::env::args_os()) {
+        Ok(args) => run_with(args),
+        Err(exit) => exit,
+    }
 }
 
 /// Serves with flags already parsed (`trellis planner` hosts the service this way): installs
@@ -93,9 +96,10 @@ pub async fn serve(args: Args) -> ExitCode {
     };
     let shutdown = trellis_telemetry::cancel_on_signal();
     let telemetry = trellis_telemetry::Telemetry::new();
-    if let Some(addr) = args.telemetry.admin_addr_or(DEFAULT_ADMIN)
-        && let Err(err) =
-            trellis_telemetry::admin::spawn(addr, telemetry.clone(), shutdown.clone()).await
+    if let Err(err) = args
+        .telemetry
+        .spawn_admin(DEFAULT_ADMIN, &telemetry, shutdown.clone())
+        .await
     {
         eprintln!("trellis-planner: {err}");
         return ExitCode::from(2);
@@ -105,13 +109,8 @@ pub async fn serve(args: Args) -> ExitCode {
         security,
         telemetry,
     };
-    match crate::run(listener, config, shutdown).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("trellis-planner: {err}");
-            ExitCode::FAILURE
-        }
-    }
+    let outcome = crate::run(listener, config, shutdown).await;
+    trellis_telemetry::exit_code("trellis-planner", outcome)
 }
 
 #[cfg(test)]

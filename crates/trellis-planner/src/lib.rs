@@ -21,11 +21,11 @@ use trellis_core::analysis::analyze;
 use trellis_core::plan::{Limits, Plan, PlanErrors};
 use trellis_grpc::ServerSecurity;
 use trellis_grpc::server::Authenticate;
-use trellis_proto::convert;
 use trellis_proto::v1;
 use trellis_proto::v1::planner_server::{Planner, PlannerServer};
 use trellis_telemetry::Telemetry;
 use trellis_telemetry::metrics::Labels1;
+use trellis_wire::plan;
 
 mod cli;
 
@@ -90,8 +90,8 @@ impl PlannerService {
     /// again like any spec).
     fn compile(&self, source: Source<'_>) -> Result<Plan, PlanErrors> {
         match source {
-            Source::Spec(spec) => convert::compile_wire_spec(spec, &self.limits),
-            Source::Plan(plan) => convert::compile_wire_plan(plan, &self.limits),
+            Source::Spec(spec) => plan::compile_wire_spec(spec, &self.limits),
+            Source::Plan(plan) => plan::compile_wire_plan(plan, &self.limits),
         }
     }
 }
@@ -117,10 +117,10 @@ impl Planner for PlannerService {
         let result = match compiled {
             Ok(plan) => {
                 tracing::debug!(plan = %plan.name, tasks = plan.len(), "plan compiled");
-                v1::compile_plan_response::Result::Plan(convert::plan_to_proto(&plan))
+                v1::compile_plan_response::Result::Plan(plan::to_proto(&plan))
             }
             Err(errors) => {
-                v1::compile_plan_response::Result::Errors(convert::plan_errors_to_proto(&errors))
+                v1::compile_plan_response::Result::Errors(plan::errors_to_proto(&errors))
             }
         };
         Ok(Response::new(v1::CompilePlanResponse {
@@ -150,12 +150,12 @@ impl Planner for PlannerService {
         let result = match compiled {
             Ok(plan) => {
                 let analysis = analyze(&plan);
-                v1::analyze_plan_response::Result::Analysis(convert::analysis_to_proto(
+                v1::analyze_plan_response::Result::Analysis(plan::analysis_to_proto(
                     &plan, &analysis,
                 ))
             }
             Err(errors) => {
-                v1::analyze_plan_response::Result::Errors(convert::plan_errors_to_proto(&errors))
+                v1::analyze_plan_response::Result::Errors(plan::errors_to_proto(&errors))
             }
         };
         Ok(Response::new(v1::AnalyzePlanResponse {

@@ -5,15 +5,13 @@
 //!   and the tonic clients and servers of the `Coordinator`, `Planner` and `CheckpointStore`
 //!   services (`v1::coordinator_client::CoordinatorClient`, `v1::coordinator_server::Coordinator`, ...).
 //!   The `.proto` files are the API reference; their comments are carried into the rustdoc.
-//! - [`convert`] translates between the `trellis-core` model and these messages: the event log,
-//!   task assignments and results, progress, task instances and the execution graph.
 //! - [`subjects`] builds the NATS subjects, stream names and headers of docs/design.md §3.
 //! - [`FILE_DESCRIPTOR_SET`] is the encoded descriptor set (with comments) for gRPC reflection.
 //!
-//! These are wire types only: they stop at the edge of each service, which converts them to and
-//! from the `trellis-core` model with [`convert`].
+//! These are wire types only, with no dependency on the domain model: they stop at the edge of
+//! each service, which converts them to and from the `trellis-core` model with `trellis-wire`.
+//! A process that only speaks the contracts (a worker) builds without the core.
 
-pub mod convert;
 pub mod subjects;
 
 /// The generated messages and services of protobuf package `trellis.v1`.

@@ -13,14 +13,17 @@
 //!
 //! A service's `run` takes a [`Telemetry`]: the registry and the health its components report to.
 //! A binary makes one and serves it with [`admin::serve`]; `trellis dev` shares one between every
-//! service it hosts. Every service binary runs its body with [`block_on_service`] and stops on
-//! the token [`cancel_on_signal`] returns.
+//! service it hosts. Every service binary parses its flags with [`parse_flags`], runs its body
+//! with [`block_on_service`], starts its admin server with [`Args::spawn_admin`], stops on the
+//! token [`cancel_on_signal`] returns, and turns its service's outcome into its exit code with
+//! [`exit_code`].
 
 pub mod admin;
 pub mod metrics;
 pub mod propagation;
 pub mod redact;
 
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
@@ -240,6 +243,56 @@ where
     })
 }
 
+/// Parses a service binary's flags from `args` (the first is the program name). On `--help` or
+/// `--version` (printed to stdout) the `Err` is exit code 0; on bad flags (explained on stderr),
+/// exit code 2: the code the binary stops with.
+pub fn parse_flags<P: clap::Parser>(
+    args: impl IntoIterator<Item = OsString>,
+) -> Result<P, ExitCode> {
+    P::try_parse_from(args).map_err(|err| {
+        // clap treats `--help` and `--version` as errors too, printed to stdout.
+        let _ = err.print();
+        if err.use_stderr() {
+            ExitCode::from(2)
+        } else {
+            ExitCode::SUCCESS
+        }
+    })
+}
+
+impl Args {
+    /// Serves the admin endpoints of `telemetry` in the background until `stop` is cancelled, on
+    /// the address of `--admin-addr`, or `default` without one; with `--admin-addr off`, does
+    /// nothing.
+    ///
+    /// # Errors
+    ///
+    /// When the address cannot be bound.
+    pub async fn spawn_admin(
+        &self,
+        default: SocketAddr,
+        telemetry: &Telemetry,
+        stop: CancellationToken,
+    ) -> Result<(), admin::Error> {
+        match self.admin_addr_or(default) {
+            Some(addr) => admin::spawn(addr, telemetry.clone(), stop).await.map(drop),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Returns the exit code of a service binary whose service stopped with `outcome`: success, or 1
+/// after `service: <error>` on stderr.
+pub fn exit_code(service: &str, outcome: Result<(), impl std::fmt::Display>) -> ExitCode {
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("{service}: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// Returns a token that is cancelled on SIGTERM or Ctrl-C ([`shutdown_signal`]): a service
 /// binary's signal to stop gracefully. Call it inside the runtime.
 pub fn cancel_on_signal() -> CancellationToken {
@@ -281,6 +334,64 @@ pub async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(Debug, clap::Parser)]
+    struct Flags {
+        #[arg(long)]
+        port: u16,
+    }
+
+    fn parse(args: &[&str]) -> Result<Flags, ExitCode> {
+        parse_flags(args.iter().map(OsString::from))
+    }
+
+    #[test]
+    fn flags_parse_or_give_the_exit_code() {
+        assert_eq!(
+            parse(&["svc", "--port", "7"]).map(|flags| flags.port),
+            Ok(7)
+        );
+        assert_eq!(
+            parse(&["svc", "--port", "x"]).map(|flags| flags.port),
+            Err(ExitCode::from(2))
+        );
+        assert_eq!(
+            parse(&["svc", "--help"]).map(|flags| flags.port),
+            Err(ExitCode::SUCCESS)
+        );
+    }
+
+    #[test]
+    fn outcomes_give_exit_codes() {
+        assert_eq!(exit_code("svc", Ok::<(), String>(())), ExitCode::SUCCESS);
+        assert_eq!(exit_code("svc", Err("broken")), ExitCode::FAILURE);
+    }
+
+    #[tokio::test]
+    async fn admin_server_off_spawns_nothing() {
+        let args = Args {
+            admin_addr: Some(AdminAddr::Off),
+            log_format: LogFormat::Text,
+        };
+        // The default address is taken: with `off`, it is not even tried.
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+        let default = taken.local_addr().expect("local address");
+        let stop = CancellationToken::new();
+        assert!(
+            args.spawn_admin(default, &Telemetry::new(), stop.clone())
+                .await
+                .is_ok()
+        );
+        let args = Args {
+            admin_addr: None,
+            ..args
+        };
+        let err = args
+            .spawn_admin(default, &Telemetry::new(), stop)
+            .await
+            .expect_err("the default address is taken");
+        assert!(err.to_string().contains(&default.to_string()), "{err}");
+    }
 
     #[test]
     fn admin_addresses_parse_or_say_why() {

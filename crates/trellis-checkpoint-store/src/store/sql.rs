@@ -5,6 +5,7 @@
 //   where the database needs it), `text(&str) -> String` (what a free-form string is stored as),
 //   `CONTAINS_FN` (the SQL function `f(haystack, needle)` returning the 1-based position) and
 //   `BACKEND`.
+// The write transactions and their statements are in `sql_write.rs`, included at the end.
 // Placeholders are written `$1`, `$2`, ...: PostgreSQL's syntax, which SQLite also accepts.
 // The generic alternative (functions over `DB: sqlx::Database`) needs a bound per column type on
 // every function; compiling the same text twice keeps it plain SQL.
@@ -21,10 +22,10 @@ use trellis_core::record::TaskStatusRecord;
 use uuid::Uuid;
 
 use super::{
-    CheckpointKind, CheckpointMetadata, Error, ErrorKind, ExecutionQuery, ExecutionRow,
-    ExecutionWrite, Inserted, Page, ProgressRow, QuestionRow, ReadModelBatch, Resolution, Store,
-    TaskInstanceQuery, WorkerRow, db_err, from_i64, from_i64_u32, parse_execution_state,
-    parse_task_state, to_i64,
+    CheckpointKind, CheckpointMetadata, Error, ErrorKind, EventRow, ExecutionQuery, ExecutionRow,
+    ExecutionWrite, Inserted, Page, ProgressRow, QuestionResolved, QuestionRow, ReadModelBatch,
+    Resolution, Store, TaskInstanceQuery, WorkerRow, db_err, from_i64, from_i64_u32,
+    parse_execution_state, parse_task_state, to_i64,
 };
 
 type DbRow = <Db as sqlx::Database>::Row;
@@ -367,29 +368,14 @@ impl Store for StoreImpl {
         if checkpoint_ids.is_empty() {
             return Ok(());
         }
-        let failed = "failed to delete checkpoints";
-        let _writes = self.lock_writes().await;
-        let mut tx = self.pool().begin().await.map_err(db_err(failed))?;
         // Deltas first (newest first), so a base is never deleted before what is built on it;
         // the caller deletes whole chains.
         let mut ordered = checkpoint_ids.to_vec();
         ordered.sort_unstable_by(|a, b| b.cmp(a));
-        for ids in ordered.chunks(MAX_IDS) {
-            let mut query =
-                QueryBuilder::<Db>::new("DELETE FROM checkpoints WHERE checkpoint_id IN (");
-            let mut separated = query.separated(", ");
-            for id in ids {
-                separated.push_bind(*id);
-            }
-            query.push(")");
-            query
-                .build()
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err(failed))?;
-        }
-        tx.commit().await.map_err(db_err(failed))?;
-        Ok(())
+        self.write("failed to delete checkpoints", || {
+            Box::new(ordered.chunks(MAX_IDS).map(checkpoints_delete))
+        })
+        .await
     }
 
     async fn last_sequences(
@@ -425,11 +411,6 @@ impl Store for StoreImpl {
         if batch.is_empty() {
             return Ok(());
         }
-        let failed = "failed to write the read model";
-        let _writes = self.lock_writes().await;
-        let mut tx = self.pool().begin().await.map_err(db_err(failed))?;
-        let now = now_ms();
-
         let rows: Vec<&ExecutionRow> = batch
             .executions
             .iter()
@@ -438,63 +419,6 @@ impl Store for StoreImpl {
                 ExecutionWrite::Sequence { .. } => None,
             })
             .collect();
-        for rows in chunks(&rows, 29) {
-            let mut query = QueryBuilder::<Db>::new(format!(
-                "INSERT INTO executions ({EXECUTION_COLUMNS}, updated_at_unix_ms) "
-            ));
-            query.push_values(rows, |mut values, row| {
-                values
-                    .push_bind(row.execution_id.0)
-                    .push_bind(text(&row.name))
-                    .push_bind(row.state.as_str())
-                    .push_bind(to_i32(row.run_number))
-                    .push_bind(to_i64(row.created_at_ms))
-                    .push_bind(row.started_at_ms.map(to_i64))
-                    .push_bind(row.ended_at_ms.map(to_i64))
-                    .push_bind(text(&row.reason))
-                    .push_bind(text(&row.idempotency_key))
-                    .push_bind(to_i64(row.last_sequence))
-                    .push_bind(to_i64(row.usage.tokens_used))
-                    .push_bind(row.usage.cost);
-                for count in row.progress.counts.0 {
-                    values.push_bind(to_i64(count));
-                }
-                values
-                    .push_bind(to_i64(row.progress.total))
-                    .push_bind(to_i64(row.progress.done))
-                    .push_bind(row.progress.percent)
-                    .push_bind(to_i32(row.progress.wave))
-                    .push_bind(to_i32(row.progress.waves))
-                    .push_bind(text(&row.namespace))
-                    .push_bind(now);
-            });
-            query.push(
-                " ON CONFLICT (execution_id) DO UPDATE SET name = excluded.name, \
-                 state = excluded.state, run_number = excluded.run_number, \
-                 created_at_unix_ms = excluded.created_at_unix_ms, \
-                 started_at_unix_ms = excluded.started_at_unix_ms, \
-                 ended_at_unix_ms = excluded.ended_at_unix_ms, reason = excluded.reason, \
-                 idempotency_key = excluded.idempotency_key, \
-                 last_sequence = excluded.last_sequence, tokens_used = excluded.tokens_used, \
-                 cost = excluded.cost, ",
-            );
-            for name in COUNT_COLUMNS {
-                query.push(format!("{name} = excluded.{name}, "));
-            }
-            query.push(
-                "total_tasks = excluded.total_tasks, done_tasks = excluded.done_tasks, \
-                 percent_complete = excluded.percent_complete, wave = excluded.wave, \
-                 waves = excluded.waves, namespace = excluded.namespace, \
-                 updated_at_unix_ms = excluded.updated_at_unix_ms \
-                 WHERE executions.last_sequence < excluded.last_sequence",
-            );
-            query
-                .build()
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err(failed))?;
-        }
-
         let sequences: Vec<(ExecutionId, u64, u64)> = batch
             .executions
             .iter()
@@ -507,34 +431,6 @@ impl Store for StoreImpl {
                 ExecutionWrite::Row(_) => None,
             })
             .collect();
-        for rows in chunks(&sequences, 7) {
-            let mut query = QueryBuilder::<Db>::new(
-                "INSERT INTO executions (execution_id, name, state, run_number, \
-                 created_at_unix_ms, last_sequence, updated_at_unix_ms) ",
-            );
-            query.push_values(rows, |mut values, (execution_id, last_sequence, at_ms)| {
-                values
-                    .push_bind(execution_id.0)
-                    .push_bind("")
-                    .push_bind("running")
-                    .push_bind(1_i32)
-                    .push_bind(to_i64(*at_ms))
-                    .push_bind(to_i64(*last_sequence))
-                    .push_bind(now);
-            });
-            query.push(
-                " ON CONFLICT (execution_id) DO UPDATE SET \
-                 last_sequence = excluded.last_sequence, \
-                 updated_at_unix_ms = excluded.updated_at_unix_ms \
-                 WHERE executions.last_sequence < excluded.last_sequence",
-            );
-            query
-                .build()
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err(failed))?;
-        }
-
         let labels: Vec<(ExecutionId, &String, &String)> = rows
             .iter()
             .flat_map(|row| {
@@ -543,205 +439,31 @@ impl Store for StoreImpl {
                     .map(|(key, value)| (row.execution_id, key, value))
             })
             .collect();
-        for labels in chunks(&labels, 3) {
-            let mut query =
-                QueryBuilder::<Db>::new("INSERT INTO execution_labels (execution_id, key, value) ");
-            query.push_values(labels, |mut values, (execution_id, key, value)| {
-                values
-                    .push_bind(execution_id.0)
-                    .push_bind(text(key))
-                    .push_bind(text(value));
-            });
-            query.push(" ON CONFLICT (execution_id, key) DO NOTHING");
-            query
-                .build()
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err(failed))?;
-        }
-
-        for records in chunks(&batch.instances, 16) {
-            let mut query = QueryBuilder::<Db>::new(format!(
-                "INSERT INTO task_instances ({INSTANCE_COLUMNS}) "
-            ));
-            query.push_values(records, |mut values, record| {
-                values
-                    .push_bind(record.correlation_id.0)
-                    .push_bind(record.task_instance_id.0)
-                    .push_bind(text(&record.task_id))
-                    .push_bind(record.parent_task_instance_id.map(|id| id.0))
-                    .push_bind(record.subtask_group_id.map(|id| id.0))
-                    .push_bind(record.resumed_after_subtasks_group_id.map(|id| id.0))
-                    .push_bind(record.continues_task_instance_id.map(|id| id.0))
-                    .push_bind(to_i32(record.run_number))
-                    .push_bind(to_i32(record.attempt))
-                    .push_bind(record.state.as_str())
-                    .push_bind(record.worker_id.as_ref().map(|worker| text(&worker.0)))
-                    .push_bind(to_i64(record.created_at_ms))
-                    .push_bind(record.started_at_ms.map(to_i64))
-                    .push_bind(record.ended_at_ms.map(to_i64))
-                    .push_bind(record.output.as_ref().map(|output| output.to_string()))
-                    .push_bind(record.error.as_deref().map(text));
-            });
-            query.push(
-                " ON CONFLICT (execution_id, task_instance_id) DO UPDATE SET \
-                 task_id = excluded.task_id, \
-                 parent_task_instance_id = excluded.parent_task_instance_id, \
-                 subtask_group_id = excluded.subtask_group_id, \
-                 resumed_after_subtasks_group_id = excluded.resumed_after_subtasks_group_id, \
-                 continues_task_instance_id = excluded.continues_task_instance_id, \
-                 run_number = excluded.run_number, attempt = excluded.attempt, \
-                 state = excluded.state, worker_id = excluded.worker_id, \
-                 created_at_unix_ms = excluded.created_at_unix_ms, \
-                 started_at_unix_ms = excluded.started_at_unix_ms, \
-                 ended_at_unix_ms = excluded.ended_at_unix_ms, output = excluded.output, \
-                 error = excluded.error",
-            );
-            query
-                .build()
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err(failed))?;
-        }
-
-        for events in chunks(&batch.events, 6) {
-            let mut query = QueryBuilder::<Db>::new(
-                "INSERT INTO events (execution_id, sequence, at_unix_ms, kind, task_instance_id, \
-                 payload) ",
-            );
-            query.push_values(events, |mut values, event| {
-                values
-                    .push_bind(event.execution_id.0)
-                    .push_bind(to_i64(event.sequence))
-                    .push_bind(to_i64(event.at_ms))
-                    .push_bind(event.kind)
-                    .push_bind(event.task_instance_id.map(|id| id.0))
-                    .push_bind(event.payload.as_slice());
-            });
-            query.push(" ON CONFLICT (execution_id, sequence) DO NOTHING");
-            query
-                .build()
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err(failed))?;
-        }
-
-        for questions in chunks(&batch.questions_asked, 13) {
-            let mut query = QueryBuilder::<Db>::new(
-                "INSERT INTO questions (question_id, execution_id, task_instance_id, task_id, \
-                 attempt, question_type, text, options, default_answer, timeout_action, \
-                 expires_at_unix_ms, status, asked_at_unix_ms) ",
-            );
-            query.push_values(questions, |mut values, asked| {
-                let question = &asked.question;
-                let (action, default_answer) = timeout_action_columns(&question.timeout_action);
-                let options = serde_json::Value::from(
-                    question
-                        .options
-                        .iter()
-                        .map(|option| serde_json::Value::from(option.as_str()))
-                        .collect::<Vec<_>>(),
-                )
-                .to_string();
-                values
-                    .push_bind(question.id.0)
-                    .push_bind(asked.execution_id.0)
-                    .push_bind(asked.task_instance_id.0)
-                    .push_bind(text(&asked.task_id))
-                    .push_bind(to_i32(asked.attempt))
-                    .push_bind(text(&question.question_type))
-                    .push_bind(text(&question.text))
-                    .push_bind(options)
-                    .push_bind(text(default_answer))
-                    .push_bind(action)
-                    .push_bind(question.expires_at_ms.map(to_i64))
-                    .push_bind("pending")
-                    .push_bind(to_i64(asked.asked_at_ms));
-            });
-            query.push(" ON CONFLICT (question_id) DO NOTHING");
-            query
-                .build()
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err(failed))?;
-        }
-
-        for resolved in &batch.questions_resolved {
-            let (status, answer) = match &resolved.resolution {
-                Resolution::Answered(answer) => ("answered", Some(text(answer))),
-                Resolution::Expired => ("expired", None),
-            };
-            sqlx::query(
-                "UPDATE questions SET status = $1, answer = $2, resolved_at_unix_ms = $3 \
-                 WHERE question_id = $4 AND status = 'pending'",
+        self.write("failed to write the read model", || {
+            // The rows' update time is when the transaction got the write lock.
+            let now = now_ms();
+            Box::new(
+                chunks(&rows, 29)
+                    .map(move |rows| executions_upsert(rows, now))
+                    .chain(chunks(&sequences, 7).map(move |rows| last_sequences_upsert(rows, now)))
+                    .chain(chunks(&labels, 3).map(labels_insert))
+                    .chain(chunks(&batch.instances, 16).map(instances_upsert))
+                    .chain(chunks(&batch.events, 6).map(events_insert))
+                    .chain(chunks(&batch.questions_asked, 13).map(questions_insert))
+                    .chain(batch.questions_resolved.iter().map(question_resolve)),
             )
-            .bind(status)
-            .bind(answer)
-            .bind(to_i64(resolved.at_ms))
-            .bind(resolved.question_id.0)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err(failed))?;
-        }
-
-        tx.commit().await.map_err(db_err(failed))?;
-        Ok(())
+        })
+        .await
     }
 
     async fn upsert_workers(&self, workers: &[WorkerRow]) -> Result<(), Error> {
         if workers.is_empty() {
             return Ok(());
         }
-        let failed = "failed to write workers";
-        let _writes = self.lock_writes().await;
-        let mut tx = self.pool().begin().await.map_err(db_err(failed))?;
-        for workers in chunks(workers, 13) {
-            let mut query = QueryBuilder::<Db>::new(
-                "INSERT INTO workers (worker_id, host, queues, slots, state, running_tasks, \
-                 memory_bytes, cpu_percent, interval_ms, first_seen_at_unix_ms, \
-                 last_heartbeat_at_unix_ms, heartbeat_count, last_heartbeat) ",
-            );
-            query.push_values(workers, |mut values, worker| {
-                let queues = serde_json::Value::from(
-                    worker
-                        .queues
-                        .iter()
-                        .map(|queue| serde_json::Value::from(queue.as_str()))
-                        .collect::<Vec<_>>(),
-                )
-                .to_string();
-                values
-                    .push_bind(text(&worker.worker_id))
-                    .push_bind(text(&worker.host))
-                    .push_bind(queues)
-                    .push_bind(to_i32(worker.slots))
-                    .push_bind(worker.state)
-                    .push_bind(to_i32(worker.running_tasks))
-                    .push_bind(to_i64(worker.memory_bytes))
-                    .push_bind(worker.cpu_percent)
-                    .push_bind(to_i64(worker.interval_ms))
-                    .push_bind(to_i64(worker.first_seen_at_ms))
-                    .push_bind(to_i64(worker.last_heartbeat_at_ms))
-                    .push_bind(to_i64(worker.new_heartbeats))
-                    .push_bind(worker.last_heartbeat.as_slice());
-            });
-            query.push(
-                " ON CONFLICT (worker_id) DO UPDATE SET host = excluded.host, \
-                 queues = excluded.queues, slots = excluded.slots, state = excluded.state, \
-                 running_tasks = excluded.running_tasks, memory_bytes = excluded.memory_bytes, \
-                 cpu_percent = excluded.cpu_percent, interval_ms = excluded.interval_ms, \
-                 last_heartbeat_at_unix_ms = excluded.last_heartbeat_at_unix_ms, \
-                 heartbeat_count = workers.heartbeat_count + excluded.heartbeat_count, \
-                 last_heartbeat = excluded.last_heartbeat",
-            );
-            query
-                .build()
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err(failed))?;
-        }
-        tx.commit().await.map_err(db_err(failed))?;
-        Ok(())
+        self.write("failed to write workers", || {
+            Box::new(chunks(workers, 13).map(workers_upsert))
+        })
+        .await
     }
 
     async fn query_task_instances(
@@ -945,3 +667,5 @@ async fn fetch_metadata(
     .map_err(db_err(format!("failed to read checkpoint {checkpoint_id}")))?;
     row.as_ref().map(checkpoint_metadata_from_row).transpose()
 }
+
+include!("sql_write.rs");

@@ -54,6 +54,7 @@ store_suite!(
     read_model_writes_are_idempotent_and_queryable,
     executions_are_listed_by_filters,
     text_with_nul_characters_is_stored,
+    a_failed_write_transaction_writes_nothing,
 );
 
 /// Builds verified checkpoints of one execution with increasing ids and sequences.
@@ -812,5 +813,35 @@ async fn text_with_nul_characters_is_stored(store: TestStore) -> anyhow::Result<
         Some(serde_json::json!({ "text": "a\u{0}b" })),
         "JSON escapes NUL, so outputs keep it"
     );
+    Ok(())
+}
+
+/// A write transaction whose second statement fails: the first statement's work is rolled back
+/// and the error says what failed.
+async fn a_failed_write_transaction_writes_nothing(store: TestStore) -> anyhow::Result<()> {
+    let mut checkpoints = Checkpoints::new();
+    let execution_id = checkpoints.execution_id;
+    let full_1 = checkpoints.create(&store, None, b"f1").await?;
+    let delta_1 = checkpoints.create(&store, Some(full_1), b"d1").await?;
+    let full_2 = checkpoints.create(&store, None, b"f2").await?;
+    // Ids are deleted newest first, 1,000 to a statement: `full_2` goes with the first statement,
+    // and `full_1`, which `delta_1` is built on, with the second, which the database refuses.
+    let mut ids = vec![full_2, full_1];
+    ids.extend((1..=1_000).map(|n| Uuid::from_u128(full_1.as_u128() + n)));
+    assert!(ids[2..].iter().all(|id| *id < full_2));
+    let err = store
+        .store
+        .delete_checkpoints(&ids)
+        .await
+        .expect_err("deleting a base before its delta is refused");
+    assert!(
+        err.to_string()
+            .starts_with("failed to delete checkpoints: "),
+        "{err}"
+    );
+    assert_eq!(err.kind(), ErrorKind::FailedPrecondition, "{err}");
+    let (left, _) = store.store.list(execution_id, None, 100).await?;
+    let left: Vec<Uuid> = left.iter().map(|meta| meta.checkpoint_id).collect();
+    assert_eq!(left, [full_2, delta_1, full_1]);
     Ok(())
 }

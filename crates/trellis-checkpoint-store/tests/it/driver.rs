@@ -1,6 +1,6 @@
 //! Plays coordinator and workers around a real [`Execution`]: applies what `decide` proposes and
 //! what simulated workers report, and keeps the event log exactly as the coordinator writes it
-//! (`convert::started_to_proto`, `convert::event_to_proto`), to publish as `EventBatch`es.
+//! (`log::started_to_proto`, `log::event_to_proto`), to publish as `EventBatch`es.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -10,8 +10,9 @@ use trellis_core::ids::{ExecutionId, GroupId, TaskInstanceId, WorkerId};
 use trellis_core::machine::{Applied, Event, EventBody, Execution, GroupRule, SubtaskSpec, Usage};
 use trellis_core::plan::{Limits, compile_str};
 use trellis_core::record::TaskState;
-use trellis_proto::convert::{self, Started};
 use trellis_proto::v1;
+use trellis_wire::log::{self, Started};
+use trellis_wire::read;
 
 /// A plan with dependencies and a task (`fan`) that spawns a group of three subtasks.
 pub const SPEC: &str = r#"
@@ -69,7 +70,7 @@ impl Driver {
             machine,
             now_ms,
             sequence: 1,
-            pending: vec![convert::started_to_proto(id, &started)],
+            pending: vec![log::started_to_proto(id, &started)],
             spawned: HashSet::new(),
             members: 3,
         })
@@ -94,7 +95,7 @@ impl Driver {
         if let Applied::Changed { .. } = applied {
             self.sequence += 1;
             self.pending
-                .push(convert::event_to_proto(self.id, self.sequence, &event));
+                .push(log::event_to_proto(self.id, self.sequence, &event));
         }
         Ok(())
     }
@@ -181,7 +182,7 @@ impl Driver {
             .machine
             .records()
             .iter()
-            .map(convert::record_to_proto)
+            .map(read::record_to_proto)
             .collect();
         records.sort_by(|a, b| a.task_instance_id.cmp(&b.task_instance_id));
         records

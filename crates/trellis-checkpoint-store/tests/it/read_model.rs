@@ -145,14 +145,12 @@ async fn a_real_execution_log_becomes_queryable_task_instances() -> anyhow::Resu
     let progress = driver.machine.progress(driver.now_ms);
     assert_eq!(
         execution.counts,
-        Some(trellis_proto::convert::counts_to_proto(&progress.counts))
+        Some(trellis_wire::read::counts_to_proto(&progress.counts))
     );
     assert_eq!(execution.counts.map(|counts| counts.completed), Some(8));
     assert_eq!(
         execution.usage,
-        Some(trellis_proto::convert::usage_to_proto(
-            driver.machine.usage()
-        ))
+        Some(trellis_wire::common::usage_to_proto(driver.machine.usage()))
     );
 
     let all = all_instances(

@@ -1,17 +1,32 @@
 //! `trellis pause | resume | cancel | retry | checkpoint | answer`: change the course of an
 //! execution.
+//!
+//! Every command is one call with one path, [`run`]: connect to the coordinator, send the
+//! command's request, and print one line made of the answer, or fail with the message and exit
+//! code `Client::status_failure` gives. A command adds only its request and its line.
 
 use std::io::{self, Write};
 
-use clap::Args;
+use clap::{Args, Subcommand};
 use trellis_proto::v1::{
-    AnswerQuestionRequest, CancelExecutionRequest, CheckpointExecutionRequest,
-    PauseExecutionRequest, ResumeExecutionRequest, RetryExecutionRequest,
+    AnswerQuestionRequest, CancelExecutionRequest, CheckpointExecutionRequest, CheckpointKind,
+    CheckpointMetadata, PauseExecutionRequest, ResumeExecutionRequest, RetryExecutionRequest,
 };
 
 use super::Failure;
 use crate::client::Coordinator;
 use crate::render;
+
+/// The control commands, flattened into `trellis`'s subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Control {
+    Pause(PauseArgs),
+    Resume(ResumeArgs),
+    Cancel(CancelArgs),
+    Retry(RetryArgs),
+    Checkpoint(CheckpointArgs),
+    Answer(AnswerArgs),
+}
 
 /// Pause an execution: nothing new is dispatched; running tasks finish.
 #[derive(Debug, Args)]
@@ -104,104 +119,108 @@ pub struct AnswerArgs {
     pub by: Option<String>,
 }
 
-/// Runs `trellis pause`.
-pub async fn pause(coordinator_url: &str, args: PauseArgs) -> Result<(), Failure> {
+/// Runs a control command: one request to the coordinator, one line printed.
+pub async fn run(coordinator_url: &str, command: Control) -> Result<(), Failure> {
+    let what = command.subject();
     let mut coordinator = Coordinator::connect(coordinator_url).await?;
-    let what = format!("execution {}", args.execution_id);
-    let response = coordinator
-        .client
-        .pause_execution(PauseExecutionRequest {
-            execution_id: args.execution_id.clone(),
-            reason: args.reason,
-        })
-        .await
-        .map_err(|status| coordinator.status_failure(&status, &what))?
-        .into_inner();
-    say(&format!(
-        "{what} is {}",
-        render::execution_state_name(response.state)
-    ))
+    let client = &mut coordinator.client;
+    let line = match command {
+        Control::Pause(args) => client
+            .pause_execution(PauseExecutionRequest {
+                execution_id: args.execution_id,
+                reason: args.reason,
+            })
+            .await
+            .map(|response| state_line(&what, response.into_inner().state)),
+        Control::Resume(args) => client
+            .resume_execution(ResumeExecutionRequest {
+                execution_id: args.execution_id,
+                reason: args.reason,
+            })
+            .await
+            .map(|response| state_line(&what, response.into_inner().state)),
+        Control::Cancel(args) => client
+            .cancel_execution(CancelExecutionRequest {
+                execution_id: args.execution_id,
+                reason: args.reason,
+            })
+            .await
+            .map(|response| state_line(&what, response.into_inner().state)),
+        Control::Retry(RetryArgs { execution_id }) => client
+            .retry_execution(RetryExecutionRequest { execution_id })
+            .await
+            .map(|response| {
+                format!(
+                    "{what} is running again as run {}: only what did not complete runs",
+                    response.into_inner().run_number
+                )
+            }),
+        Control::Checkpoint(CheckpointArgs { execution_id }) => client
+            .checkpoint_execution(CheckpointExecutionRequest { execution_id })
+            .await
+            .map(|response| checkpoint_line(&what, response.into_inner().checkpoint)),
+        Control::Answer(args) => client
+            .answer_question(AnswerQuestionRequest {
+                execution_id: args.execution_id,
+                question_id: args.question_id,
+                answer: args.answer,
+                answered_by: args
+                    .by
+                    .or_else(|| std::env::var("USER").ok())
+                    .filter(|name| !name.is_empty())
+                    .unwrap_or_else(|| "cli".to_owned()),
+            })
+            .await
+            .map(|response| {
+                let response = response.into_inner();
+                format!(
+                    "answered {what}: the task continues as instance {} (event {})",
+                    response.task_instance_id, response.sequence
+                )
+            }),
+    }
+    .map_err(|status| coordinator.status_failure(&status, &what))?;
+    let mut out = io::stdout().lock();
+    writeln!(out, "{line}")?;
+    Ok(out.flush()?)
 }
 
-/// Runs `trellis resume`.
-pub async fn resume(coordinator_url: &str, args: ResumeArgs) -> Result<(), Failure> {
-    let mut coordinator = Coordinator::connect(coordinator_url).await?;
-    let what = format!("execution {}", args.execution_id);
-    let response = coordinator
-        .client
-        .resume_execution(ResumeExecutionRequest {
-            execution_id: args.execution_id.clone(),
-            reason: args.reason,
-        })
-        .await
-        .map_err(|status| coordinator.status_failure(&status, &what))?
-        .into_inner();
-    say(&format!(
-        "{what} is {}",
-        render::execution_state_name(response.state)
-    ))
+impl Control {
+    /// Returns what the command acts on, as messages name it: `execution <id>`, or
+    /// `question <id> of execution <id>`.
+    fn subject(&self) -> String {
+        match self {
+            Self::Pause(PauseArgs { execution_id, .. })
+            | Self::Resume(ResumeArgs { execution_id, .. })
+            | Self::Cancel(CancelArgs { execution_id, .. })
+            | Self::Retry(RetryArgs { execution_id })
+            | Self::Checkpoint(CheckpointArgs { execution_id }) => {
+                format!("execution {execution_id}")
+            }
+            Self::Answer(args) => format!(
+                "question {} of execution {}",
+                args.question_id, args.execution_id
+            ),
+        }
+    }
 }
 
-/// Runs `trellis cancel`.
-pub async fn cancel(coordinator_url: &str, args: CancelArgs) -> Result<(), Failure> {
-    let mut coordinator = Coordinator::connect(coordinator_url).await?;
-    let what = format!("execution {}", args.execution_id);
-    let response = coordinator
-        .client
-        .cancel_execution(CancelExecutionRequest {
-            execution_id: args.execution_id.clone(),
-            reason: args.reason,
-        })
-        .await
-        .map_err(|status| coordinator.status_failure(&status, &what))?
-        .into_inner();
-    say(&format!(
-        "{what} is {}",
-        render::execution_state_name(response.state)
-    ))
+/// The line after a pause, resume or cancel: the execution's state now.
+fn state_line(what: &str, state: i32) -> String {
+    format!("{what} is {}", render::execution_state_name(state))
 }
 
-/// Runs `trellis retry`.
-pub async fn retry(coordinator_url: &str, args: RetryArgs) -> Result<(), Failure> {
-    let mut coordinator = Coordinator::connect(coordinator_url).await?;
-    let what = format!("execution {}", args.execution_id);
-    let response = coordinator
-        .client
-        .retry_execution(RetryExecutionRequest {
-            execution_id: args.execution_id.clone(),
-        })
-        .await
-        .map_err(|status| coordinator.status_failure(&status, &what))?
-        .into_inner();
-    say(&format!(
-        "{what} is running again as run {}: only what did not complete runs",
-        response.run_number
-    ))
-}
-
-/// Runs `trellis checkpoint`.
-pub async fn checkpoint(coordinator_url: &str, args: CheckpointArgs) -> Result<(), Failure> {
-    let mut coordinator = Coordinator::connect(coordinator_url).await?;
-    let what = format!("execution {}", args.execution_id);
-    let response = coordinator
-        .client
-        .checkpoint_execution(CheckpointExecutionRequest {
-            execution_id: args.execution_id.clone(),
-        })
-        .await
-        .map_err(|status| coordinator.status_failure(&status, &what))?
-        .into_inner();
-    let Some(checkpoint) = response.checkpoint else {
-        return say(&format!(
-            "{what}: the coordinator answered without a checkpoint"
-        ));
+/// The line after a checkpoint: what was stored.
+fn checkpoint_line(what: &str, checkpoint: Option<CheckpointMetadata>) -> String {
+    let Some(checkpoint) = checkpoint else {
+        return format!("{what}: the coordinator answered without a checkpoint");
     };
-    let kind = match trellis_proto::v1::CheckpointKind::try_from(checkpoint.kind) {
-        Ok(trellis_proto::v1::CheckpointKind::Full) => "full",
-        Ok(trellis_proto::v1::CheckpointKind::Delta) => "delta",
+    let kind = match CheckpointKind::try_from(checkpoint.kind) {
+        Ok(CheckpointKind::Full) => "full",
+        Ok(CheckpointKind::Delta) => "delta",
         _ => "unknown kind",
     };
-    say(&format!(
+    format!(
         "checkpoint {} of {what}: {kind}, up to event {}, {} bytes, sha256 {}",
         checkpoint.checkpoint_id,
         checkpoint.event_sequence,
@@ -211,40 +230,5 @@ pub async fn checkpoint(coordinator_url: &str, args: CheckpointArgs) -> Result<(
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect::<String>()
-    ))
-}
-
-/// Runs `trellis answer`.
-pub async fn answer(coordinator_url: &str, args: AnswerArgs) -> Result<(), Failure> {
-    let answered_by = args
-        .by
-        .or_else(|| std::env::var("USER").ok())
-        .filter(|name| !name.is_empty())
-        .unwrap_or_else(|| "cli".to_owned());
-    let mut coordinator = Coordinator::connect(coordinator_url).await?;
-    let what = format!(
-        "question {} of execution {}",
-        args.question_id, args.execution_id
-    );
-    let response = coordinator
-        .client
-        .answer_question(AnswerQuestionRequest {
-            execution_id: args.execution_id,
-            question_id: args.question_id,
-            answer: args.answer,
-            answered_by,
-        })
-        .await
-        .map_err(|status| coordinator.status_failure(&status, &what))?
-        .into_inner();
-    say(&format!(
-        "answered {what}: the task continues as instance {} (event {})",
-        response.task_instance_id, response.sequence
-    ))
-}
-
-fn say(line: &str) -> Result<(), Failure> {
-    let mut out = io::stdout().lock();
-    writeln!(out, "{line}")?;
-    Ok(out.flush()?)
+    )
 }

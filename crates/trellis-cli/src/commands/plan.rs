@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand, ValueEnum};
 use trellis_core::analysis::{Analysis, ConflictReason, analyze, op_name};
 use trellis_core::plan::{Limits, Plan, PlanErrors};
-use trellis_proto::convert;
 use trellis_proto::v1;
+use trellis_wire::plan;
 
 use super::{EXIT_FAILURE, Failure, display_name, read_input};
 use crate::render::plan_graph;
@@ -152,7 +152,7 @@ pub async fn load(
         Ok(text) => text.to_owned(),
         // The compiler reports where the bad byte is.
         Err(_) => match trellis_core::plan::parse_spec_bytes(bytes, &limits) {
-            Err(errors) => return Err(report(&name, &convert::plan_errors_to_proto(&errors))),
+            Err(errors) => return Err(report(&name, &plan::errors_to_proto(&errors))),
             Ok(_) => return Err(Failure::bad_input(format!("{name}: not UTF-8"))),
         },
     };
@@ -168,8 +168,8 @@ pub async fn load(
         params: params.iter().cloned().collect(),
     };
     let compiled = match planner {
-        None => convert::compile_wire_spec(&spec, &limits)
-            .map_err(|errors| report(&name, &convert::plan_errors_to_proto(&errors)))?,
+        None => plan::compile_wire_spec(&spec, &limits)
+            .map_err(|errors| report(&name, &plan::errors_to_proto(&errors)))?,
         Some(url) => {
             let mut client = crate::client::planner(url).await?;
             let response = client
@@ -187,8 +187,8 @@ pub async fn load(
             match response.result {
                 Some(v1::compile_plan_response::Result::Plan(plan)) => {
                     // Nothing on the wire is trusted: the plan is validated again here.
-                    convert::compile_wire_plan(&plan, &limits).map_err(|errors: PlanErrors| {
-                        report(&name, &convert::plan_errors_to_proto(&errors))
+                    plan::compile_wire_plan(&plan, &limits).map_err(|errors: PlanErrors| {
+                        report(&name, &plan::errors_to_proto(&errors))
                     })?
                 }
                 Some(v1::compile_plan_response::Result::Errors(errors)) => {

@@ -8,7 +8,6 @@ use std::time::Duration;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
-use trellis_proto::convert;
 use trellis_proto::v1::start_execution_request::PlanSource;
 use trellis_proto::v1::{
     ExecutionOptions, ExecutionState, GetExecutionRequest, Progress, StartExecutionRequest,
@@ -71,7 +70,7 @@ pub async fn run_with_id(coordinator_url: &str, args: SubmitArgs) -> Result<Stri
     // Through a planner the coordinator gets the compiled plan; otherwise the spec, which it
     // compiles itself.
     let plan_source = if args.plan.planner.is_some() {
-        PlanSource::Plan(convert::plan_to_proto(&plan))
+        PlanSource::Plan(trellis_wire::plan::to_proto(&plan))
     } else {
         PlanSource::Spec(spec)
     };

@@ -449,11 +449,11 @@ fn json_bytes(bytes: &[u8]) -> Value {
 mod tests {
     use trellis_core::ids::{ExecutionId, GroupId, QuestionId, TaskInstanceId, WorkerId};
     use trellis_core::machine::{self, EventBody, GroupRule, Outcome, SubtaskSpec, TimeoutAction};
-    use trellis_proto::convert::{Started, event_to_proto, started_to_proto};
     use trellis_proto::v1::{
         CancelRequested, ExecutionFinished, ExecutionOptions, ExecutionStarted, SubtasksSpawned,
         TaskCompleted, TaskDispatched, TaskFailed,
     };
+    use trellis_wire::log::{Started, event_to_proto, started_to_proto};
 
     use super::*;
 

@@ -107,10 +107,7 @@ pub fn counts_json(counts: &TaskStateCounts) -> Value {
 
 /// Returns the sum of every count.
 pub fn total(counts: &TaskStateCounts) -> u64 {
-    trellis_proto::convert::counts_from_proto(counts)
-        .0
-        .iter()
-        .sum()
+    trellis_wire::read::counts_from_proto(counts).0.iter().sum()
 }
 
 /// Returns what was consumed as JSON.

@@ -1,13 +1,15 @@
 //! `trellis tree`: the flat `ExecutionGraph` of `GetExecutionGraph` drawn as an indented tree,
 //! and its flat JSON form.
 //!
-//! The drawing follows `trellis_core::graph`'s text form: a node's chain (its group, the parent
-//! resumed after it, its continuations, and so on) hangs under the node, so a long chain stays at
-//! one indentation level and only groups indent their members:
+//! The drawing is `trellis_core::graph`'s text form with details
+//! ([`ExecutionGraph::render_text_detailed`](trellis_core::graph::ExecutionGraph::render_text_detailed)):
+//! a node's chain (its group, the parent resumed after it, its continuations, and so on) hangs
+//! under the node, so a long chain stays at one indentation level and only groups indent their
+//! members:
 //!
 //! ```text
 //! build [completed] attempt 1
-//! ├─ group g1 (3 subtasks, all_settled)
+//! ├─ group 0190a5c4-… (3 subtasks, all_settled)
 //! │  ├─ compile [completed] attempt 1
 //! │  ├─ ask [waiting_for_human] attempt 1
 //! │  │  └─ continued: ask [completed] attempt 1
@@ -15,201 +17,45 @@
 //! └─ resumed: build [completed] attempt 1
 //! ```
 //!
-//! The walk uses an explicit stack, so a graph 100,000 levels deep draws without recursion; past
-//! [`MAX_DRAWN_LEVELS`] levels a line shows `[+N]` for the N outer levels it does not draw, so the
-//! output grows linearly with the depth. The graph comes off the wire, so every index is checked
-//! and a node reached twice (a cycle or a shared node) is an error, not an endless loop.
+//! The graph comes off the wire, so it is not drawn from its indices: its records are read back
+//! and the tree rebuilt from their links by `trellis_core::graph::build`, the builder the
+//! coordinator used, which checks them (one root, every link resolved, no cycle). Building and
+//! drawing use explicit stacks, so a graph 100,000 levels deep draws without recursion; past
+//! `trellis_core::graph::MAX_DRAWN_LEVELS` levels a line shows `[+N]` for the N outer levels it
+//! does not draw, so the output grows linearly with the depth.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 
 use serde_json::{Value, json};
+use trellis_core::ids::GroupId;
+use trellis_wire::read::graph_records_from_proto;
+use trellis_proto::v1::ExecutionGraph;
 use trellis_proto::v1::graph_node::Next;
-use trellis_proto::v1::{ExecutionGraph, GraphGroup, GraphNode};
 
-use super::{one_line, task_state_name};
-
-/// The deepest indentation drawn in full.
-pub const MAX_DRAWN_LEVELS: usize = 32;
+use super::task_state_name;
 
 /// Longest error text shown after a failed node.
 const MAX_ERROR_CHARS: usize = 80;
-
-/// One line still to draw.
-#[derive(Clone, Copy, Debug)]
-enum Line {
-    /// A node that starts a chain (a root or a group member); its chain hangs under it.
-    Head(usize),
-    /// A node inside a chain, drawn alone: its successors are its siblings.
-    Chained(usize),
-    /// A group; its members hang under it.
-    Group(usize),
-}
 
 /// Draws `graph` as an indented tree. `rules` names the completion rule of each group id where it
 /// is known (the graph itself does not carry it).
 ///
 /// # Errors
 ///
-/// A message naming the problem when the graph is malformed: an index out of range, or a node or
-/// group reached twice.
+/// A message naming the problem when the graph is malformed: a record that does not convert, or
+/// records that do not form one tree.
 pub fn render(graph: &ExecutionGraph, rules: &HashMap<String, String>) -> Result<String, String> {
-    let mut out = String::new();
-    let mut drawn_nodes = vec![false; graph.nodes.len()];
-    let mut drawn_groups = vec![false; graph.groups.len()];
-    // `guides[k]` says whether the line drawn at depth `k + 1` on the current path has siblings
-    // still to come, which decides between "│  " and "   " under it.
-    let mut guides: Vec<bool> = Vec::new();
-    let mut stack: Vec<(Line, usize, bool)> = Vec::new();
-    for &root in graph.root_indices.iter().rev() {
-        stack.push((Line::Head(node_index(graph, root)?), 0, true));
-    }
-    let mut children: Vec<Line> = Vec::new();
-    while let Some((line, depth, last)) = stack.pop() {
-        if depth > 0 {
-            guides.truncate(depth - 1);
-            let n_skipped = guides.len().saturating_sub(MAX_DRAWN_LEVELS);
-            if n_skipped > 0 {
-                let _ = write!(out, "[+{n_skipped}] ");
-            }
-            for &more in &guides[n_skipped..] {
-                out.push_str(if more { "│  " } else { "   " });
-            }
-            out.push_str(if last { "└─ " } else { "├─ " });
-            guides.push(!last);
-        }
-        children.clear();
-        match line {
-            Line::Head(node_idx) | Line::Chained(node_idx) => {
-                if std::mem::replace(&mut drawn_nodes[node_idx], true) {
-                    return Err(format!("malformed graph: node {node_idx} is reached twice"));
-                }
-                write_node(&mut out, &graph.nodes[node_idx]);
-                if matches!(line, Line::Head(_)) {
-                    chain_after(graph, node_idx, &mut children)?;
-                }
-            }
-            Line::Group(group_idx) => {
-                if std::mem::replace(&mut drawn_groups[group_idx], true) {
-                    return Err(format!(
-                        "malformed graph: group {group_idx} is reached twice"
-                    ));
-                }
-                let group = &graph.groups[group_idx];
-                write_group(&mut out, group, rules.get(&group.group_id));
-                for &member in &group.node_indices {
-                    children.push(Line::Head(node_index(graph, member)?));
-                }
-            }
-        }
-        out.push('\n');
-        let n_children = children.len();
-        stack.extend(
-            children
-                .iter()
-                .enumerate()
-                .rev()
-                .map(|(i, &child)| (child, depth + 1, i + 1 == n_children)),
-        );
-    }
-    Ok(out)
-}
-
-/// Collects what follows `node_idx` along its chain: its group, the resumed instance, what follows
-/// that in turn, and so on. A chain longer than the graph has nodes and groups loops, which is an
-/// error.
-fn chain_after(
-    graph: &ExecutionGraph,
-    node_idx: usize,
-    chain: &mut Vec<Line>,
-) -> Result<(), String> {
-    let max_len = graph.nodes.len() + graph.groups.len();
-    let mut next = graph.nodes[node_idx].next;
-    while let Some(step) = next {
-        if chain.len() > max_len {
-            return Err(format!(
-                "malformed graph: the chain after node {node_idx} loops"
-            ));
-        }
-        match step {
-            Next::NodeIndex(index) => {
-                let node_idx = node_index(graph, index)?;
-                chain.push(Line::Chained(node_idx));
-                next = graph.nodes[node_idx].next;
-            }
-            Next::GroupIndex(index) => {
-                let group_idx = group_index(graph, index)?;
-                chain.push(Line::Group(group_idx));
-                let Some(resumed) = graph.groups[group_idx].next_node_index else {
-                    return Ok(());
-                };
-                let resumed_idx = node_index(graph, resumed)?;
-                chain.push(Line::Chained(resumed_idx));
-                next = graph.nodes[resumed_idx].next;
-            }
-        }
-    }
-    Ok(())
-}
-
-fn node_index(graph: &ExecutionGraph, index: u32) -> Result<usize, String> {
-    let idx = usize::try_from(index).unwrap_or(usize::MAX);
-    if idx < graph.nodes.len() {
-        Ok(idx)
-    } else {
-        Err(format!(
-            "malformed graph: node index {index} out of range ({} nodes)",
-            graph.nodes.len()
-        ))
-    }
-}
-
-fn group_index(graph: &ExecutionGraph, index: u32) -> Result<usize, String> {
-    let idx = usize::try_from(index).unwrap_or(usize::MAX);
-    if idx < graph.groups.len() {
-        Ok(idx)
-    } else {
-        Err(format!(
-            "malformed graph: group index {index} out of range ({} groups)",
-            graph.groups.len()
-        ))
-    }
-}
-
-/// Writes `task_id [state] attempt n`, prefixed with `resumed: ` or `continued: ` as the instance
-/// is, and followed by the error of a failed instance.
-fn write_node(out: &mut String, node: &GraphNode) {
-    let record = node.record.clone().unwrap_or_default();
-    if record.resumed_after_subtasks_group_id.is_some() {
-        out.push_str("resumed: ");
-    } else if record.continues_task_instance_id.is_some() {
-        out.push_str("continued: ");
-    }
-    let _ = write!(
-        out,
-        "{} [{}] attempt {}",
-        record.task_id,
-        task_state_name(record.state),
-        record.attempt
-    );
-    if let Some(error) = record.error.as_deref().filter(|e| !e.is_empty()) {
-        let _ = write!(out, ": {}", one_line(error, MAX_ERROR_CHARS));
-    }
-}
-
-/// Writes `group <id> (k subtasks, rule)`.
-fn write_group(out: &mut String, group: &GraphGroup, rule: Option<&String>) {
-    let n_members = group.node_indices.len();
-    let noun = if n_members == 1 {
-        "subtask"
-    } else {
-        "subtasks"
-    };
-    let _ = write!(out, "group {} ({n_members} {noun}", group.group_id);
-    if let Some(rule) = rule {
-        let _ = write!(out, ", {rule}");
-    }
-    out.push(')');
+    let records =
+        graph_records_from_proto(graph).map_err(|err| format!("malformed graph: {err}"))?;
+    let tree =
+        trellis_core::graph::build(records).map_err(|err| format!("malformed graph: {err}"))?;
+    // Rules are keyed by the group ids of the event log, which are the graph's; one that does not
+    // parse names no group of the graph.
+    let rules: HashMap<GroupId, &str> = rules
+        .iter()
+        .filter_map(|(group_id, rule)| Some((group_id.parse().ok()?, rule.as_str())))
+        .collect();
+    Ok(tree.render_text_detailed(MAX_ERROR_CHARS, |group_id| rules.get(&group_id).copied()))
 }
 
 /// Returns the graph as flat JSON (`roots`, `nodes`, `groups` pointing at each other by index, as
@@ -254,117 +100,125 @@ pub fn json(graph: &ExecutionGraph, rules: &HashMap<String, String>) -> Value {
 
 #[cfg(test)]
 mod tests {
-    use trellis_proto::v1::{TaskInstance, TaskState};
+    use trellis_core::graph::{self, MAX_DRAWN_LEVELS};
+    use trellis_core::ids::{ExecutionId, TaskInstanceId};
+    use trellis_core::record::{TaskState, TaskStatusRecord};
+    use trellis_wire::read::graph_to_proto;
+    use trellis_proto::v1::GraphNode;
 
     use super::*;
 
-    fn node(task_id: &str, state: TaskState, attempt: u32, next: Option<Next>) -> GraphNode {
-        GraphNode {
-            record: Some(TaskInstance {
-                task_id: task_id.to_owned(),
-                state: state as i32,
-                attempt,
-                ..TaskInstance::default()
-            }),
-            next,
+    const T0: u64 = 1_700_000_000_000;
+
+    /// The UUIDv7 layout overwrites some low bits of a `derived` seed, so numbers are shifted
+    /// clear of them.
+    fn id(n: u64) -> TaskInstanceId {
+        TaskInstanceId::derived(T0, u128::from(n) << 24)
+    }
+
+    fn gid(n: u64) -> GroupId {
+        GroupId::derived(T0, u128::from(n) << 24)
+    }
+
+    /// Instance `n` of `task_id`, created at `T0 + n` ms: a root unless linked.
+    fn record(n: u64, task_id: &str, state: TaskState, attempt: u32) -> TaskStatusRecord {
+        TaskStatusRecord {
+            task_instance_id: id(n),
+            task_id: task_id.to_owned(),
+            parent_task_instance_id: None,
+            subtask_group_id: None,
+            resumed_after_subtasks_group_id: None,
+            continues_task_instance_id: None,
+            correlation_id: ExecutionId::derived(T0, 7),
+            run_number: 1,
+            attempt,
+            state,
+            worker_id: None,
+            created_at_ms: T0 + n,
+            started_at_ms: None,
+            ended_at_ms: None,
+            output: None,
+            error: None,
         }
     }
 
-    fn resumed(mut node: GraphNode, group_id: &str) -> GraphNode {
-        if let Some(record) = node.record.as_mut() {
-            record.resumed_after_subtasks_group_id = Some(group_id.to_owned());
+    fn member(record: TaskStatusRecord, parent: u64, group: u64) -> TaskStatusRecord {
+        TaskStatusRecord {
+            parent_task_instance_id: Some(id(parent)),
+            subtask_group_id: Some(gid(group)),
+            ..record
         }
-        node
     }
 
-    fn check(graph: &ExecutionGraph, rules: &[(&str, &str)], expected: &str) {
+    /// The wire graph the coordinator sends for `records`.
+    fn wire(records: Vec<TaskStatusRecord>) -> ExecutionGraph {
+        graph_to_proto(&graph::build(records).expect("the records form a tree"))
+    }
+
+    /// Checks the drawing, with the group ids of [`gid`] written `G<n>`.
+    fn check(graph: &ExecutionGraph, rules: &[(u64, &str)], expected: &str) {
         let rules = rules
             .iter()
-            .map(|(g, r)| ((*g).to_owned(), (*r).to_owned()))
+            .map(|(g, r)| (gid(*g).to_string(), (*r).to_owned()))
             .collect();
-        assert_eq!(render(graph, &rules).expect("valid graph"), expected);
+        let mut text = render(graph, &rules).expect("valid graph");
+        for n in 0..10 {
+            text = text.replace(&gid(n).to_string(), &format!("g{n}"));
+        }
+        assert_eq!(text, expected);
     }
 
     #[test]
     fn group_and_resumed_parent() {
-        let mut failed = node("lint", TaskState::Failed, 2, None);
-        if let Some(record) = failed.record.as_mut() {
-            record.error = Some("exit status 1\nstack trace".to_owned());
-        }
-        let ask = node(
-            "ask",
-            TaskState::WaitingForHuman,
-            1,
-            Some(Next::NodeIndex(5)),
-        );
-        let mut continued = node("ask", TaskState::Completed, 1, None);
-        if let Some(record) = continued.record.as_mut() {
-            record.continues_task_instance_id = Some("i-ask".to_owned());
-        }
-        let graph = ExecutionGraph {
-            nodes: vec![
-                node(
-                    "build",
-                    TaskState::WaitingForSubtasks,
-                    1,
-                    Some(Next::GroupIndex(0)),
-                ),
-                node("compile", TaskState::Completed, 1, None),
-                ask,
-                failed,
-                resumed(node("build", TaskState::Completed, 1, None), "g1"),
-                continued,
-                node("docs", TaskState::Pending, 0, None),
-            ],
-            groups: vec![GraphGroup {
-                group_id: "g1".to_owned(),
-                node_indices: vec![1, 2, 3],
-                next_node_index: Some(4),
-            }],
-            root_indices: vec![0, 6],
+        let failed = TaskStatusRecord {
+            error: Some("exit status 1\nstack trace".to_owned()),
+            ..member(record(4, "lint", TaskState::Failed, 2), 1, 1)
         };
+        let continued = TaskStatusRecord {
+            continues_task_instance_id: Some(id(3)),
+            ..record(5, "ask", TaskState::Completed, 1)
+        };
+        let resumed = TaskStatusRecord {
+            resumed_after_subtasks_group_id: Some(gid(1)),
+            ..record(6, "build", TaskState::Completed, 1)
+        };
+        let graph = wire(vec![
+            record(1, "build", TaskState::WaitingForSubtasks, 1),
+            member(record(2, "compile", TaskState::Completed, 1), 1, 1),
+            member(record(3, "ask", TaskState::WaitingForHuman, 1), 1, 1),
+            failed,
+            resumed,
+            continued,
+        ]);
         check(
             &graph,
-            &[("g1", "all_settled")],
+            &[(1, "all_settled")],
             "build [waiting_for_subtasks] attempt 1\n\
              ├─ group g1 (3 subtasks, all_settled)\n\
              │  ├─ compile [completed] attempt 1\n\
              │  ├─ ask [waiting_for_human] attempt 1\n\
              │  │  └─ continued: ask [completed] attempt 1\n\
              │  └─ lint [failed] attempt 2: exit status 1…\n\
-             └─ resumed: build [completed] attempt 1\n\
-             docs [pending] attempt 0\n",
+             └─ resumed: build [completed] attempt 1\n",
         );
         let object = json(&graph, &HashMap::new());
-        assert_eq!(object["groups"][0]["next_node"], 4);
+        assert_eq!(object["groups"][0]["next_node"], 5);
         assert_eq!(object["nodes"][0]["next_group"], 0);
-        assert_eq!(object["roots"], json!([0, 6]));
+        assert_eq!(object["nodes"][2]["next_node"], 3);
+        assert_eq!(object["roots"], json!([0]));
     }
 
     #[test]
     fn unsettled_group_without_rule() {
-        let graph = ExecutionGraph {
-            nodes: vec![
-                node(
-                    "fan",
-                    TaskState::WaitingForSubtasks,
-                    1,
-                    Some(Next::GroupIndex(0)),
-                ),
-                node("noop", TaskState::Running, 1, None),
-            ],
-            groups: vec![GraphGroup {
-                group_id: "g".to_owned(),
-                node_indices: vec![1],
-                next_node_index: None,
-            }],
-            root_indices: vec![0],
-        };
+        let graph = wire(vec![
+            record(1, "fan", TaskState::WaitingForSubtasks, 1),
+            member(record(2, "noop", TaskState::Running, 1), 1, 1),
+        ]);
         check(
             &graph,
             &[],
             "fan [waiting_for_subtasks] attempt 1\n\
-             └─ group g (1 subtask)\n   \
+             └─ group g1 (1 subtask)\n   \
                 └─ noop [running] attempt 1\n",
         );
     }
@@ -372,23 +226,13 @@ mod tests {
     /// Each member spawns a group of one, 100,000 times over: the deepest nesting there is.
     #[test]
     fn hundred_thousand_nested_groups_do_not_overflow() {
-        const DEPTH: usize = 100_000;
-        let mut graph = ExecutionGraph::default();
-        for idx in 0..DEPTH {
-            let last = idx + 1 == DEPTH;
-            let next = (!last).then(|| Next::GroupIndex(u32::try_from(idx).expect("fits")));
-            graph.nodes.push(node("t", TaskState::Completed, 1, next));
-            if !last {
-                graph.groups.push(GraphGroup {
-                    group_id: format!("g{idx}"),
-                    node_indices: vec![u32::try_from(idx + 1).expect("fits")],
-                    next_node_index: None,
-                });
-            }
-        }
-        graph.root_indices.push(0);
-        let text = render(&graph, &HashMap::new()).expect("valid graph");
-        assert_eq!(text.lines().count(), 2 * DEPTH - 1);
+        const DEPTH: u64 = 100_000;
+        let mut records = vec![record(0, "t", TaskState::Completed, 1)];
+        records.extend(
+            (1..DEPTH).map(|n| member(record(n, "t", TaskState::Completed, 1), n - 1, n - 1)),
+        );
+        let text = render(&wire(records), &HashMap::new()).expect("valid graph");
+        assert_eq!(text.lines().count(), 2 * DEPTH as usize - 1);
         let last_line = text.lines().last().expect("lines");
         assert!(last_line.starts_with("[+"), "{last_line}");
         assert!(
@@ -396,58 +240,60 @@ mod tests {
             "{last_line}"
         );
         // Indentation is capped, so the output grows linearly with the depth: no line is longer
-        // than the drawn levels plus the `[+N]` marker and the node.
+        // than the drawn levels plus the `[+N]` marker and the group or node.
         let longest = text.lines().map(str::len).max().unwrap_or(0);
-        assert!(longest < MAX_DRAWN_LEVELS * 5 + 60, "{longest} bytes");
+        assert!(longest < MAX_DRAWN_LEVELS * 5 + 80, "{longest} bytes");
     }
 
     /// A chain of 100,000 continuations stays at one level.
     #[test]
     fn hundred_thousand_long_chain_stays_flat() {
-        const LEN: usize = 100_000;
-        let mut graph = ExecutionGraph::default();
-        for idx in 0..LEN {
-            let next =
-                (idx + 1 < LEN).then(|| Next::NodeIndex(u32::try_from(idx + 1).expect("fits")));
-            graph
-                .nodes
-                .push(node("step", TaskState::Completed, 1, next));
-        }
-        graph.root_indices.push(0);
-        let text = render(&graph, &HashMap::new()).expect("valid graph");
-        assert_eq!(text.lines().count(), LEN);
-        assert!(text.lines().skip(1).all(|line| line.len() < 40));
+        const LEN: u64 = 100_000;
+        let mut records = vec![record(0, "step", TaskState::Completed, 1)];
+        records.extend((1..LEN).map(|n| TaskStatusRecord {
+            continues_task_instance_id: Some(id(n - 1)),
+            ..record(n, "step", TaskState::Completed, 1)
+        }));
+        let text = render(&wire(records), &HashMap::new()).expect("valid graph");
+        assert_eq!(text.lines().count(), LEN as usize);
+        // Every continuation hangs directly under the first instance.
+        assert!(
+            text.lines().skip(1).all(|line| line
+                .ends_with("─ continued: step [completed] attempt 1")
+                && line.chars().count() == 40),
+            "{}",
+            text.lines().nth(1).unwrap_or_default()
+        );
     }
 
     #[test]
     fn malformed_graphs_are_errors() {
-        let cycle = ExecutionGraph {
-            nodes: vec![
-                node("a", TaskState::Completed, 1, Some(Next::NodeIndex(1))),
-                node("b", TaskState::Completed, 1, Some(Next::NodeIndex(0))),
-            ],
-            groups: vec![],
-            root_indices: vec![0],
-        };
+        // Two records linked to each other: no root.
+        let mut cycle = wire(vec![record(1, "a", TaskState::Completed, 1)]);
+        let mut b = cycle.nodes[0].clone();
+        if let (Some(a), Some(b)) = (cycle.nodes[0].record.as_mut(), b.record.as_mut()) {
+            b.task_instance_id = id(2).to_string();
+            a.continues_task_instance_id = Some(b.task_instance_id.clone());
+            b.continues_task_instance_id = Some(a.task_instance_id.clone());
+        }
+        cycle.nodes.push(b);
         let err = render(&cycle, &HashMap::new()).expect_err("cycle");
-        assert!(err.contains("malformed graph"), "{err}");
-        let out_of_range = ExecutionGraph {
-            nodes: vec![node(
-                "a",
-                TaskState::Completed,
-                1,
-                Some(Next::GroupIndex(3)),
-            )],
+        assert!(err.starts_with("malformed graph: no root"), "{err}");
+        // Two unrelated records: two roots.
+        let mut two_roots = wire(vec![record(1, "a", TaskState::Completed, 1)]);
+        two_roots
+            .nodes
+            .extend(wire(vec![record(2, "b", TaskState::Completed, 1)]).nodes);
+        let err = render(&two_roots, &HashMap::new()).expect_err("two roots");
+        assert!(err.starts_with("malformed graph: two roots"), "{err}");
+        // A node without its record.
+        let missing = ExecutionGraph {
+            nodes: vec![GraphNode::default()],
             groups: vec![],
             root_indices: vec![0],
         };
-        assert_eq!(
-            render(&out_of_range, &HashMap::new()).expect_err("bad index"),
-            "malformed graph: group index 3 out of range (0 groups)"
-        );
-        assert_eq!(
-            render(&ExecutionGraph::default(), &HashMap::new()),
-            Ok(String::new())
-        );
+        let err = render(&missing, &HashMap::new()).expect_err("no record");
+        assert!(err.starts_with("malformed graph: "), "{err}");
+        assert!(err.contains("nodes[0].record"), "{err}");
     }
 }

@@ -9,7 +9,8 @@ use trellis_core::machine::Execution;
 use trellis_core::plan::{PlanErrors, compile_str};
 use trellis_core::quota::Quota;
 use trellis_grpc::access::{self, Principal};
-use trellis_proto::{convert, v1};
+use trellis_proto::v1;
+use trellis_wire::{log, plan};
 
 use super::live::{Live, Tenancy};
 use super::{Coordinator, Error};
@@ -86,16 +87,16 @@ impl Coordinator {
                         v1::PlanFormat::try_from(spec.format).unwrap_or(v1::PlanFormat::Yaml);
                     (plan, spec.text, format)
                 } else {
-                    let plan = convert::compile_wire_spec(&spec, &limits)
+                    let plan = plan::compile_wire_spec(&spec, &limits)
                         .map_err(|e| invalid(source, e))?;
-                    let text = convert::canonical_spec_json(&plan);
+                    let text = plan::canonical_spec_json(&plan);
                     (plan, text, v1::PlanFormat::Json)
                 }
             }
             PlanSource::Plan(plan) => {
-                let plan = convert::compile_wire_plan(&plan, &limits)
+                let plan = plan::compile_wire_plan(&plan, &limits)
                     .map_err(|e| invalid("plan_source.plan", e))?;
-                let text = convert::canonical_spec_json(&plan);
+                let text = plan::canonical_spec_json(&plan);
                 (plan, text, v1::PlanFormat::Json)
             }
         };
@@ -141,9 +142,9 @@ impl Coordinator {
             .collect();
         let plan_name = plan.name.clone();
         let machine = Execution::start(id, Arc::new(plan), 1, now);
-        let started = convert::started_to_proto(
+        let started = log::started_to_proto(
             id,
-            &convert::Started {
+            &log::Started {
                 plan_name,
                 run_number: 1,
                 spec: text,

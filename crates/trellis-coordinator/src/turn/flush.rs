@@ -6,7 +6,8 @@ use std::collections::BTreeSet;
 use bytes::Bytes;
 use prost::Message as _;
 use trellis_core::ids::ExecutionId;
-use trellis_proto::{convert, subjects, v1};
+use trellis_proto::{subjects, v1};
+use trellis_wire::{read, worker};
 
 use super::shards::index_key;
 use super::{
@@ -185,7 +186,7 @@ impl Coordinator {
             let Some(assignment) = live.machine.assignment(instance) else {
                 continue;
             };
-            let mut message = convert::assignment_to_proto(id, run_number, &assignment);
+            let mut message = worker::assignment_to_proto(id, run_number, &assignment);
             message.results_shard = Some(live.shard);
             self.metrics
                 .dispatched
@@ -234,7 +235,7 @@ impl Coordinator {
         // over every instance.
         let progress = (live.progress_due
             && (terminal || now >= live.last_progress_ms + PROGRESS_EVERY_MS))
-            .then(|| convert::progress_to_proto(&live.machine.progress(now)));
+            .then(|| read::progress_to_proto(&live.machine.progress(now)));
         if let Some(progress) = &progress {
             live.last_progress_ms = now;
             live.progress_due = false;

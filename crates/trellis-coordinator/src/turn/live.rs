@@ -8,8 +8,9 @@ use bytes::Bytes;
 use trellis_core::ids::{ExecutionId, TaskInstanceId};
 use trellis_core::machine::{Applied, ApplyError, Event, EventBody, Execution};
 use trellis_core::record::TaskState;
-use trellis_proto::{convert, v1};
+use trellis_proto::v1;
 use trellis_telemetry::propagation::{self, Context};
+use trellis_wire::{common, log, read};
 
 use super::checkpoint::CheckpointState;
 use crate::metrics::{self, Metrics};
@@ -142,7 +143,7 @@ impl Live {
             }
             self.seq += 1;
             self.pending
-                .push(convert::event_to_proto(id, self.seq, &event));
+                .push(log::event_to_proto(id, self.seq, &event));
             self.stop.extend_from_slice(stop);
             if let EventBody::TaskDispatched { instance, .. } = event.body {
                 self.dispatch.push(instance);
@@ -203,15 +204,15 @@ impl Live {
 
     /// Returns the execution as `GetExecution` and `ListExecutions` show it.
     pub(super) fn summary(&self, id: ExecutionId, now: u64) -> v1::Execution {
-        let progress = convert::progress_to_proto(&self.machine.progress(now));
+        let progress = read::progress_to_proto(&self.machine.progress(now));
         let (started, ended) = self.machine.times_ms();
         v1::Execution {
             execution_id: id.to_string(),
             name: self.machine.plan().name.clone(),
-            state: convert::execution_state_to_proto(self.machine.state()),
+            state: read::execution_state_to_proto(self.machine.state()),
             run_number: self.machine.run_number(),
             counts: progress.counts,
-            usage: Some(convert::usage_to_proto(self.machine.usage())),
+            usage: Some(common::usage_to_proto(self.machine.usage())),
             created_at_unix_ms: self.created_at_ms as i64,
             started_at_unix_ms: Some(started as i64),
             ended_at_unix_ms: ended.map(|t| t as i64),
@@ -230,7 +231,7 @@ impl Live {
                 .map(|open| v1::OpenQuestion {
                     task_instance_id: open.instance.to_string(),
                     task_id: open.task_id,
-                    question: Some(convert::question_to_proto(open.question)),
+                    question: Some(common::question_to_proto(open.question)),
                     asked_at_unix_ms: open.asked_at_ms as i64,
                 })
                 .collect(),

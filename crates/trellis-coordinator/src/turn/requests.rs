@@ -6,7 +6,7 @@
 
 use trellis_core::ids::{ExecutionId, QuestionId, TaskInstanceId};
 use trellis_core::machine::{Applied, Event, EventBody, ExecutionState};
-use trellis_proto::convert;
+use trellis_wire::read;
 
 use super::{Action, Answer, Coordinator, Error, Observation, ReplyTo, Request, Waiting};
 
@@ -111,7 +111,7 @@ impl Coordinator {
                 let answer = match self.executions.get(&id) {
                     None => Err(Error::not_found(id)),
                     Some(live) => trellis_core::graph::build(live.machine.records())
-                        .map(|graph| Answer::Graph(convert::graph_to_proto(&graph)))
+                        .map(|graph| Answer::Graph(read::graph_to_proto(&graph)))
                         .map_err(|err| {
                             Error::new(
                                 super::ErrorKind::Internal,
@@ -204,7 +204,7 @@ impl Coordinator {
             .ok_or_else(|| Error::not_found(id))?;
         live.record(id, Event { at_ms: now, body }, &self.metrics)
             .map_err(|err| Error::precondition(err.to_string()))?;
-        Ok(convert::execution_state_to_proto(live.machine.state()))
+        Ok(read::execution_state_to_proto(live.machine.state()))
     }
 
     /// Starts a new run of a failed or cancelled execution; returns its number.

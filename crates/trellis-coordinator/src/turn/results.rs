@@ -10,7 +10,8 @@
 use prost::Message as _;
 use trellis_core::ids::{ExecutionId, TaskInstanceId};
 use trellis_core::machine::{Applied, ApplyError, Event, EventBody, Usage};
-use trellis_proto::{convert, v1};
+use trellis_proto::v1;
+use trellis_wire::worker;
 
 use super::{Coordinator, Delivery};
 
@@ -72,7 +73,7 @@ impl Coordinator {
                 "task result over the payload limit: the attempt fails"
             );
         }
-        let (id, event) = match convert::result_to_event(&result, now) {
+        let (id, event) = match worker::result_to_event(&result, now) {
             Ok(converted) => converted,
             Err(err) => {
                 tracing::warn!(

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use trellis_core::ids::ExecutionId;
 use trellis_core::machine::Execution;
-use trellis_proto::convert::Started;
+use trellis_wire::log::Started;
 
 use super::live::{Live, Tenancy};
 use super::{Coordinator, Error, Waiting};

@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use trellis_proto::{convert, v1};
+use trellis_proto::v1;
+use trellis_wire::worker;
 
 use crate::metrics::Metrics;
 
@@ -29,7 +30,7 @@ pub(super) struct Registry {
 impl Registry {
     /// Takes one encoded heartbeat; an invalid one is logged and ignored.
     pub(super) fn heartbeat(&mut self, payload: &[u8], now: u64) {
-        let heartbeat = match convert::decode_worker_heartbeat(payload) {
+        let heartbeat = match worker::decode_heartbeat(payload) {
             Ok(heartbeat) => heartbeat,
             Err(err) => {
                 tracing::warn!(%err, "invalid heartbeat ignored");

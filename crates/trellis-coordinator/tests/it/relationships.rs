@@ -217,7 +217,7 @@ async fn a_route_runs_only_the_branch_the_output_picks() {
             .client
             .start_execution(v1::StartExecutionRequest {
                 plan_source: Some(v1::start_execution_request::PlanSource::Plan(
-                    trellis_proto::convert::plan_to_proto(&plan),
+                    trellis_wire::plan::to_proto(&plan),
                 )),
                 options: None,
             })

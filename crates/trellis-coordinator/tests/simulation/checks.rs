@@ -17,7 +17,8 @@ use trellis_coordinator::turn::{Coordinator, LogMessage, index_key};
 use trellis_core::ids::{ExecutionId, TaskInstanceId};
 use trellis_core::machine::{Applied, EventBody, Execution, ExecutionState};
 use trellis_core::record::TaskState;
-use trellis_proto::convert::{self, LogEntry};
+use trellis_wire::log::LogEntry;
+use trellis_wire::log;
 
 use crate::nats::{Nats, Record};
 
@@ -50,7 +51,7 @@ impl Checker {
 
     fn replay(&mut self, record: &Record, nats: &Nats, shards: u32) -> Result<(), String> {
         let id = record.id;
-        let batch = convert::decode_event_batch(&record.payload)
+        let batch = log::decode_event_batch(&record.payload)
             .map_err(|err| format!("log message {} of {id} does not decode: {err}", record.stream_seq))?;
         let shard = trellis_proto::subjects::shard_of(&id.to_string(), shards);
         let indexed = nats.index.contains(&index_key(shard, id));

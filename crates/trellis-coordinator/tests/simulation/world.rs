@@ -22,6 +22,7 @@ use trellis_coordinator::turn::{
 use trellis_core::ids::{ExecutionId, QuestionId};
 use trellis_grpc::access::{Principal, Scope};
 use trellis_proto::{subjects, v1};
+use trellis_wire::log;
 
 use crate::checks::Checker;
 use crate::nats::{AppendError, Nats};
@@ -217,7 +218,7 @@ impl World {
         for id in self.nats.events.executions() {
             eprintln!("log of {id}:");
             for record in self.nats.events.log(id) {
-                if let Ok(batch) = convert::decode_event_batch(&record.payload) {
+                if let Ok(batch) = log::decode_event_batch(&record.payload) {
                     for (offset, entry) in batch.entries.iter().enumerate() {
                         eprintln!(
                             "  {} (stream {}, by {}): {entry:?}",
@@ -879,7 +880,7 @@ impl World {
 /// True when the log of `id` holds sequence `sequence`.
 fn logged_up_to(nats: &Nats, id: ExecutionId, sequence: u64) -> bool {
     nats.events.log(id).last().is_some_and(|record| {
-        convert::decode_event_batch(&record.payload)
+        log::decode_event_batch(&record.payload)
             .is_ok_and(|batch| batch.first_sequence + batch.entries.len() as u64 > sequence)
     })
 }
@@ -908,7 +909,7 @@ fn shuffle<T>(rng: &mut Rng, items: &mut [T]) {
 }
 
 mod convert {
-    pub use trellis_proto::convert::decode_event_batch;
+    pub use trellis_wire::log::decode_event_batch;
 
     /// The sequence of a batch's first event.
     pub fn first_sequence(payload: &[u8]) -> u64 {

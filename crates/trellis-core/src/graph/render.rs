@@ -1,15 +1,17 @@
 //! Text and nested JSON forms of an [`ExecutionGraph`], both written with an explicit stack so that
 //! a graph of any depth renders without recursion.
 //!
-//! The text form (for `trellis tree`) draws a node's chain (its group, the resumed instance, its
-//! continuations, and so on) as the children of the node, so a long chain stays at one indentation
-//! level; only groups indent their members. Deeply nested groups would still make the indentation,
-//! and so the output, grow with the square of the depth: past [`MAX_DRAWN_LEVELS`] levels a line
-//! shows `[+N]` for the N outer levels it does not draw.
+//! The text form draws a node's chain (its group, the resumed instance, its continuations, and so
+//! on) as the children of the node, so a long chain stays at one indentation level; only groups
+//! indent their members. Deeply nested groups would still make the indentation, and so the output,
+//! grow with the square of the depth: past [`MAX_DRAWN_LEVELS`] levels a line shows `[+N]` for the
+//! N outer levels it does not draw. [`ExecutionGraph::render_text_detailed`] is the form
+//! `trellis tree` prints: the same tree with attempts, errors and completion rules.
 
 use std::fmt::Write as _;
 
 use super::{ExecutionGraph, GroupIdx, Next, NodeIdx};
+use crate::ids::GroupId;
 use crate::record::TaskStatusRecord;
 
 /// The deepest indentation drawn in full by [`ExecutionGraph::render_text`].
@@ -24,6 +26,15 @@ enum Line {
     Chained(NodeIdx),
     /// A group; its members hang under it.
     Group(GroupIdx),
+}
+
+/// What [`ExecutionGraph::render_text_detailed`] adds to the lines of
+/// [`ExecutionGraph::render_text`].
+struct Details<'d, 'r> {
+    /// Errors are cut to their first line and to this many characters.
+    max_error_chars: usize,
+    /// The completion rule of a group, where it is known.
+    group_rule: &'d dyn Fn(GroupId) -> Option<&'r str>,
 }
 
 /// One piece still to write in [`ExecutionGraph::to_nested_json`].
@@ -47,6 +58,34 @@ impl ExecutionGraph {
     /// └─ resumed: build [completed]
     /// ```
     pub fn render_text(&self) -> String {
+        self.draw(None)
+    }
+
+    /// Returns the tree as [`render_text`](Self::render_text) draws it, with what `trellis tree`
+    /// shows besides: each instance's attempt, the error of an instance that has one (its first
+    /// line, cut to `max_error_chars` characters; `…` marks a cut), and each group's completion
+    /// rule where `group_rule` knows it (the records do not carry it):
+    ///
+    /// ```text
+    /// build [completed] attempt 1
+    /// ├─ group 01900000-0000-7000-8000-000000000001 (2 subtasks, all_settled)
+    /// │  ├─ compile [completed] attempt 1
+    /// │  └─ lint [failed] attempt 2: exit status 1
+    /// └─ resumed: build [completed] attempt 1
+    /// ```
+    pub fn render_text_detailed<'r>(
+        &self,
+        max_error_chars: usize,
+        group_rule: impl Fn(GroupId) -> Option<&'r str>,
+    ) -> String {
+        self.draw(Some(&Details {
+            max_error_chars,
+            group_rule: &group_rule,
+        }))
+    }
+
+    /// Draws the tree, with `details` on each line when given.
+    fn draw(&self, details: Option<&Details<'_, '_>>) -> String {
         let mut out = String::new();
         // `guides[k]` says whether the line drawn at depth `k + 1` on the current path has siblings
         // still to come, which decides between "│  " and "   " under it.
@@ -70,10 +109,10 @@ impl ExecutionGraph {
             children.clear();
             match line {
                 Line::Head(node) => {
-                    self.write_node(&mut out, node);
+                    self.write_node(&mut out, node, details);
                     self.chain_after(node, &mut children);
                 }
-                Line::Chained(node) => self.write_node(&mut out, node),
+                Line::Chained(node) => self.write_node(&mut out, node, details),
                 Line::Group(group) => {
                     let group = self.group(group);
                     let n_members = group.nodes.len();
@@ -82,7 +121,13 @@ impl ExecutionGraph {
                     } else {
                         "subtasks"
                     };
-                    let _ = write!(out, "group {} ({n_members} {noun})", group.group_id);
+                    let _ = write!(out, "group {} ({n_members} {noun}", group.group_id);
+                    if let Some(rule) =
+                        details.and_then(|details| (details.group_rule)(group.group_id))
+                    {
+                        let _ = write!(out, ", {rule}");
+                    }
+                    out.push(')');
                     children.extend(group.nodes.iter().map(|&member| Line::Head(member)));
                 }
             }
@@ -122,7 +167,9 @@ impl ExecutionGraph {
         }
     }
 
-    fn write_node(&self, out: &mut String, node: NodeIdx) {
+    /// Writes `task_id [state]`, prefixed with `resumed: ` or `continued: ` as the instance is;
+    /// with `details`, followed by ` attempt n` and the instance's error.
+    fn write_node(&self, out: &mut String, node: NodeIdx, details: Option<&Details<'_, '_>>) {
         let record: &TaskStatusRecord = self.node(node).record;
         if record.resumed_after_subtasks_group_id.is_some() {
             out.push_str("resumed: ");
@@ -130,6 +177,12 @@ impl ExecutionGraph {
             out.push_str("continued: ");
         }
         let _ = write!(out, "{} [{}]", record.task_id, record.state.as_str());
+        let Some(details) = details else { return };
+        let _ = write!(out, " attempt {}", record.attempt);
+        if let Some(error) = record.error.as_deref().filter(|error| !error.is_empty()) {
+            out.push_str(": ");
+            push_cut(out, error, details.max_error_chars);
+        }
     }
 
     /// Returns the graph as the nested JSON of seed 000: a node is `{"record": {...}, "next": X}`
@@ -180,5 +233,116 @@ impl ExecutionGraph {
         }
         // serde_json writes UTF-8 and so do the literals above; the error path is never taken.
         String::from_utf8(out).map_err(serde::ser::Error::custom)
+    }
+}
+
+/// Appends the first line of `text`, cut to `max_chars` characters; `…` follows when anything was
+/// left out (more characters, or more lines).
+fn push_cut(out: &mut String, text: &str, max_chars: usize) {
+    let line = text.lines().next().unwrap_or("");
+    let mut chars = line.chars();
+    out.extend(chars.by_ref().take(max_chars));
+    if chars.next().is_some() || text.contains('\n') {
+        out.push('…');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::build;
+    use crate::ids::{ExecutionId, TaskInstanceId};
+    use crate::record::TaskState;
+
+    const T0: u64 = 1_700_000_000_000;
+
+    fn record(n: u64, task_id: &str, state: TaskState) -> TaskStatusRecord {
+        TaskStatusRecord {
+            task_instance_id: TaskInstanceId::derived(T0, u128::from(n) << 24),
+            task_id: task_id.to_owned(),
+            parent_task_instance_id: None,
+            subtask_group_id: None,
+            resumed_after_subtasks_group_id: None,
+            continues_task_instance_id: None,
+            correlation_id: ExecutionId::derived(T0, 7),
+            run_number: 1,
+            attempt: 1,
+            state,
+            worker_id: None,
+            created_at_ms: T0 + n,
+            started_at_ms: None,
+            ended_at_ms: None,
+            output: None,
+            error: None,
+        }
+    }
+
+    /// A root that spawned a group of two (one failed twice, one asked a question answered by a
+    /// continuation) and was resumed.
+    fn graph() -> (ExecutionGraph, GroupId) {
+        let group = GroupId::derived(T0, 1 << 24);
+        let root = record(1, "build", TaskState::Completed);
+        let member = |n, task_id, state| TaskStatusRecord {
+            parent_task_instance_id: Some(root.task_instance_id),
+            subtask_group_id: Some(group),
+            ..record(n, task_id, state)
+        };
+        let lint = TaskStatusRecord {
+            attempt: 2,
+            error: Some("exit status 1\nstack trace".to_owned()),
+            ..member(3, "lint", TaskState::Failed)
+        };
+        let ask = member(2, "ask", TaskState::WaitingForHuman);
+        let answered = TaskStatusRecord {
+            continues_task_instance_id: Some(ask.task_instance_id),
+            ..record(4, "ask", TaskState::Completed)
+        };
+        let resumed = TaskStatusRecord {
+            resumed_after_subtasks_group_id: Some(group),
+            ..record(5, "build", TaskState::Completed)
+        };
+        let graph = build(vec![resumed, lint, answered, ask, root]).expect("a valid tree");
+        (graph, group)
+    }
+
+    #[test]
+    fn detailed_lines_carry_attempts_errors_and_rules() {
+        let (graph, group) = graph();
+        let text = graph.render_text_detailed(80, |id| (id == group).then_some("all_settled"));
+        assert_eq!(
+            text,
+            format!(
+                "build [completed] attempt 1\n\
+                 ├─ group {group} (2 subtasks, all_settled)\n\
+                 │  ├─ ask [waiting_for_human] attempt 1\n\
+                 │  │  └─ continued: ask [completed] attempt 1\n\
+                 │  └─ lint [failed] attempt 2: exit status 1…\n\
+                 └─ resumed: build [completed] attempt 1\n"
+            )
+        );
+        // Without a known rule the group shows its size alone; errors are cut to the length given.
+        let text = graph.render_text_detailed(4, |_| None);
+        assert!(
+            text.contains(&format!("group {group} (2 subtasks)\n")),
+            "{text}"
+        );
+        assert!(text.contains("lint [failed] attempt 2: exit…\n"), "{text}");
+        // The plain form has none of it.
+        assert!(!graph.render_text().contains("attempt"));
+    }
+
+    #[test]
+    fn errors_are_cut_to_their_first_line_and_length() {
+        let cut = |text: &str, max_chars| {
+            let mut out = String::new();
+            push_cut(&mut out, text, max_chars);
+            out
+        };
+        assert_eq!(cut("short", 10), "short");
+        assert_eq!(cut("exactly10!", 10), "exactly10!");
+        assert_eq!(cut("abcdef", 3), "abc…");
+        assert_eq!(cut("first\nsecond", 80), "first…");
+        assert_eq!(cut("ünïcödé", 3), "ünï…");
+        assert_eq!(cut("", 3), "");
     }
 }

@@ -145,7 +145,7 @@ async fn analyses_specs_and_compiled_plans_alike() {
     assert_eq!(analysis.blocked[0].blocked_by, ["api"]);
     assert_eq!(analysis.blocked[0].wave, 2);
 
-    let plan = trellis_proto::convert::plan_to_proto(
+    let plan = trellis_wire::plan::to_proto(
         &trellis_core::plan::compile_str(PLAN, &Limits::default()).expect("compiles"),
     );
     let from_plan = served

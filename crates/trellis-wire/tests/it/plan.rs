@@ -1,14 +1,13 @@
-//! Plans on the wire: a compiled plan survives `plan_to_proto` → `compile_wire_plan`, its canonical
+//! Plans on the wire: a compiled plan survives `plan::to_proto` → `compile_wire_plan`, its canonical
 //! JSON spec compiles back to it, and validation errors and analyses carry what callers need.
 
 use proptest::prelude::*;
 use trellis_core::analysis::analyze;
 use trellis_core::plan::{Limits, Plan, compile_str};
-use trellis_proto::convert::{
-    analysis_to_proto, canonical_spec_json, compile_wire_plan, compile_wire_spec,
-    plan_errors_to_proto, plan_to_proto,
-};
 use trellis_proto::v1;
+use trellis_wire::plan::{
+    self, analysis_to_proto, canonical_spec_json, compile_wire_plan, compile_wire_spec,
+};
 
 const EXAMPLES: &[(&str, &str)] = &[
     ("demo", include_str!("../../../../examples/demo.yaml")),
@@ -82,7 +81,7 @@ fn compile(text: &str) -> Plan {
 fn literal_references_and_routes_keep_their_meaning() {
     let plan = compile(EVERYTHING);
     assert_eq!(plan.tasks[0].input["cmd"], "echo ${HOME}");
-    let wire = plan_to_proto(&plan);
+    let wire = plan::to_proto(&plan);
     let route = wire.tasks[6].route.as_ref().expect("triage routes");
     assert_eq!(route.path, "/kind");
     assert_eq!(route.cases["feature"].task_ids, ["build", "doc"]);
@@ -95,7 +94,7 @@ fn literal_references_and_routes_keep_their_meaning() {
 }
 
 fn assert_wire_round_trip(name: &str, plan: &Plan) {
-    let wire = plan_to_proto(plan);
+    let wire = plan::to_proto(plan);
     let again = compile_wire_plan(&wire, &Limits::default())
         .unwrap_or_else(|e| panic!("{name}: the wire plan compiles again: {e}"));
     assert_eq!(&again, plan, "{name}: wire round trip");
@@ -115,7 +114,7 @@ fn compiled_plans_survive_the_wire_and_the_canonical_spec() {
 
 #[test]
 fn wire_plans_make_defaults_explicit() {
-    let wire = plan_to_proto(&compile("name: p\ntasks:\n- {id: t, type: shell}\n"));
+    let wire = plan::to_proto(&compile("name: p\ntasks:\n- {id: t, type: shell}\n"));
     let options = wire.options.expect("options are always sent");
     assert!(options.pause_on_human_review, "the spec default is true");
     let default_action = options
@@ -142,7 +141,7 @@ fn wire_plans_make_defaults_explicit() {
 
 #[test]
 fn a_tampered_wire_plan_is_validated_again() {
-    let mut wire = plan_to_proto(&compile(EVERYTHING));
+    let mut wire = plan::to_proto(&compile(EVERYTHING));
     wire.tasks[3].depends_on = vec!["nope".to_owned()];
     wire.tasks[2].files[0].op = 99;
     let err = compile_wire_plan(&wire, &Limits::default()).expect_err("an unknown enum value");
@@ -162,7 +161,7 @@ fn wire_specs_compile_and_errors_keep_path_and_place() {
         params: Default::default(),
     };
     let errors = compile_wire_spec(&spec, &Limits::default()).expect_err("b is unknown");
-    let wire = plan_errors_to_proto(&errors);
+    let wire = plan::errors_to_proto(&errors);
     assert_eq!(wire.errors.len(), 1);
     assert_eq!(wire.errors[0].path, "tasks[0].depends_on[0]");
     assert!(wire.errors[0].message.contains("\"b\""), "{wire:?}");
@@ -172,7 +171,7 @@ fn wire_specs_compile_and_errors_keep_path_and_place() {
         ..spec
     };
     let errors = compile_wire_spec(&syntax, &Limits::default()).expect_err("not YAML");
-    let wire = plan_errors_to_proto(&errors);
+    let wire = plan::errors_to_proto(&errors);
     assert!(
         wire.errors[0].line > 0,
         "a parse error says where: {wire:?}"
@@ -295,7 +294,7 @@ proptest! {
         let plan = compile_str(&text, &Limits::default());
         prop_assume!(plan.is_ok());
         let plan = plan.expect("checked above");
-        let again = compile_wire_plan(&plan_to_proto(&plan), &Limits::default());
+        let again = compile_wire_plan(&plan::to_proto(&plan), &Limits::default());
         prop_assert_eq!(again.as_ref().ok(), Some(&plan), "{}", text);
         let json = compile_str(&canonical_spec_json(&plan), &Limits::default());
         prop_assert_eq!(json.as_ref().ok(), Some(&plan), "{}", text);

@@ -3,8 +3,8 @@
 //! A wire [`v1::Plan`] is a compiled plan with every default made explicit (durations in
 //! milliseconds, queues resolved, each task's escalation chain written out when it differs from
 //! the plan policy's). Nothing on the wire is trusted, so a received plan is never used as is:
-//! [`plan_from_proto`] turns it back into a flat [`PlanSpec`], which the receiver compiles (and so
-//! validates) like any spec. [`plan_to_proto`] and [`plan_from_proto`] round-trip: compiling the
+//! [`from_proto`] turns it back into a flat [`PlanSpec`], which the receiver compiles (and so
+//! validates) like any spec. [`to_proto`] and [`from_proto`] round-trip: compiling the
 //! spec of the wire form of a plan gives that plan again.
 
 use trellis_core::analysis::{Analysis, ConflictReason};
@@ -18,16 +18,17 @@ use trellis_core::plan::{
     RouteCase, compile, compile_with_params, escape_references, parse_param_values, parse_spec,
 };
 use trellis_core::policy::{Backoff, BackoffKind, FailureAction};
+use trellis_proto::v1;
 
-use super::{At, ConvertError, ConvertErrorKind, json_to_bytes, parse_enum, parse_json};
-use crate::v1;
+use crate::common::json_to_bytes;
+use crate::error::{At, ConvertError, ConvertErrorKind, parse_enum, parse_json};
 
 // ------------------------------------------------------------------------------------------------
 // Core to wire
 // ------------------------------------------------------------------------------------------------
 
 /// Returns the wire form of a compiled plan.
-pub fn plan_to_proto(plan: &Plan) -> v1::Plan {
+pub fn to_proto(plan: &Plan) -> v1::Plan {
     let options = &plan.options;
     let failure = &options.failure;
     let mut routes = routes_to_proto(plan);
@@ -207,7 +208,7 @@ fn relationship_to_proto(kind: RelationshipKind) -> v1::RelationshipKind {
 }
 
 /// Returns the wire form of every validation error of a plan.
-pub fn plan_errors_to_proto(errors: &PlanErrors) -> v1::PlanValidationErrors {
+pub fn errors_to_proto(errors: &PlanErrors) -> v1::PlanValidationErrors {
     v1::PlanValidationErrors {
         errors: errors
             .iter()
@@ -309,7 +310,7 @@ pub fn analysis_to_proto(plan: &Plan, analysis: &Analysis) -> v1::PlanAnalysis {
 ///
 /// A [`ConvertError`] naming the field for what a spec cannot express: a missing `oneof`, an
 /// unknown enum value, input that is not JSON.
-pub fn plan_from_proto(plan: &v1::Plan) -> Result<PlanSpec, ConvertError> {
+pub fn from_proto(plan: &v1::Plan) -> Result<PlanSpec, ConvertError> {
     let at = At::root("plan");
     let options = match &plan.options {
         None => OptionsSpec::default(),
@@ -548,7 +549,7 @@ pub fn compile_wire_spec(spec: &v1::PlanSpec, limits: &Limits) -> Result<Plan, P
     compile_with_params(parsed, &values, limits)
 }
 
-/// Compiles a wire plan: its flat spec (see [`plan_from_proto`]), validated like any spec; a plan
+/// Compiles a wire plan: its flat spec (see [`from_proto`]), validated like any spec; a plan
 /// the spec cannot express is reported as one error naming the field.
 ///
 /// # Errors
@@ -561,7 +562,7 @@ pub fn compile_wire_plan(plan: &v1::Plan, limits: &Limits) -> Result<Plan, PlanE
 /// The spec of a wire plan, with every literal `${` escaped so that compiling it (which expands
 /// references) keeps the plan's strings as they are.
 fn flat_spec_from_proto(plan: &v1::Plan) -> Result<PlanSpec, PlanErrors> {
-    let spec = plan_from_proto(plan).map_err(|e| {
+    let spec = from_proto(plan).map_err(|e| {
         PlanErrors::one(PlanError::new(
             PlanErrorKind::InvalidValue,
             e.path().to_owned(),
@@ -575,7 +576,7 @@ fn flat_spec_from_proto(plan: &v1::Plan) -> Result<PlanSpec, PlanErrors> {
 /// left), every default explicit. Compiling it gives the same plan, so it is what an event log
 /// records for a plan that did not arrive as plain spec text.
 pub fn canonical_spec_json(plan: &Plan) -> String {
-    match flat_spec_from_proto(&plan_to_proto(plan)) {
+    match flat_spec_from_proto(&to_proto(plan)) {
         // A `PlanSpec` always serializes: its maps have string keys and its numbers are finite
         // (confidences and costs passed the compiler's range checks).
         Ok(spec) => serde_json::to_string(&spec).unwrap_or_default(),
