@@ -761,6 +761,9 @@ impl World {
             let Some(call) = self.nodes[idx].calls.remove(&reply) else {
                 continue;
             };
+            if verbose() {
+                eprintln!("{}: coordinator {idx} answers {call:?}: {answer:?}", self.now);
+            }
             match (call, answer) {
                 (Call::Start { plan }, Ok(Answer::Started { id, created })) => {
                     if self.nats.events.last_seq(id).is_none() {
@@ -867,6 +870,9 @@ impl World {
     }
 
     fn call(&mut self, node: usize, call: Call, request: Request) {
+        if verbose() {
+            eprintln!("{}: the client asks coordinator {node}: {call:?}", self.now);
+        }
         let node = &mut self.nodes[node];
         node.next_reply += 1;
         node.calls.insert(node.next_reply, call);
