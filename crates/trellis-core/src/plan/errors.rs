@@ -1,10 +1,14 @@
 //! The errors of parsing, expanding and compiling a plan: each [`PlanError`] says what is wrong,
 //! where in the spec (`tasks[3].depends_on[0]`), where in the text when the parser knows, and how
-//! to fix it when there is something better to say than the message.
+//! to fix it when there is something better to say than the message. And the errors of decoding
+//! a compiled plan's bytes ([`PlanDecodeError`]), naming the task and field.
 
 use std::fmt;
 
 use serde::Serialize;
+use thiserror::Error;
+
+use super::model::TaskIdx;
 
 /// What kind of problem a [`PlanError`] reports, for callers that branch on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -168,3 +172,34 @@ impl fmt::Display for PlanErrors {
 }
 
 impl std::error::Error for PlanErrors {}
+
+/// Why bytes could not be decoded into a plan.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum PlanDecodeError {
+    /// The bytes are of a format version this build does not read.
+    #[error(
+        "plan encoding format {found} is not supported (this build reads formats {oldest} to {newest})"
+    )]
+    Format {
+        found: u64,
+        /// The oldest and the newest format this build reads.
+        oldest: u32,
+        newest: u32,
+    },
+    /// The bytes are not an encoded plan: truncated, of the wrong shape, nested too deep, or
+    /// followed by more bytes.
+    #[error("plan bytes are malformed: {0}")]
+    Malformed(String),
+    /// A task breaks a rule of compiled plans.
+    #[error("tasks[{task}] ({id:?}).{field}: {message}")]
+    InvalidTask {
+        task: TaskIdx,
+        id: String,
+        /// The field of the task, with its position in a list (`deps[2]`).
+        field: String,
+        message: String,
+    },
+    /// A plan-wide value breaks a rule of compiled plans.
+    #[error("{field}: {message}")]
+    InvalidPlan { field: String, message: String },
+}

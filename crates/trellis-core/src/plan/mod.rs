@@ -1,20 +1,25 @@
 //! Plans: the spec people write (YAML or JSON, docs/design.md §11), its compiler, and the compiled,
 //! validated task graph the state machine runs.
 //!
-//! A [`Plan`] can only be built by [`compile`]: every index in it is in range, dependencies form a
-//! DAG, and relationship semantics are already lowered to edges, so later code never re-checks them.
+//! A [`Plan`] is built by [`compile`], or read back by [`decode`] from what [`encode`] wrote of a
+//! compiled plan: every index in it is in range, dependencies form a DAG, and relationship
+//! semantics are already lowered to edges, so later code never re-checks them.
 //!
-//! The modules, from the bottom up (each uses only those above it):
-//! - `limits`, `errors`: size limits and the errors of parsing and compiling; `model`: the
-//!   compiled [`Plan`]; `spec`: the spec as written; `suggest`: "did you mean" hints;
+//! The modules, from the bottom up (each uses only modules listed before it):
+//! - `model`: the compiled [`Plan`]; `limits`, `errors`: size limits and the errors of parsing,
+//!   compiling and decoding; `spec`: the spec as written; `suggest`: "did you mean" hints;
 //! - `parse`: text to a spec; `expand`: params, templates and `for_each` to a flat spec;
 //!   `cycles`: cycle detection on the task graph;
 //! - `compiler`: the compiler's working state; `options` and `task`: lowering of `options:`,
-//!   failure actions, tasks and routes; `compile`: the whole-plan passes, spec to plan.
+//!   failure actions, tasks and routes; `compile`: the whole-plan passes, spec to plan;
+//! - `encoded`: the private encoded form of a plan; `verify`: what decoding checks; `encoding`:
+//!   [`encode`] and [`decode`].
 
 mod compile;
 mod compiler;
 mod cycles;
+mod encoded;
+mod encoding;
 mod errors;
 mod expand;
 mod limits;
@@ -24,9 +29,11 @@ mod parse;
 pub mod spec;
 mod suggest;
 mod task;
+mod verify;
 
 pub use compile::{compile, compile_bytes, compile_str, compile_with_params};
-pub use errors::{Location, PlanError, PlanErrorKind, PlanErrors};
+pub use encoding::{PLAN_FORMAT_VERSION, decode, encode};
+pub use errors::{Location, PlanDecodeError, PlanError, PlanErrorKind, PlanErrors};
 pub use expand::{escape_references, expand, expand_with_limits};
 pub use limits::Limits;
 pub use model::{

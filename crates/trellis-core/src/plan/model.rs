@@ -1,5 +1,6 @@
 //! The compiled plan: the validated task graph the state machine runs, with relationships lowered
-//! to edges and flags and routes lowered to conditions. [`super::compile`] builds it from a spec.
+//! to edges and flags and routes lowered to conditions. [`super::compile`] builds it from a spec,
+//! [`super::decode`] reads back what [`super::encode`] wrote of one.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -18,9 +19,10 @@ pub type TaskIdx = usize;
 
 /// A compiled, validated plan.
 ///
-/// Built by [`super::compile`]: every index is in range, task ids are unique, dependencies form a
-/// DAG, conflicts are symmetric, and relationship semantics are lowered to edges, so later code
-/// never re-checks them.
+/// Built by [`super::compile`], or by [`super::decode`] from the encoding of a compiled plan
+/// (which checks again everything the state machine relies on): every index is in range, task
+/// ids are unique, dependencies form a DAG, conflicts are symmetric, and relationship semantics
+/// are lowered to edges, so later code never re-checks them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
     pub name: String,
