@@ -11,10 +11,9 @@ use serde_json::Value;
 
 use super::{
     Applied, ApplyError, Event, EventBody, Execution, ExecutionState, GroupRule, Ignored, InstIdx,
-    OpenQuestion, Question, StepRecord, TaskState, Usage, Work, invalid_execution,
+    OpenQuestion, Question, StepRecord, SubtaskSpec, TaskState, Usage, Work, invalid_execution,
 };
 use crate::ids::{GroupId, TaskInstanceId, WorkerId};
-use crate::machine::SubtaskSpec;
 
 impl Execution {
     /// Applies one event. Deterministic; on error nothing changed.

@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use super::{
-    Applied, ApplyError, Execution, ExecutionState, InstIdx, Next, Origin, Outcome, ResumeContext,
-    Slot, SlotStatus, TaskState, TimeoutAction, invalid_execution,
+    Applied, ApplyError, Execution, ExecutionState, Ignored, InstIdx, Next, Origin, Outcome,
+    ResumeContext, Slot, SlotStatus, TaskState, TimeoutAction, invalid_execution,
 };
 use crate::ids::{QuestionId, TaskInstanceId, mix};
 use crate::plan::BudgetAction;
@@ -24,7 +24,7 @@ impl Execution {
             .get(&question)
             .ok_or(ApplyError::UnknownQuestion(question))?;
         if open.answered {
-            return Ok(Applied::Ignored(super::Ignored::Duplicate));
+            return Ok(Applied::Ignored(Ignored::Duplicate));
         }
         self.require_live("question_answered")?;
         self.answer(question, answer.to_owned(), at);
@@ -41,7 +41,7 @@ impl Execution {
             .get(&question)
             .ok_or(ApplyError::UnknownQuestion(question))?;
         if open.answered {
-            return Ok(Applied::Ignored(super::Ignored::Duplicate));
+            return Ok(Applied::Ignored(Ignored::Duplicate));
         }
         if open.question.expires_at_ms.is_none_or(|e| e > at) {
             return Err(ApplyError::QuestionNotExpired(question));
@@ -70,7 +70,7 @@ impl Execution {
     pub(super) fn on_pause_requested(&mut self, reason: &str) -> Result<Applied, ApplyError> {
         match self.state {
             ExecutionState::Running | ExecutionState::WaitingForHuman => {}
-            ExecutionState::Paused => return Ok(Applied::Ignored(super::Ignored::Duplicate)),
+            ExecutionState::Paused => return Ok(Applied::Ignored(Ignored::Duplicate)),
             state => return Err(invalid_execution(state, "pause_requested")),
         }
         self.state = ExecutionState::Paused;
@@ -82,7 +82,7 @@ impl Execution {
         match self.state {
             ExecutionState::Paused => {}
             ExecutionState::Running | ExecutionState::WaitingForHuman => {
-                return Ok(Applied::Ignored(super::Ignored::Duplicate));
+                return Ok(Applied::Ignored(Ignored::Duplicate));
             }
             state => return Err(invalid_execution(state, "resume_requested")),
         }
@@ -101,7 +101,7 @@ impl Execution {
         at: u64,
     ) -> Result<Applied, ApplyError> {
         if self.state == ExecutionState::Cancelled {
-            return Ok(Applied::Ignored(super::Ignored::Duplicate));
+            return Ok(Applied::Ignored(Ignored::Duplicate));
         }
         self.require_live("cancel_requested")?;
         let mut stop = Vec::new();
