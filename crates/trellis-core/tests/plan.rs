@@ -4,8 +4,12 @@
 mod plan {
     #[path = "broken.rs"]
     mod broken;
+    #[path = "encoding.rs"]
+    mod encoding;
     #[path = "lang.rs"]
     mod lang;
+    #[path = "rich.rs"]
+    mod rich;
 
     use std::fmt::Write as _;
     use std::time::Duration;

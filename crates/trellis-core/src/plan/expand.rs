@@ -18,7 +18,8 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
-use super::compile::{Limits, PlanError, PlanErrorKind, PlanErrors};
+use super::errors::{PlanError, PlanErrorKind, PlanErrors};
+use super::limits::Limits;
 use super::spec::{ParamSpec, PlanSpec, TaskSpec, TemplateSpec};
 use super::suggest::{did_you_mean, unknown_name_hint};
 

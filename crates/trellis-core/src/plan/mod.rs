@@ -1,368 +1,51 @@
 //! Plans: the spec people write (YAML or JSON, docs/design.md §11), its compiler, and the compiled,
 //! validated task graph the state machine runs.
 //!
-//! A [`Plan`] can only be built by [`compile`]: every index in it is in range, dependencies form a
-//! DAG, and relationship semantics are already lowered to edges, so later code never re-checks them.
+//! A [`Plan`] is built by [`compile`], or read back by [`decode`] from what [`encode`] wrote of a
+//! compiled plan: every index in it is in range, dependencies form a DAG, and relationship
+//! semantics are already lowered to edges, so later code never re-checks them.
+//!
+//! The modules, from the bottom up (each uses only modules listed before it):
+//! - `model`: the compiled [`Plan`]; `limits`, `errors`: size limits and the errors of parsing,
+//!   compiling and decoding; `spec`: the spec as written; `suggest`: "did you mean" hints;
+//! - `parse`: text to a spec; `expand`: params, templates and `for_each` to a flat spec;
+//!   `cycles`: cycle detection on the task graph;
+//! - `compiler`: the compiler's working state; `options` and `task`: lowering of `options:`,
+//!   failure actions, tasks and routes; `compile`: the whole-plan passes, spec to plan;
+//! - `encoded`: the private encoded form of a plan; `verify`: what decoding checks; `encoding`:
+//!   [`encode`] and [`decode`].
 
 mod compile;
+mod compiler;
+mod cycles;
+mod encoded;
+mod encoding;
+mod errors;
 mod expand;
+mod limits;
+mod model;
+mod options;
+mod parse;
 pub mod spec;
 mod suggest;
+mod task;
+mod verify;
 
-use std::collections::HashMap;
-use std::time::Duration;
-
-use serde::{Deserialize, Serialize};
-
-pub use compile::{
-    Limits, Location, OWN_FALLBACK, PlanError, PlanErrorKind, PlanErrors, compile, compile_bytes,
-    compile_str, compile_with_params, parse_param_values, parse_spec, parse_spec_bytes,
-};
+pub use compile::{compile, compile_bytes, compile_str, compile_with_params};
+pub use encoding::{PLAN_FORMAT_VERSION, decode, encode};
+pub use errors::{Location, PlanDecodeError, PlanError, PlanErrorKind, PlanErrors};
 pub use expand::{escape_references, expand, expand_with_limits};
+pub use limits::Limits;
+pub use model::{
+    Budget, BudgetAction, Condition, FileImpact, FileOp, NotRun, OWN_FALLBACK, Plan, PlanOptions,
+    Relationship, RelationshipKind, RouteCase, Task, TaskIdx, case_matches,
+};
+pub use parse::{parse_param_values, parse_spec, parse_spec_bytes};
+pub use spec::PlanSpec;
 
 /// Returns the JSON Schema (draft 2020-12) of the plan spec as written: what editors and other
 /// front ends can check a plan file against. The compiler checks more (ids resolve, no cycles,
 /// durations parse), so a plan that fits the schema may still be refused, never the reverse.
 pub fn json_schema() -> serde_json::Value {
     schemars::schema_for!(PlanSpec).to_value()
-}
-pub use spec::PlanSpec;
-
-use crate::policy::{EscalationChain, FailurePolicy};
-
-/// Index of a task in [`Plan::tasks`].
-pub type TaskIdx = usize;
-
-/// A compiled, validated plan.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Plan {
-    pub name: String,
-    pub options: PlanOptions,
-    /// Tasks in declaration order; a [`TaskIdx`] indexes this.
-    pub tasks: Vec<Task>,
-    /// For each task, the tasks that must finish before it (its `depends_on`, the tasks that declare
-    /// `blocks: [it]`, and for a `tests` task its target), without duplicates.
-    pub deps: Vec<Vec<TaskIdx>>,
-    /// The reverse of `deps`: for each task, the tasks waiting on it.
-    pub dependents: Vec<Vec<TaskIdx>>,
-    /// For each task, the tasks it may never run at the same time as (file conflicts of seed 001's
-    /// matrix and `conflicts_with`), symmetric, without duplicates.
-    pub conflicts: Vec<Vec<TaskIdx>>,
-    /// Plan task id → index.
-    pub index: HashMap<String, TaskIdx>,
-}
-
-impl Plan {
-    /// Returns the index of the task with this id.
-    pub fn task_idx(&self, id: &str) -> Option<TaskIdx> {
-        self.index.get(id).copied()
-    }
-
-    /// Returns the number of tasks.
-    pub fn len(&self) -> usize {
-        self.tasks.len()
-    }
-
-    /// Returns true when the plan has no tasks (never true for a compiled plan).
-    pub fn is_empty(&self) -> bool {
-        self.tasks.is_empty()
-    }
-}
-
-/// Execution-wide options (`options:` in the spec).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct PlanOptions {
-    /// Most task instances running at once; `None` = unlimited.
-    pub max_concurrency: Option<u32>,
-    pub global_timeout: Option<Duration>,
-    pub pause_on_human_review: bool,
-    pub failure: FailurePolicy,
-    pub budget: Budget,
-    /// File impacts with a confidence below this (0.0–1.0) create no conflicts: they neither
-    /// block parallelism nor show in the conflict analysis. 0.0 = every estimate counts.
-    pub min_conflict_confidence: f32,
-}
-
-impl Default for PlanOptions {
-    fn default() -> Self {
-        Self {
-            max_concurrency: None,
-            global_timeout: None,
-            pause_on_human_review: true,
-            failure: FailurePolicy::default(),
-            budget: Budget::default(),
-            min_conflict_confidence: 0.0,
-        }
-    }
-}
-
-/// Resource limits of one execution (docs/design.md §5, "Budgets").
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Budget {
-    pub max_tokens: Option<u64>,
-    pub max_cost: Option<f64>,
-    /// What to do when a budget is exhausted.
-    pub on_exhausted: BudgetAction,
-}
-
-/// What happens when a budget runs out.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub enum BudgetAction {
-    #[default]
-    Pause,
-    Fail,
-}
-
-/// One compiled task.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Task {
-    pub id: String,
-    /// Handler type (`shell`, `noop`, ...).
-    pub task_type: String,
-    /// Worker queue; defaults to the type.
-    pub queue: String,
-    /// Handler input, any JSON value.
-    pub input: serde_json::Value,
-    pub files: Vec<FileImpact>,
-    pub timeout: Option<Duration>,
-    /// The failure handling of this task: its own `on_failure` chain, or the plan policy's.
-    pub on_failure: EscalationChain,
-    /// The task run in this one's place when a `fallback` action fires.
-    pub fallback: Option<TaskIdx>,
-    /// True when some other task names this one as its fallback: it runs only in that role.
-    pub is_fallback_only: bool,
-    /// Set when a `supersedes` or `duplicate_of` relationship means this task is not run.
-    pub not_run: Option<NotRun>,
-    /// Set for a task declared `subtask_of` a parent: it runs as a member of the parent's static
-    /// subtask group, not on its own.
-    pub subtask_of: Option<TaskIdx>,
-    /// Tasks whose run this task tests: when this task fails, their run fails too.
-    pub tests: Vec<TaskIdx>,
-    /// Every relationship as declared, for display.
-    pub relationships: Vec<Relationship>,
-    /// Set for a task listed in another task's `route`: it runs only when the route picks it.
-    pub condition: Option<Condition>,
-}
-
-/// When a routed task runs: the deciding task's output, read at `pointer`, picks it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Condition {
-    /// The deciding task; always one of this task's dependencies.
-    pub router: TaskIdx,
-    /// A JSON pointer into the router's output (`""` = the whole output).
-    pub pointer: String,
-    pub case: RouteCase,
-}
-
-/// Which outputs pick a routed task.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum RouteCase {
-    /// The value at the pointer matches this case key.
-    Case(String),
-    /// The value matches none of these case keys (the route's `default`).
-    Default(Vec<String>),
-}
-
-impl Condition {
-    /// Returns true when the router's output picks this task. A router that produced no output
-    /// (it did not complete) picks nothing, not even its default.
-    pub fn holds(&self, output: Option<&serde_json::Value>) -> bool {
-        let Some(output) = output else {
-            return false;
-        };
-        let value = output.pointer(&self.pointer);
-        match &self.case {
-            RouteCase::Case(key) => value.is_some_and(|v| case_matches(v, key)),
-            RouteCase::Default(keys) => !keys
-                .iter()
-                .any(|key| value.is_some_and(|v| case_matches(v, key))),
-        }
-    }
-}
-
-/// Returns true when `value` matches the case key: a string equal to it, or any other value whose
-/// JSON text equals it.
-pub fn case_matches(value: &serde_json::Value, key: &str) -> bool {
-    match value {
-        serde_json::Value::String(s) => s == key,
-        // Not `*other == key`: a `Value` equals a `str` only when it is that string, while here
-        // the JSON text of a number or boolean is compared.
-        #[allow(clippy::cmp_owned)]
-        other => other.to_string() == key,
-    }
-}
-
-impl Task {
-    /// Returns a task of `task_type` on the queue of that name, with empty input, no files, no
-    /// relationships and the default failure policy. Handy for plans built in code.
-    pub fn new(id: impl Into<String>, task_type: impl Into<String>) -> Self {
-        let task_type = task_type.into();
-        Self {
-            id: id.into(),
-            queue: task_type.clone(),
-            on_failure: FailurePolicy::default().chain_for(&task_type),
-            task_type,
-            input: serde_json::Value::Object(serde_json::Map::new()),
-            files: Vec::new(),
-            timeout: None,
-            fallback: None,
-            is_fallback_only: false,
-            not_run: None,
-            subtask_of: None,
-            tests: Vec::new(),
-            relationships: Vec::new(),
-            condition: None,
-        }
-    }
-}
-
-/// Why a task is not run.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum NotRun {
-    /// Another task supersedes this one; it is skipped and the other's result stands for it.
-    SupersededBy(TaskIdx),
-    /// This task duplicates another; it shares the other's result.
-    DuplicateOf(TaskIdx),
-}
-
-/// A file a task touches (seed 001's `task_file_impacts`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct FileImpact {
-    pub path: String,
-    pub op: FileOp,
-    /// How sure the author is, 0.0–1.0; below `options.min_conflict_confidence` the impact
-    /// creates no conflict.
-    pub confidence: f32,
-}
-
-/// What a task does to a file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum FileOp {
-    Create,
-    Update,
-    Delete,
-    Read,
-}
-
-impl FileOp {
-    /// Returns true when two tasks doing `self` and `other` to one path must not run together
-    /// (seed 001's conflict matrix, symmetric).
-    pub fn conflicts_with(self, other: FileOp) -> bool {
-        use FileOp::*;
-        matches!(
-            (self, other),
-            (Create, Create)
-                | (Create, Delete)
-                | (Delete, Create)
-                | (Update, Update)
-                | (Update, Delete)
-                | (Delete, Update)
-                | (Delete, Delete)
-                | (Delete, Read)
-                | (Read, Delete)
-        )
-    }
-}
-
-/// One of the 11 relationship types (docs/design.md §4), written in snake_case in plans.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    Serialize,
-    Deserialize,
-    schemars::JsonSchema,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum RelationshipKind {
-    DependsOn,
-    Blocks,
-    ConflictsWith,
-    Supersedes,
-    DuplicateOf,
-    SubtaskOf,
-    Tests,
-    RelatedTo,
-    Implements,
-    Enables,
-    InspiredBy,
-}
-
-impl RelationshipKind {
-    /// Every kind, in the order of docs/design.md §4.
-    pub const ALL: [RelationshipKind; 11] = [
-        Self::DependsOn,
-        Self::Blocks,
-        Self::ConflictsWith,
-        Self::Supersedes,
-        Self::DuplicateOf,
-        Self::SubtaskOf,
-        Self::Tests,
-        Self::RelatedTo,
-        Self::Implements,
-        Self::Enables,
-        Self::InspiredBy,
-    ];
-
-    /// Returns the snake_case name used in plan files.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::DependsOn => "depends_on",
-            Self::Blocks => "blocks",
-            Self::ConflictsWith => "conflicts_with",
-            Self::Supersedes => "supersedes",
-            Self::DuplicateOf => "duplicate_of",
-            Self::SubtaskOf => "subtask_of",
-            Self::Tests => "tests",
-            Self::RelatedTo => "related_to",
-            Self::Implements => "implements",
-            Self::Enables => "enables",
-            Self::InspiredBy => "inspired_by",
-        }
-    }
-
-    /// Returns true for kinds that only carry meaning for people (shown in the UI, no effect on
-    /// scheduling).
-    pub fn is_metadata(self) -> bool {
-        matches!(
-            self,
-            Self::RelatedTo | Self::Implements | Self::Enables | Self::InspiredBy
-        )
-    }
-}
-
-/// A declared relationship from the owning task to `target`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Relationship {
-    pub kind: RelationshipKind,
-    pub target: TaskIdx,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::FileOp::{self, *};
-
-    #[test]
-    fn conflict_matrix_matches_seed_001() {
-        let conflicting = [
-            (Create, Create),
-            (Create, Delete),
-            (Update, Update),
-            (Update, Delete),
-            (Delete, Delete),
-            (Delete, Read),
-        ];
-        let all = [Create, Update, Delete, Read];
-        for a in all {
-            for b in all {
-                let expected = conflicting.contains(&(a, b)) || conflicting.contains(&(b, a));
-                assert_eq!(FileOp::conflicts_with(a, b), expected, "{a:?}-{b:?}");
-            }
-        }
-    }
 }

@@ -294,7 +294,7 @@ pub struct RelationshipSpec {
 }
 
 /// The 11 relationship types as written (snake_case): the compiled kind, read directly.
-pub use super::RelationshipKind as RelationshipKindSpec;
+pub use super::model::RelationshipKind as RelationshipKindSpec;
 
 /// A failure action as written: a bare name (`reassign`, `retry`, `fallback`) or a one-key map
 /// with arguments (`{retry: {max: 3, backoff: exponential}}`, `{fallback: api-fallback}`).

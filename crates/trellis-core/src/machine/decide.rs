@@ -1,0 +1,118 @@
+//! What should happen now: [`Execution::decide`] reads the state and a clock value and proposes
+//! [`Command`]s (dispatches within `max_concurrency` and path locks, timeouts, expiries, the
+//! budget, the end of the execution). Pure: it changes nothing, so calling it twice returns the
+//! same commands.
+
+use super::{Command, Execution, ExecutionState, Outcome};
+use crate::plan::TaskIdx;
+
+impl Execution {
+    /// Returns what should happen now. Pure: calling it twice without applying anything returns the
+    /// same commands. Dispatches respect `max_concurrency` and path locks, retries wait for their
+    /// backoff, and nothing is dispatched while the execution is paused or waiting for a human.
+    pub fn decide(&self, now_ms: u64) -> Vec<Command> {
+        let mut commands = Vec::new();
+        if self.state.is_terminal() {
+            return commands;
+        }
+        if let Some(timeout) = self.plan.options.global_timeout
+            && now_ms
+                >= self
+                    .run_started_at_ms
+                    .saturating_add(timeout.as_millis() as u64)
+        {
+            commands.push(Command::TimeOutExecution);
+            return commands;
+        }
+        for &(deadline, idx) in &self.deadlines {
+            if deadline > now_ms {
+                break;
+            }
+            let inst = &self.instances[idx as usize];
+            commands.push(Command::TimeOut {
+                instance: inst.id,
+                attempt: inst.attempt,
+            });
+        }
+        for &(expiry, question) in &self.expiries {
+            if expiry > now_ms {
+                break;
+            }
+            commands.push(Command::ExpireQuestion { question });
+        }
+        if let Some(reason) = self.budget_exceeded() {
+            commands.push(Command::ExhaustBudget { reason });
+        }
+        if self.open_slots == 0 {
+            let outcome = if self.failed_slots > 0 {
+                Outcome::Failed
+            } else {
+                Outcome::Completed
+            };
+            commands.push(Command::Finish { outcome });
+            return commands;
+        }
+        if self.state != ExecutionState::Running || !commands.is_empty() {
+            return commands;
+        }
+        let mut free = match self.plan.options.max_concurrency {
+            Some(limit) => limit.saturating_sub(self.running),
+            None => u32::MAX,
+        };
+        let mut locked_now: Vec<TaskIdx> = Vec::new();
+        let candidates = self
+            .retries
+            .iter()
+            .take_while(|(not_before, _)| *not_before <= now_ms)
+            .chain(self.ready.iter())
+            .map(|&(_, idx)| idx);
+        for idx in candidates {
+            if free == 0 {
+                break;
+            }
+            if let Some(lock) = self.lock_task_of(idx)
+                && !self.slots[lock].locked
+            {
+                let conflicts = &self.plan.conflicts[lock];
+                if conflicts
+                    .iter()
+                    .any(|&c| self.slots[c].locked || locked_now.contains(&c))
+                {
+                    continue;
+                }
+                locked_now.push(lock);
+            }
+            let inst = &self.instances[idx as usize];
+            commands.push(Command::Dispatch {
+                instance: inst.id,
+                attempt: inst.attempt + 1,
+            });
+            free -= 1;
+        }
+        commands
+    }
+
+    pub(super) fn budget_exceeded(&self) -> Option<String> {
+        if self.budget_tripped {
+            return None;
+        }
+        let budget = &self.plan.options.budget;
+        if let Some(max) = budget.max_tokens
+            && self.usage.tokens_used >= max
+        {
+            return Some(format!(
+                "token budget exhausted: {} of {max} tokens used",
+                self.usage.tokens_used
+            ));
+        }
+        if let Some(max) = budget.max_cost
+            && self.usage.cost >= max
+        {
+            return Some(format!(
+                "cost budget exhausted: {:.4} of {max:.4} spent",
+                self.usage.cost
+            ));
+        }
+        None
+    }
+}

@@ -1,0 +1,103 @@
+//! Instance bookkeeping: creating an instance, changing its state together with the indexes that
+//! follow it (the ready set, scheduled retries, settled units, changed records), dispatching an
+//! attempt and ending its turn. Infallible: callers checked the event first.
+
+use super::{
+    ChainPosition, Execution, InstIdx, Instance, Origin, TaskInstanceId, TaskState, Usage, Work,
+};
+
+impl Execution {
+    pub(super) fn set_state(&mut self, idx: InstIdx, state: TaskState) {
+        let inst = &mut self.instances[idx as usize];
+        if inst.state == TaskState::Queued {
+            self.ready.remove(&(inst.ready_key, idx));
+        }
+        if inst.state == TaskState::RetryScheduled {
+            self.retries.remove(&(inst.not_before_ms, idx));
+        }
+        if state.is_terminal() && !inst.state.is_terminal() {
+            self.settled_units += 1;
+        }
+        inst.state = state;
+        self.changed.0.push(idx);
+        if state == TaskState::Queued {
+            inst.ready_key = self.next_ready_key;
+            self.next_ready_key += 1;
+            self.ready.insert((inst.ready_key, idx));
+        }
+        if state == TaskState::RetryScheduled {
+            self.retries.insert((inst.not_before_ms, idx));
+        }
+    }
+
+    pub(super) fn add_usage(&mut self, usage: Usage) {
+        self.usage.tokens_used = self.usage.tokens_used.saturating_add(usage.tokens_used);
+        self.usage.cost += usage.cost;
+    }
+
+    pub(super) fn dispatch(&mut self, idx: InstIdx, at: u64) {
+        let lock = self.lock_task_of(idx);
+        let timeout = match self.instances[idx as usize].work {
+            Work::Plan(task_idx) => self.plan.tasks[task_idx].timeout,
+            Work::Dynamic(_) => None,
+        };
+        self.set_state(idx, TaskState::Running);
+        let inst = &mut self.instances[idx as usize];
+        inst.attempt += 1;
+        inst.worker = None;
+        inst.started_at_ms = Some(at);
+        inst.deadline_ms = timeout.map(|t| at.saturating_add(t.as_millis() as u64));
+        if let Some(deadline) = inst.deadline_ms {
+            self.deadlines.insert((deadline, idx));
+        }
+        self.running += 1;
+        if let Some(lock) = lock {
+            self.slots[lock].locked = true;
+        }
+    }
+
+    /// Ends the running attempt's turn: frees its slot and its deadline.
+    pub(super) fn end_turn(&mut self, idx: InstIdx) {
+        let inst = &self.instances[idx as usize];
+        if let Some(deadline) = inst.deadline_ms {
+            self.deadlines.remove(&(deadline, idx));
+        }
+        self.running -= 1;
+    }
+
+    pub(super) fn new_instance(
+        &mut self,
+        id: TaskInstanceId,
+        work: Work,
+        origin: Origin,
+        head: Option<InstIdx>,
+        at: u64,
+    ) -> InstIdx {
+        let idx = self.instances.len() as InstIdx;
+        self.instances.push(Instance {
+            id,
+            run: self.run_number,
+            work,
+            origin,
+            head: head.unwrap_or(idx),
+            state: TaskState::Pending,
+            attempt: 0,
+            worker: None,
+            avoid_worker: None,
+            created_at_ms: at,
+            started_at_ms: None,
+            ended_at_ms: None,
+            deadline_ms: None,
+            not_before_ms: 0,
+            ready_key: 0,
+            chain_position: ChainPosition::default(),
+            output: None,
+            error: None,
+            next: None,
+            resume: None,
+            steps: Vec::new(),
+        });
+        self.by_id.insert(id, idx);
+        idx
+    }
+}
