@@ -151,6 +151,7 @@ fn describe(event: &v1::Event) -> (&'static str, Option<&str>) {
             Kind::ExecutionTimedOut(_) => ("execution_timed_out", None),
             Kind::ExecutionFinished(_) => ("execution_finished", None),
             Kind::RunStarted(_) => ("run_started", None),
+            Kind::ExecutionClaimed(_) => ("execution_claimed", None),
         },
     }
 }

@@ -187,7 +187,11 @@ impl Coordinator for CoordinatorService {
         request: Request<v1::CheckpointExecutionRequest>,
     ) -> Result<Response<v1::CheckpointExecutionResponse>, Status> {
         let answer = self
-            .on(&request, &request.get_ref().execution_id, Action::Checkpoint)
+            .on(
+                &request,
+                &request.get_ref().execution_id,
+                Action::Checkpoint,
+            )
             .await?;
         let checkpoint = expect!(answer, Answer::Checkpoint(metadata) => metadata)?;
         Ok(Response::new(v1::CheckpointExecutionResponse {

@@ -184,6 +184,7 @@ pub async fn run(
     let events = streams.events.clone();
     let coordinator = turn::Coordinator::new(
         turn::Config {
+            id: config.id.clone(),
             shards: config.shards,
             checkpoint_every_ms: config.checkpoint_every.as_millis() as u64,
             checkpoint_store: store.is_some(),

@@ -139,8 +139,7 @@ pub fn started_of(
     first: &LogMessage,
 ) -> Result<(Started, Arc<Plan>), RecoveryError> {
     let malformed = |message: String| RecoveryError::Malformed { id, message };
-    let batch =
-        log::decode_event_batch(&first.payload).map_err(|e| malformed(e.to_string()))?;
+    let batch = log::decode_event_batch(&first.payload).map_err(|e| malformed(e.to_string()))?;
     let Some(LogEntry::Started(started)) = batch.entries.first().cloned() else {
         return Err(malformed("sequence 1 is not execution_started".to_owned()));
     };

@@ -366,6 +366,10 @@ impl EventView {
                         },
                     ),
                     Kind::RunStarted(e) => ("run_started", format!("run {}", e.run_number)),
+                    Kind::ExecutionClaimed(e) => (
+                        "execution_claimed",
+                        format!("taken over by coordinator {}", e.coordinator),
+                    ),
                     // Instance events are matched above.
                     _ => ("unknown", String::new()),
                 };

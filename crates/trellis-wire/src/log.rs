@@ -251,6 +251,11 @@ fn event_body_to_proto(body: &EventBody) -> v1::event::Kind {
             })
         }
         EventBody::RunStarted { run } => Kind::RunStarted(v1::RunStarted { run_number: *run }),
+        EventBody::ExecutionClaimed { coordinator } => {
+            Kind::ExecutionClaimed(v1::ExecutionClaimed {
+                coordinator: coordinator.clone(),
+            })
+        }
     }
 }
 
@@ -422,6 +427,9 @@ fn decode_event(at: &At<'_>, event: &v1::Event) -> Result<LogEntry, ConvertError
                 run: started.run_number,
             }
         }
+        v1::event::Kind::ExecutionClaimed(claimed) => EventBody::ExecutionClaimed {
+            coordinator: claimed.coordinator.clone(),
+        },
     };
     Ok(LogEntry::Event(Event { at_ms, body }))
 }

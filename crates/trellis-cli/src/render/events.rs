@@ -61,6 +61,7 @@ pub fn kind_name(kind: Option<&Kind>) -> &'static str {
         Kind::ExecutionTimedOut(_) => "execution_timed_out",
         Kind::ExecutionFinished(_) => "execution_finished",
         Kind::RunStarted(_) => "run_started",
+        Kind::ExecutionClaimed(_) => "execution_claimed",
     }
 }
 
@@ -177,6 +178,9 @@ pub fn describe(kind: Option<&Kind>) -> String {
             "run {} started: what did not complete runs again",
             e.run_number
         ),
+        Kind::ExecutionClaimed(e) => {
+            format!("coordinator {} took the execution over", e.coordinator)
+        }
     }
 }
 
@@ -266,6 +270,7 @@ pub fn fields(kind: Option<&Kind>) -> Vec<(&'static str, Value)> {
         Kind::ResumeRequested(_) | Kind::ExecutionTimedOut(_) => Vec::new(),
         Kind::ExecutionFinished(e) => vec![("outcome", json!(outcome_name(e.outcome)))],
         Kind::RunStarted(e) => vec![("run_number", json!(e.run_number))],
+        Kind::ExecutionClaimed(e) => vec![("coordinator", json!(e.coordinator))],
     }
 }
 

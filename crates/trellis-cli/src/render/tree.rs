@@ -28,9 +28,9 @@ use std::collections::HashMap;
 
 use serde_json::{Value, json};
 use trellis_core::ids::GroupId;
-use trellis_wire::read::graph_records_from_proto;
 use trellis_proto::v1::ExecutionGraph;
 use trellis_proto::v1::graph_node::Next;
+use trellis_wire::read::graph_records_from_proto;
 
 use super::task_state_name;
 
@@ -103,8 +103,8 @@ mod tests {
     use trellis_core::graph::{self, MAX_DRAWN_LEVELS};
     use trellis_core::ids::{ExecutionId, TaskInstanceId};
     use trellis_core::record::{TaskState, TaskStatusRecord};
-    use trellis_wire::read::graph_to_proto;
     use trellis_proto::v1::GraphNode;
+    use trellis_wire::read::graph_to_proto;
 
     use super::*;
 

@@ -209,7 +209,8 @@ impl Executor {
             if now >= last_tick + TICK.as_millis() as u64 {
                 last_tick = now;
                 inputs.push(Input::Tick);
-                self.observers.retain(|_, sender| sender.receiver_count() > 0);
+                self.observers
+                    .retain(|_, sender| sender.receiver_count() > 0);
             }
             let writes = self.coordinator.turn(inputs, now);
             let appends = self.before_appends(writes);
@@ -296,14 +297,12 @@ impl Executor {
             };
             let answered = answer.map(|answer| {
                 let live = match &answer {
-                    Answer::Observation(observation) if !observation.terminal => {
-                        Some(
-                            self.observers
-                                .entry(observation.execution)
-                                .or_insert_with(|| broadcast::channel(OBSERVER_CAPACITY).0)
-                                .subscribe(),
-                        )
-                    }
+                    Answer::Observation(observation) if !observation.terminal => Some(
+                        self.observers
+                            .entry(observation.execution)
+                            .or_insert_with(|| broadcast::channel(OBSERVER_CAPACITY).0)
+                            .subscribe(),
+                    ),
                     Answer::Observation(_) => Some(broadcast::channel(1).1),
                     _ => None,
                 };

@@ -23,7 +23,12 @@ use crate::turn::{Ack, Assign, Effects};
 const PUBLISH_CHUNK: usize = 1000;
 
 /// An assignment published, with what is needed to publish it again.
-type Published = (String, HeaderMap, Bytes, Result<PublishAckFuture, PublishError>);
+type Published = (
+    String,
+    HeaderMap,
+    Bytes,
+    Result<PublishAckFuture, PublishError>,
+);
 
 impl Executor {
     /// Carries out what a turn allows once its appends are stored, in order.

@@ -87,8 +87,8 @@ impl Coordinator {
                         v1::PlanFormat::try_from(spec.format).unwrap_or(v1::PlanFormat::Yaml);
                     (plan, spec.text, format)
                 } else {
-                    let plan = plan::compile_wire_spec(&spec, &limits)
-                        .map_err(|e| invalid(source, e))?;
+                    let plan =
+                        plan::compile_wire_spec(&spec, &limits).map_err(|e| invalid(source, e))?;
                     let text = plan::canonical_spec_json(&plan);
                     (plan, text, v1::PlanFormat::Json)
                 }

@@ -11,8 +11,8 @@ use trellis_wire::{read, worker};
 
 use super::shards::index_key;
 use super::{
-    Ack, Answer, Append, Appended, Assign, Coordinator, Effects, Error, Observed, Publish,
-    ReplyTo, Writes,
+    Ack, Answer, Append, Appended, Assign, Coordinator, Effects, Error, Observed, Publish, ReplyTo,
+    Writes,
 };
 use crate::metrics;
 

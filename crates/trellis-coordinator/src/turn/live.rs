@@ -142,8 +142,7 @@ impl Live {
                 None => {}
             }
             self.seq += 1;
-            self.pending
-                .push(log::event_to_proto(id, self.seq, &event));
+            self.pending.push(log::event_to_proto(id, self.seq, &event));
             self.stop.extend_from_slice(stop);
             if let EventBody::TaskDispatched { instance, .. } = event.body {
                 self.dispatch.push(instance);

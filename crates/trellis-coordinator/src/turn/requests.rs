@@ -132,8 +132,7 @@ impl Coordinator {
                             execution: id,
                             backfill,
                             history: live.history(from.max(live.log_base)),
-                            terminal: live.machine.state().is_terminal()
-                                && live.pending.is_empty(),
+                            terminal: live.machine.state().is_terminal() && live.pending.is_empty(),
                         }))
                     }
                 };

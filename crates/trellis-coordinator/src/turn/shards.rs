@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use trellis_core::ids::ExecutionId;
-use trellis_core::machine::Execution;
+use trellis_core::machine::{Event, EventBody, Execution};
 use trellis_wire::log::Started;
 
 use super::live::{Live, Tenancy};
@@ -118,7 +118,12 @@ impl Coordinator {
         }
     }
 
-    pub(super) fn loaded(&mut self, recovered: Vec<Recovered>, missing: Vec<ExecutionId>, now: u64) {
+    pub(super) fn loaded(
+        &mut self,
+        recovered: Vec<Recovered>,
+        missing: Vec<ExecutionId>,
+        now: u64,
+    ) {
         let recovered: Vec<Recovered> = recovered
             .into_iter()
             .filter(|execution| self.owned.contains(&self.shard_of(execution.machine.id())))
@@ -143,11 +148,22 @@ impl Coordinator {
             return;
         }
         for id in ids {
-            if self.shard_of(id) == shard
-                && !self.executions.contains_key(&id)
-                && !self.loading.contains_key(&id)
-                && !self.missing.contains(&id)
-            {
+            if self.shard_of(id) != shard || self.loading.contains_key(&id) {
+                continue;
+            }
+            // Indexed means unfinished: an execution held here as finished was started again
+            // (a new run) by a former owner, so what is held is out of date.
+            let outdated = self
+                .executions
+                .get(&id)
+                .is_some_and(|live| live.machine.state().is_terminal() && !live.indexed);
+            if outdated && !self.dirty.contains(&id) {
+                tracing::info!(%id, shard, "indexed again while held as finished; reloading it");
+                self.executions.remove(&id);
+                self.by_key.retain(|_, v| *v != id);
+                self.pending.writes.forget.push(id);
+            }
+            if !self.executions.contains_key(&id) && !self.missing.contains(&id) {
                 tracing::info!(%id, shard, "indexed execution not in memory; loading it");
                 self.loading.insert(id, Vec::new());
                 self.pending.load.push(id);
@@ -209,6 +225,18 @@ impl Coordinator {
             }
             if !live.machine.state().is_terminal() {
                 live.redispatch_running();
+                // The claim's append fences out a former owner that has not noticed yet: its
+                // own next append no longer follows the log. Refused itself (the former owner
+                // wrote after this coordinator read the log), the execution is loaded again.
+                let claim = Event {
+                    at_ms: now,
+                    body: EventBody::ExecutionClaimed {
+                        coordinator: self.config.id.clone(),
+                    },
+                };
+                if let Err(err) = live.record(id, claim, &self.metrics) {
+                    tracing::error!(%id, %err, "claim refused by the state machine");
+                }
             }
             if !execution.started.idempotency_key.is_empty() {
                 self.by_key

@@ -275,6 +275,7 @@ async fn event_kinds(cluster: &mut Cluster, id: &str) -> Vec<&'static str> {
                 Kind::CancelRequested(_) => "cancel_requested",
                 Kind::QuestionAnswered(_) => "question_answered",
                 Kind::RunStarted(_) => "run_started",
+                Kind::ExecutionClaimed(_) => "execution_claimed",
                 _ => "other",
             });
         }

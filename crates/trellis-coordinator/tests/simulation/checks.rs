@@ -17,8 +17,8 @@ use trellis_coordinator::turn::{Coordinator, LogMessage, index_key};
 use trellis_core::ids::{ExecutionId, TaskInstanceId};
 use trellis_core::machine::{Applied, EventBody, Execution, ExecutionState};
 use trellis_core::record::TaskState;
-use trellis_wire::log::LogEntry;
 use trellis_wire::log;
+use trellis_wire::log::LogEntry;
 
 use crate::nats::{Nats, Record};
 
@@ -51,8 +51,12 @@ impl Checker {
 
     fn replay(&mut self, record: &Record, nats: &Nats, shards: u32) -> Result<(), String> {
         let id = record.id;
-        let batch = log::decode_event_batch(&record.payload)
-            .map_err(|err| format!("log message {} of {id} does not decode: {err}", record.stream_seq))?;
+        let batch = log::decode_event_batch(&record.payload).map_err(|err| {
+            format!(
+                "log message {} of {id} does not decode: {err}",
+                record.stream_seq
+            )
+        })?;
         let shard = trellis_proto::subjects::shard_of(&id.to_string(), shards);
         let indexed = nats.index.contains(&index_key(shard, id));
         let Some(replica) = self.replicas.get_mut(&id) else {
@@ -96,12 +100,16 @@ impl Checker {
             }
             replica.seq = sequence;
             let LogEntry::Event(event) = entry else {
-                return Err(format!("execution_started again at sequence {sequence} of {id}"));
+                return Err(format!(
+                    "execution_started again at sequence {sequence} of {id}"
+                ));
             };
             if let EventBody::RunStarted { .. } = event.body
                 && !indexed
             {
-                return Err(format!("a new run of {id} was logged before it was in the index"));
+                return Err(format!(
+                    "a new run of {id} was logged before it was in the index"
+                ));
             }
             match replica.machine.apply(&event) {
                 Ok(Applied::Changed { .. }) => {}
@@ -166,9 +174,7 @@ impl Checker {
                 continue;
             };
             let Some(replica) = self.replicas.get(&id) else {
-                return Err(format!(
-                    "coordinator {node} holds {id}, which has no log"
-                ));
+                return Err(format!("coordinator {node} holds {id}, which has no log"));
             };
             if sequence > replica.seq {
                 return Err(format!(
@@ -212,7 +218,9 @@ impl Checker {
             }
         }
         if let Some(key) = nats.index.iter().next() {
-            return Err(format!("{key} is still in the index after its execution finished"));
+            return Err(format!(
+                "{key} is still in the index after its execution finished"
+            ));
         }
         Ok(())
     }

@@ -100,7 +100,12 @@ fn acking_before_the_append_is_caught() {
         !failures.is_empty(),
         "200 seeds with results acknowledged before their append found nothing"
     );
-    eprintln!("ack before append: {} of 200 seeds caught it, e.g. seed {}: {}", failures.len(), failures[0].0, failures[0].1);
+    eprintln!(
+        "ack before append: {} of 200 seeds caught it, e.g. seed {}: {}",
+        failures.len(),
+        failures[0].0,
+        failures[0].1
+    );
 }
 
 /// Without fencing, a stale coordinator extends a log another one extends too.
@@ -111,5 +116,10 @@ fn appends_without_fencing_are_caught() {
         !failures.is_empty(),
         "200 seeds with appends that are not fenced found nothing"
     );
-    eprintln!("no fencing: {} of 200 seeds caught it, e.g. seed {}: {}", failures.len(), failures[0].0, failures[0].1);
+    eprintln!(
+        "no fencing: {} of 200 seeds caught it, e.g. seed {}: {}",
+        failures.len(),
+        failures[0].0,
+        failures[0].1
+    );
 }

@@ -134,7 +134,13 @@ pub struct Queue {
 
 impl Queue {
     /// Publishes a message, unless its id was seen within `window` ms; returns its sequence.
-    pub fn publish(&mut self, msg_id: Option<String>, payload: Bytes, now: u64, window: u64) -> Option<u64> {
+    pub fn publish(
+        &mut self,
+        msg_id: Option<String>,
+        payload: Bytes,
+        now: u64,
+        window: u64,
+    ) -> Option<u64> {
         if let Some(msg_id) = msg_id {
             if let Some(at) = self.msg_ids.get(&msg_id)
                 && now < at + window
@@ -237,7 +243,9 @@ pub struct Leases {
 
 impl Leases {
     fn live(&self, shard: u32, now: u64) -> Option<&Lease> {
-        self.entries.get(&shard).filter(|lease| lease.expires_at > now)
+        self.entries
+            .get(&shard)
+            .filter(|lease| lease.expires_at > now)
     }
 
     /// Returns the owner of a shard's live lease.
@@ -285,7 +293,11 @@ impl Leases {
 
     /// Deletes a lease if it still has this revision (a graceful stop).
     pub fn release(&mut self, shard: u32, revision: u64) {
-        if self.entries.get(&shard).is_some_and(|l| l.revision == revision) {
+        if self
+            .entries
+            .get(&shard)
+            .is_some_and(|l| l.revision == revision)
+        {
             self.entries.remove(&shard);
         }
     }

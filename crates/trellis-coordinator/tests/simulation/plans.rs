@@ -57,8 +57,7 @@ pub fn plan(rng: &mut Rng, name: &str) -> String {
             task["timeout"] = json!("40ms");
             // Attempts also time out while waiting for a worker when workers die: plenty of
             // retries, so the plan still completes.
-            task["on_failure"] =
-                json!([{ "retry": { "max": 100, "backoff": { "kind": "constant", "base": "10ms" } } }]);
+            task["on_failure"] = json!([{ "retry": { "max": 100, "backoff": { "kind": "constant", "base": "10ms" } } }]);
         }
         task["input"] = json!({ "sim": behaviour });
         tasks.push(task);
@@ -94,7 +93,9 @@ fn behaviour(rng: &mut Rng, depth: u32) -> Value {
         behaviour["ask"] = json!(true);
     } else if depth < 2 && rng.percent(30) {
         let n_members = rng.between(1, 4);
-        let members: Vec<Value> = (0..n_members).map(|_| self::behaviour(rng, depth + 1)).collect();
+        let members: Vec<Value> = (0..n_members)
+            .map(|_| self::behaviour(rng, depth + 1))
+            .collect();
         let rule = match rng.below(4) {
             0 => json!("all_settled"),
             1 => json!("all_succeeded"),

@@ -49,8 +49,13 @@ const DEADLINE: u64 = 60_000;
 /// A request a client made, waiting for its answer.
 #[derive(Debug)]
 enum Call {
-    Start { plan: usize },
-    Answer { id: ExecutionId, question: QuestionId },
+    Start {
+        plan: usize,
+    },
+    Answer {
+        id: ExecutionId,
+        question: QuestionId,
+    },
 }
 
 /// A simulated coordinator process.
@@ -232,17 +237,26 @@ impl World {
         }
         for (seq, message) in &self.nats.tasks.messages {
             let assignment = v1::TaskAssignment::decode(message.payload.clone());
-            eprintln!("task {seq}: {:?} {:?}", message.delivery, assignment.map(|a| (a.task_instance_id, a.attempt)));
+            eprintln!(
+                "task {seq}: {:?} {:?}",
+                message.delivery,
+                assignment.map(|a| (a.task_instance_id, a.attempt))
+            );
         }
         for (shard, (queue, consumer)) in self.nats.results.iter().enumerate() {
-            eprintln!("results {shard}: consumer {consumer:?}, {} messages", queue.messages.len());
+            eprintln!(
+                "results {shard}: consumer {consumer:?}, {} messages",
+                queue.messages.len()
+            );
         }
         for (idx, node) in self.nodes.iter().enumerate() {
             eprintln!(
                 "coordinator {idx}: up {}, leases {:?}, executions {:?}",
                 node.turn.is_some(),
                 node.leases,
-                node.turn.as_ref().map(|t| t.execution_ids().collect::<Vec<_>>())
+                node.turn
+                    .as_ref()
+                    .map(|t| t.execution_ids().collect::<Vec<_>>())
             );
         }
         eprintln!("leases: {:?}", self.nats.leases.entries);
@@ -272,11 +286,23 @@ impl World {
             }
             if self.rng.one_in(700) {
                 self.crash(idx);
+            } else if self.rng.one_in(2_000) {
+                // A graceful stop: the leases are released, so others take over at once.
+                for (shard, revision) in std::mem::take(&mut self.nodes[idx].leases) {
+                    self.nats.leases.release(shard, revision);
+                }
+                if verbose() {
+                    eprintln!("{now}: coordinator {idx} stops gracefully");
+                }
+                self.crash(idx);
             } else if self.rng.one_in(1_500) {
                 // A pause longer than the lease: another coordinator takes the shards over.
                 self.nodes[idx].stalled_until = now + self.rng.between(LEASE_TTL, 3 * LEASE_TTL);
                 if verbose() {
-                    eprintln!("{now}: coordinator {idx} stalls until {}", self.nodes[idx].stalled_until);
+                    eprintln!(
+                        "{now}: coordinator {idx} stalls until {}",
+                        self.nodes[idx].stalled_until
+                    );
                 }
             }
         }
@@ -417,20 +443,18 @@ impl World {
         node.last_renewal = now;
         for shard in 0..SHARDS {
             match node.leases.get(&shard) {
-                Some(&revision) => {
-                    match self.nats.leases.renew(shard, revision, now, LEASE_TTL) {
-                        Some(revision) => {
-                            node.leases.insert(shard, revision);
-                        }
-                        None => {
-                            if verbose() {
-                                eprintln!("{now}: coordinator {idx} loses shard {shard}");
-                            }
-                            node.leases.remove(&shard);
-                            node.inbox.push(Input::LeaseLost(shard));
-                        }
+                Some(&revision) => match self.nats.leases.renew(shard, revision, now, LEASE_TTL) {
+                    Some(revision) => {
+                        node.leases.insert(shard, revision);
                     }
-                }
+                    None => {
+                        if verbose() {
+                            eprintln!("{now}: coordinator {idx} loses shard {shard}");
+                        }
+                        node.leases.remove(&shard);
+                        node.inbox.push(Input::LeaseLost(shard));
+                    }
+                },
                 None => {
                     if let Some(revision) = self.nats.leases.acquire(shard, idx, now, LEASE_TTL) {
                         if verbose() {
@@ -456,7 +480,9 @@ impl World {
                     *consumer = Some(idx);
                     queue.redeliver_all(now);
                     if verbose() {
-                        eprintln!("{now}: coordinator {idx} re-creates the consumer of shard {shard}");
+                        eprintln!(
+                            "{now}: coordinator {idx} re-creates the consumer of shard {shard}"
+                        );
                     }
                 }
                 continue;
@@ -473,7 +499,10 @@ impl World {
                 node.next_token += 1;
                 node.tokens.insert(node.next_token, (shard, seq));
                 if verbose() {
-                    eprintln!("{now}: coordinator {idx} takes result {shard}/{seq} as token {}", node.next_token);
+                    eprintln!(
+                        "{now}: coordinator {idx} takes result {shard}/{seq} as token {}",
+                        node.next_token
+                    );
                 }
                 deliveries.push(Delivery {
                     token: node.next_token,
@@ -544,7 +573,10 @@ impl World {
             self.schedule(idx, delay, Input::Indexed { shard, ids });
         }
         if self.bug == Some(Bug::AckBeforeAppend) {
-            let acks = consumed.into_iter().map(|token| (token, Ack::Ack)).collect();
+            let acks = consumed
+                .into_iter()
+                .map(|token| (token, Ack::Ack))
+                .collect();
             self.acknowledge(idx, acks);
         }
         if self.faults && self.rng.one_in(300) {
@@ -555,7 +587,10 @@ impl World {
             node.stalled_until = now + self.rng.between(LEASE_TTL, 3 * LEASE_TTL);
             node.suspended = Some(appends);
             if verbose() {
-                eprintln!("{now}: coordinator {idx} freezes before its appends until {}", node.stalled_until);
+                eprintln!(
+                    "{now}: coordinator {idx} freezes before its appends until {}",
+                    node.stalled_until
+                );
             }
             return Ok(());
         }
@@ -585,7 +620,11 @@ impl World {
                 {
                     Ok((stream_seq, duplicate)) => {
                         let ours = !duplicate
-                            || self.nats.events.get(stream_seq).is_some_and(|r| r.payload == payload);
+                            || self
+                                .nats
+                                .events
+                                .get(stream_seq)
+                                .is_some_and(|r| r.payload == payload);
                         if !ours {
                             FENCED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             outcome = Some(Appended::Fenced {
@@ -756,13 +795,20 @@ impl World {
     }
 
     /// Hands answers to the client.
-    fn answer(&mut self, idx: usize, replies: Vec<(ReplyTo, Result<Answer, Error>)>) -> Result<(), String> {
+    fn answer(
+        &mut self,
+        idx: usize,
+        replies: Vec<(ReplyTo, Result<Answer, Error>)>,
+    ) -> Result<(), String> {
         for (reply, answer) in replies {
             let Some(call) = self.nodes[idx].calls.remove(&reply) else {
                 continue;
             };
             if verbose() {
-                eprintln!("{}: coordinator {idx} answers {call:?}: {answer:?}", self.now);
+                eprintln!(
+                    "{}: coordinator {idx} answers {call:?}: {answer:?}",
+                    self.now
+                );
             }
             match (call, answer) {
                 (Call::Start { plan }, Ok(Answer::Started { id, created })) => {
@@ -793,26 +839,31 @@ impl World {
         let now = self.now;
         for plan in 0..self.plans.len() {
             let (at, _, started) = &self.plans[plan];
-            let in_flight = self
-                .nodes
-                .iter()
-                .any(|n| n.calls.values().any(|c| matches!(c, Call::Start { plan: p } if *p == plan)));
+            let in_flight = self.nodes.iter().any(|n| {
+                n.calls
+                    .values()
+                    .any(|c| matches!(c, Call::Start { plan: p } if *p == plan))
+            });
             if *started || *at > now || in_flight || !self.rng.percent(10) {
                 continue;
             }
             let owners: Vec<usize> = (0..self.nodes.len())
-                .filter(|idx| self.nodes[*idx].turn.is_some() && !self.nodes[*idx].leases.is_empty())
+                .filter(|idx| {
+                    self.nodes[*idx].turn.is_some() && !self.nodes[*idx].leases.is_empty()
+                })
                 .collect();
             if owners.is_empty() {
                 continue;
             }
             let node = owners[self.rng.index(owners.len())];
             let request = Request::Start {
-                source: Box::new(v1::start_execution_request::PlanSource::Spec(v1::PlanSpec {
-                    text: self.plans[plan].1.clone(),
-                    format: v1::PlanFormat::Json.into(),
-                    ..Default::default()
-                })),
+                source: Box::new(v1::start_execution_request::PlanSource::Spec(
+                    v1::PlanSpec {
+                        text: self.plans[plan].1.clone(),
+                        format: v1::PlanFormat::Json.into(),
+                        ..Default::default()
+                    },
+                )),
                 options: v1::ExecutionOptions {
                     idempotency_key: format!("plan-{plan}"),
                     ..Default::default()
@@ -895,6 +946,7 @@ fn logged_up_to(nats: &Nats, id: ExecutionId, sequence: u64) -> bool {
 fn coordinator(seed: u64, idx: usize, incarnation: u64) -> Coordinator {
     Coordinator::new(
         Config {
+            id: format!("coordinator-{idx}"),
             shards: SHARDS,
             checkpoint_every_ms: 1_000,
             checkpoint_store: false,
@@ -922,4 +974,3 @@ mod convert {
         decode_event_batch(payload).map_or(0, |batch| batch.first_sequence)
     }
 }
-

@@ -74,6 +74,8 @@ impl Execution {
             EventBody::ExecutionTimedOut => self.on_execution_timed_out(at),
             EventBody::ExecutionFinished { outcome } => self.on_execution_finished(*outcome, at),
             EventBody::RunStarted { run } => self.on_run_started(*run, at),
+            // The claim is for the log's sake; the execution is as it was.
+            EventBody::ExecutionClaimed { .. } => Ok(Applied::Changed { stop: Vec::new() }),
         }
     }
 

@@ -105,6 +105,15 @@ pub enum EventBody {
     RunStarted {
         run: u32,
     },
+
+    // ----- recorded by coordinators -----
+    /// A coordinator took the execution over. Nothing in the state changes; the append itself
+    /// is the point: any other coordinator's later append no longer follows the log's last
+    /// message, so a former owner that has not noticed it lost the execution cannot extend the
+    /// log behind the new owner's back.
+    ExecutionClaimed {
+        coordinator: String,
+    },
 }
 
 impl EventBody {
@@ -129,6 +138,7 @@ impl EventBody {
             Self::ExecutionTimedOut => "execution_timed_out",
             Self::ExecutionFinished { .. } => "execution_finished",
             Self::RunStarted { .. } => "run_started",
+            Self::ExecutionClaimed { .. } => "execution_claimed",
         }
     }
 }

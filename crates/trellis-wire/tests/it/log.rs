@@ -52,16 +52,20 @@ fn variant(body: &EventBody) -> &'static str {
         EventBody::ExecutionTimedOut => "execution_timed_out",
         EventBody::ExecutionFinished { .. } => "execution_finished",
         EventBody::RunStarted { .. } => "run_started",
+        EventBody::ExecutionClaimed { .. } => "execution_claimed",
     }
 }
 
-const N_VARIANTS: usize = 18;
+const N_VARIANTS: usize = 19;
 
 /// One hand-written example per variant, plus a few edge cases.
 fn examples() -> Vec<EventBody> {
     let instance = instance_id(2);
     vec![
         EventBody::RunStarted { run: 2 },
+        EventBody::ExecutionClaimed {
+            coordinator: "coordinator-0".to_owned(),
+        },
         EventBody::TaskStarted {
             instance,
             attempt: 1,
