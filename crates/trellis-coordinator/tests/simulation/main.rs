@@ -8,7 +8,9 @@
 //! replays it exactly).
 
 mod checks;
+mod client;
 mod nats;
+mod node;
 mod plans;
 mod rng;
 mod worker;

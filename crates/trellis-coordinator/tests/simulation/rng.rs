@@ -7,7 +7,7 @@ pub struct Rng(u64);
 
 impl Rng {
     pub fn new(seed: u64) -> Self {
-        Self(seed ^ 0x5eed_7e11_15)
+        Self(seed ^ 0x005e_ed7e_1115)
     }
 
     pub fn next_u64(&mut self) -> u64 {

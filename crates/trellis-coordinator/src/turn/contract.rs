@@ -1,0 +1,273 @@
+//! What goes into a turn and what comes out of it: inputs, requests and answers, the log writes
+//! and the effects, in the order the executor carries them out.
+
+use bytes::Bytes;
+use trellis_core::ids::{ExecutionId, QuestionId, TaskInstanceId};
+use trellis_grpc::access::{Principal, Scope};
+use trellis_proto::v1;
+use trellis_telemetry::propagation::Context;
+
+use super::{CheckpointJob, Error, Recovered, ReplyTo, Token};
+
+/// What a turn takes.
+#[derive(Debug)]
+pub enum Input {
+    /// A caller's request; its answer names `reply`.
+    Request { reply: ReplyTo, request: Request },
+    /// Worker result messages consumed from `trellis.results.<shard>`.
+    Results(Vec<Delivery>),
+    /// A worker heartbeat (an encoded `WorkerHeartbeat`).
+    Heartbeat(Bytes),
+    /// The clock moved: timers (retries, deadlines, expiring questions) are looked at again.
+    Tick,
+    /// This coordinator now holds the lease of a shard.
+    LeaseAcquired(u32),
+    /// The lease of a shard is gone (taken over, or not renewed in time).
+    LeaseLost(u32),
+    /// A shard's unfinished executions, rebuilt after its lease was acquired.
+    ShardRecovered {
+        shard: u32,
+        recovered: Vec<Recovered>,
+        /// Indexed executions whose log is empty or cannot be read back.
+        missing: Vec<ExecutionId>,
+    },
+    /// The indexed executions of a shard ([`Writes::scan`]).
+    Indexed { shard: u32, ids: Vec<ExecutionId> },
+    /// Executions loaded on demand (not in memory, or reloaded after a refused append).
+    Loaded {
+        recovered: Vec<Recovered>,
+        missing: Vec<ExecutionId>,
+    },
+    /// The checkpoint-store answered a checkpoint.
+    CheckpointDone {
+        id: ExecutionId,
+        full: bool,
+        sequence: u64,
+        result: Result<v1::CheckpointMetadata, String>,
+    },
+}
+
+/// One consumed result message.
+#[derive(Debug)]
+pub struct Delivery {
+    pub token: Token,
+    /// The encoded `TaskResult`.
+    pub payload: Bytes,
+    /// The span the result is applied in (`Span::none()` when traces are not exported).
+    pub span: tracing::Span,
+}
+
+/// A caller's request.
+#[derive(Debug)]
+pub enum Request {
+    Start {
+        /// Boxed: a compiled plan is far larger than the other requests.
+        source: Box<v1::start_execution_request::PlanSource>,
+        options: v1::ExecutionOptions,
+        /// Who starts it: decides the namespace and its quota.
+        principal: Principal,
+        /// The W3C `traceparent` of the call, recorded for the execution's later spans.
+        traceparent: String,
+    },
+    /// A request about one execution, which the caller's scope must allow: an execution of
+    /// another namespace is answered NOT_FOUND, as if it did not exist.
+    On {
+        id: ExecutionId,
+        scope: Scope,
+        action: Action,
+    },
+    List {
+        scope: Scope,
+    },
+    Workers {
+        /// Only workers of this queue (empty: all).
+        queue: String,
+        include_terminated: bool,
+    },
+}
+
+/// What to do with one execution.
+#[derive(Debug)]
+pub enum Action {
+    Pause(String),
+    Resume,
+    Cancel(String),
+    Retry,
+    Checkpoint,
+    Answer {
+        question: QuestionId,
+        answer: String,
+    },
+    Get,
+    Graph,
+    /// The log from sequence `from` on, then what follows live.
+    Observe {
+        from: u64,
+    },
+}
+
+impl Request {
+    /// The execution the request is about, if one.
+    pub(super) fn execution(&self) -> Option<ExecutionId> {
+        match self {
+            Self::On { id, .. } => Some(*id),
+            Self::Start { .. } | Self::List { .. } | Self::Workers { .. } => None,
+        }
+    }
+}
+
+/// The answer to a request.
+#[derive(Debug)]
+pub enum Answer {
+    /// The execution started (`created`), or the one started before under the same
+    /// idempotency key.
+    Started {
+        id: ExecutionId,
+        created: bool,
+    },
+    /// The execution's state after a pause, resume or cancel (a `v1::ExecutionState`).
+    State(i32),
+    /// The run a retry started.
+    Run(u32),
+    Checkpoint(v1::CheckpointMetadata),
+    /// The log sequence the answer was recorded at and the instance continuing the task.
+    Answered {
+        sequence: u64,
+        continuation: Option<TaskInstanceId>,
+    },
+    Execution(Box<v1::Execution>),
+    Graph(v1::ExecutionGraph),
+    Observation(Observation),
+    Executions(Vec<v1::Execution>),
+    Workers(Vec<v1::WorkerInfo>),
+}
+
+/// The history an observer starts from; what follows comes from the [`Effects::observed`] of
+/// later turns, which the executor hands to the observer from this answer on.
+#[derive(Debug)]
+pub struct Observation {
+    pub execution: ExecutionId,
+    /// Events before the ones held in memory (an execution restored from a checkpoint keeps only
+    /// the log after it): `(from, until)` sequences, inclusive, to read from the log first.
+    pub backfill: Option<(u64, u64)>,
+    pub history: Vec<v1::Event>,
+    /// The execution is over and every event is in `history`: nothing will follow.
+    pub terminal: bool,
+}
+
+/// What a turn asks for before any side effect: the log writes, and what needs nothing durable.
+#[derive(Debug, Default)]
+pub struct Writes {
+    /// Answers that wait for nothing (reads and refusals); an observer's subscription starts here,
+    /// so it sees this turn's events through [`Effects::observed`].
+    pub replies: Vec<(ReplyTo, Result<Answer, Error>)>,
+    /// Shards whose unfinished executions must be recovered ([`Input::ShardRecovered`]).
+    pub recover: Vec<u32>,
+    /// Shards whose index must be listed again ([`Input::Indexed`]): an execution a former
+    /// owner started after the shard was recovered is found this way.
+    pub scan: Vec<u32>,
+    /// Shards whose results must no longer be consumed.
+    pub stop_consuming: Vec<u32>,
+    /// Executions dropped from memory (their shard was lost): their observers end.
+    pub forget: Vec<ExecutionId>,
+    /// The log appends, one per execution with new events.
+    pub appends: Vec<Append>,
+}
+
+/// New events of one execution, for its log.
+#[derive(Debug)]
+pub struct Append {
+    pub id: ExecutionId,
+    /// The index key to write before the first message (a new execution or run), so a
+    /// coordinator taking the shard over finds every execution that has a log.
+    pub index_put: Option<String>,
+    /// The stream sequence of the last message on the execution's subject: JetStream refuses
+    /// the first message unless it follows it (`Nats-Expected-Last-Subject-Sequence`).
+    pub expected_stream_seq: u64,
+    /// Encoded `EventBatch`es with the sequence of each one's first event, in order.
+    pub messages: Vec<(u64, Bytes)>,
+    /// The execution's trace, parent of the append's span.
+    pub trace: Context,
+}
+
+/// What became of an [`Append`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Appended {
+    /// Every message is stored; the last one at this stream sequence.
+    Stored { stream_seq: u64 },
+    /// Another writer extended the log: this coordinator must not.
+    Fenced { why: String },
+    /// The coordinator is stopping: nothing more happens for the execution.
+    Stopped,
+}
+
+/// What may happen once the turn's appends are stored, in the order the executor performs it:
+/// the side effects, then `acks` and `replies`, then the background work.
+#[derive(Debug, Default)]
+pub struct Effects {
+    /// Task assignments for the work queues (de-duplicated by `msg_id`).
+    pub assignments: Vec<Assign>,
+    /// Stop messages for cancelled task attempts (core NATS).
+    pub cancels: Vec<Publish>,
+    /// Progress snapshots (core NATS).
+    pub progress: Vec<Publish>,
+    /// New events per execution, for its observers.
+    pub observed: Vec<Observed>,
+    /// Index keys of executions that finished: their last event is stored.
+    pub index_deletes: Vec<String>,
+    /// Executions dropped from memory (their append was refused): their observers end.
+    pub forget: Vec<ExecutionId>,
+    /// Result messages to acknowledge (applied, or set aside for good), or to hand back for
+    /// later (their execution is being loaded, or its append was refused).
+    pub acks: Vec<(Token, Ack)>,
+    /// Answers to writes: the caller learns of a change once it is stored.
+    pub replies: Vec<(ReplyTo, Result<Answer, Error>)>,
+    /// Checkpoints to hand to the checkpoint-store ([`Input::CheckpointDone`] answers each).
+    pub checkpoints: Vec<CheckpointJob>,
+    /// Executions to load from their log ([`Input::Loaded`]).
+    pub load: Vec<ExecutionId>,
+    /// Shards whose results may now be consumed (their executions are adopted).
+    pub consume: Vec<u32>,
+}
+
+/// One task assignment to publish.
+#[derive(Debug)]
+pub struct Assign {
+    pub subject: String,
+    /// `Nats-Msg-Id`: `<instance>:<attempt>`.
+    pub msg_id: String,
+    /// The encoded `TaskAssignment`.
+    pub payload: Bytes,
+    /// The execution's trace, parent of the dispatch span.
+    pub trace: Context,
+    pub execution: ExecutionId,
+    pub instance: TaskInstanceId,
+    pub attempt: u32,
+}
+
+/// A core NATS message.
+#[derive(Debug)]
+pub struct Publish {
+    pub subject: String,
+    pub payload: Bytes,
+}
+
+/// The events one turn appended to an execution's log, for its observers.
+#[derive(Debug)]
+pub struct Observed {
+    pub id: ExecutionId,
+    pub events: Vec<v1::Event>,
+    /// The progress snapshot published with them, if one was.
+    pub progress: Option<v1::Progress>,
+    /// The execution is over: nothing follows.
+    pub terminal: bool,
+}
+
+/// What to do with a consumed result message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ack {
+    /// Done with: its effects are stored (or it was set aside).
+    Ack,
+    /// Not now: deliver it again after a short delay.
+    Later,
+}

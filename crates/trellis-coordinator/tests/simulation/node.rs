@@ -1,0 +1,399 @@
+//! A simulated coordinator process: the lease keeper, the results consumer, and each turn of the
+//! real pure turn carried out as the executor does, with a crash possible between any two steps.
+
+use prost::Message as _;
+use trellis_coordinator::recovery;
+use trellis_coordinator::turn::{
+    Ack, Append, Appended, Delivery, Effects, Input, LogMessage, Recovered, Token, Writes,
+};
+use trellis_core::ids::ExecutionId;
+use trellis_proto::{subjects, v1};
+
+use crate::Bug;
+use crate::nats::AppendError;
+use crate::world::*;
+
+impl World {
+    /// One step of a coordinator process.
+    pub(crate) fn node_step(&mut self, idx: usize) -> Result<(), String> {
+        let now = self.now;
+        if self.nodes[idx].turn.is_none() || now < self.nodes[idx].stalled_until {
+            return Ok(());
+        }
+        if let Some(appends) = self.nodes[idx].suspended.take() {
+            return self.finish_turn(idx, appends);
+        }
+        // A stale process may run a turn before it learns that its leases are gone.
+        if self.rng.percent(50) {
+            self.keep_leases(idx);
+            self.take_results(idx);
+            self.turn(idx)
+        } else {
+            self.take_results(idx);
+            self.turn(idx)?;
+            self.keep_leases(idx);
+            Ok(())
+        }
+    }
+
+    /// The lease keeper: renews held leases, takes free ones.
+    pub(crate) fn keep_leases(&mut self, idx: usize) {
+        let now = self.now;
+        let node = &mut self.nodes[idx];
+        if now < node.last_renewal + LEASE_TTL / 3 {
+            return;
+        }
+        node.last_renewal = now;
+        for shard in 0..SHARDS {
+            match node.leases.get(&shard) {
+                Some(&revision) => match self.nats.leases.renew(shard, revision, now, LEASE_TTL) {
+                    Some(revision) => {
+                        node.leases.insert(shard, revision);
+                    }
+                    None => {
+                        if verbose() {
+                            eprintln!("{now}: coordinator {idx} loses shard {shard}");
+                        }
+                        node.leases.remove(&shard);
+                        node.inbox.push(Input::LeaseLost(shard));
+                    }
+                },
+                None => {
+                    if let Some(revision) = self.nats.leases.acquire(shard, idx, now, LEASE_TTL) {
+                        if verbose() {
+                            eprintln!("{now}: coordinator {idx} acquires shard {shard}");
+                        }
+                        node.leases.insert(shard, revision);
+                        node.inbox.push(Input::LeaseAcquired(shard));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Delivers the results of the shards this process consumes, in any order, some twice.
+    pub(crate) fn take_results(&mut self, idx: usize) {
+        let now = self.now;
+        let mut deliveries = Vec::new();
+        for shard in self.nodes[idx].consuming.clone() {
+            let shard = shard as usize;
+            if self.nats.results[shard].1 != Some(idx) {
+                if self.rng.percent(20) {
+                    let (queue, consumer) = &mut self.nats.results[shard];
+                    *consumer = Some(idx);
+                    queue.redeliver_all(now);
+                    if verbose() {
+                        eprintln!(
+                            "{now}: coordinator {idx} re-creates the consumer of shard {shard}"
+                        );
+                    }
+                }
+                continue;
+            }
+            let queue = &mut self.nats.results[shard].0;
+            for seq in queue.available(now) {
+                if self.rng.percent(20) {
+                    continue; // delayed
+                }
+                let Some((payload, _)) = queue.take(seq, idx, now + RESULT_ACK_WAIT) else {
+                    continue;
+                };
+                let node = &mut self.nodes[idx];
+                node.next_token += 1;
+                node.tokens.insert(node.next_token, (shard, seq));
+                if verbose() {
+                    eprintln!(
+                        "{now}: coordinator {idx} takes result {shard}/{seq} as token {}",
+                        node.next_token
+                    );
+                }
+                deliveries.push(Delivery {
+                    token: node.next_token,
+                    payload,
+                    span: tracing::Span::none(),
+                });
+            }
+        }
+        if !deliveries.is_empty() {
+            shuffle(&mut self.rng, &mut deliveries);
+            self.nodes[idx].inbox.push(Input::Results(deliveries));
+        }
+    }
+
+    /// One turn, carried out as the executor does, with a crash possible between any two steps.
+    pub(crate) fn turn(&mut self, idx: usize) -> Result<(), String> {
+        let now = self.now;
+        let node = &mut self.nodes[idx];
+        let mut inputs = std::mem::take(&mut node.inbox);
+        if now >= node.last_tick + TICK {
+            node.last_tick = now;
+            inputs.push(Input::Tick);
+        }
+        let consumed: Vec<Token> = inputs
+            .iter()
+            .filter_map(|input| match input {
+                Input::Results(deliveries) => Some(deliveries.iter().map(|d| d.token)),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        let Some(turn) = node.turn.as_mut() else {
+            return Ok(());
+        };
+        let writes = turn.turn(inputs, now);
+        let Writes {
+            replies,
+            recover,
+            scan,
+            stop_consuming,
+            forget: _,
+            appends,
+        } = writes;
+        self.answer(idx, replies)?;
+        for shard in stop_consuming {
+            if verbose() {
+                eprintln!("{now}: coordinator {idx} stops consuming shard {shard}");
+            }
+            self.nodes[idx].consuming.remove(&shard);
+            if self.nats.results[shard as usize].1 == Some(idx) {
+                self.nats.results[shard as usize].1 = None;
+            }
+        }
+        for shard in recover {
+            let input = self.recover_shard(shard);
+            let delay = self.rng.between(1, 40);
+            self.schedule(idx, delay, input);
+        }
+        for shard in scan {
+            let prefix = format!("{shard}.");
+            let ids = self
+                .nats
+                .index
+                .iter()
+                .filter_map(|key| key.strip_prefix(&prefix)?.parse().ok())
+                .collect();
+            let delay = self.rng.between(1, 20);
+            self.schedule(idx, delay, Input::Indexed { shard, ids });
+        }
+        if self.bug == Some(Bug::AckBeforeAppend) {
+            let acks = consumed
+                .into_iter()
+                .map(|token| (token, Ack::Ack))
+                .collect();
+            self.acknowledge(idx, acks);
+        }
+        if self.faults && self.rng.one_in(300) {
+            // The process freezes between deciding and writing (a long GC pause): its leases
+            // lapse, another coordinator takes the shards over and writes the logs, and then
+            // this one wakes up and appends what it decided.
+            let node = &mut self.nodes[idx];
+            node.stalled_until = now + self.rng.between(LEASE_TTL, 3 * LEASE_TTL);
+            node.suspended = Some(appends);
+            if verbose() {
+                eprintln!(
+                    "{now}: coordinator {idx} freezes before its appends until {}",
+                    node.stalled_until
+                );
+            }
+            return Ok(());
+        }
+        self.finish_turn(idx, appends)
+    }
+
+    /// The second half of a turn: the appends, then what they allow.
+    pub(crate) fn finish_turn(&mut self, idx: usize, appends: Vec<Append>) -> Result<(), String> {
+        let now = self.now;
+        let mut outcomes = Vec::new();
+        for append in appends {
+            if self.crash_here() {
+                self.crash(idx);
+                return Ok(());
+            }
+            if let Some(key) = &append.index_put {
+                self.nats.index.insert(key.clone());
+            }
+            let mut expected = append.expected_stream_seq;
+            let mut outcome = None;
+            for (first, payload) in append.messages {
+                let msg_id = subjects::event_msg_id(append.id, first);
+                match self
+                    .nats
+                    .events
+                    .append(idx, append.id, msg_id, expected, payload.clone())
+                {
+                    Ok((stream_seq, duplicate)) => {
+                        let ours = !duplicate
+                            || self
+                                .nats
+                                .events
+                                .get(stream_seq)
+                                .is_some_and(|r| r.payload == payload);
+                        if !ours {
+                            FENCED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            outcome = Some(Appended::Fenced {
+                                why: "message id used by another writer".to_owned(),
+                            });
+                            break;
+                        }
+                        expected = stream_seq;
+                    }
+                    Err(AppendError::WrongLastSequence { expected, last }) => {
+                        FENCED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        outcome = Some(Appended::Fenced {
+                            why: format!("expected {expected}, last {last}"),
+                        });
+                        break;
+                    }
+                }
+            }
+            outcomes.push((
+                append.id,
+                outcome.unwrap_or(Appended::Stored {
+                    stream_seq: expected,
+                }),
+            ));
+        }
+        if self.crash_here() {
+            self.crash(idx);
+            return Ok(());
+        }
+        let Some(turn) = self.nodes[idx].turn.as_mut() else {
+            return Ok(());
+        };
+        let effects = turn.appended(outcomes, now);
+        self.carry_out(idx, effects)
+    }
+
+    pub(crate) fn carry_out(&mut self, idx: usize, effects: Effects) -> Result<(), String> {
+        let now = self.now;
+        let Effects {
+            assignments,
+            cancels,
+            progress: _,
+            observed: _,
+            index_deletes,
+            forget: _,
+            acks,
+            replies,
+            checkpoints: _,
+            load,
+            consume,
+        } = effects;
+        for assign in assignments {
+            if self.crash_here() {
+                self.crash(idx);
+                return Ok(());
+            }
+            self.nats
+                .tasks
+                .publish(Some(assign.msg_id), assign.payload, now, DUPLICATE_WINDOW);
+        }
+        for cancel in cancels {
+            if let Ok(cancel) = v1::CancelTask::decode(cancel.payload) {
+                for worker in &mut self.workers {
+                    worker.cancel(&mut self.nats, &cancel);
+                }
+            }
+        }
+        for key in index_deletes {
+            self.nats.index.remove(&key);
+        }
+        if self.crash_here() {
+            self.crash(idx);
+            return Ok(());
+        }
+        self.acknowledge(idx, acks);
+        self.answer(idx, replies)?;
+        for id in load {
+            let input = match self.recover(id) {
+                Some(recovered) => Input::Loaded {
+                    recovered: vec![recovered],
+                    missing: Vec::new(),
+                },
+                None => Input::Loaded {
+                    recovered: Vec::new(),
+                    missing: vec![id],
+                },
+            };
+            let delay = self.rng.between(1, 30);
+            self.schedule(idx, delay, input);
+        }
+        for shard in consume {
+            if verbose() {
+                eprintln!("{now}: coordinator {idx} consumes shard {shard}");
+            }
+            self.nodes[idx].consuming.insert(shard);
+            let (queue, consumer) = &mut self.nats.results[shard as usize];
+            *consumer = Some(idx);
+            queue.redeliver_all(now);
+        }
+        Ok(())
+    }
+
+    /// Draws whether the process crashes at this point of its turn.
+    pub(crate) fn crash_here(&mut self) -> bool {
+        self.faults && self.rng.one_in(400)
+    }
+
+    pub(crate) fn acknowledge(&mut self, idx: usize, acks: Vec<(Token, Ack)>) {
+        let now = self.now;
+        for (token, ack) in acks {
+            let Some((shard, seq)) = self.nodes[idx].tokens.remove(&token) else {
+                continue;
+            };
+            if verbose() {
+                eprintln!("{now}: coordinator {idx} {ack:?} result {shard}/{seq}");
+            }
+            let queue = &mut self.nats.results[shard].0;
+            match ack {
+                Ack::Ack => {
+                    queue.ack(seq, idx);
+                }
+                Ack::Later => queue.nak(seq, idx, now + 20),
+            }
+        }
+    }
+
+    /// Reads a shard's unfinished executions from the index and rebuilds each from its log.
+    pub(crate) fn recover_shard(&mut self, shard: u32) -> Input {
+        let prefix = format!("{shard}.");
+        let ids: Vec<ExecutionId> = self
+            .nats
+            .index
+            .iter()
+            .filter_map(|key| key.strip_prefix(&prefix)?.parse().ok())
+            .collect();
+        let mut recovered = Vec::new();
+        let mut missing = Vec::new();
+        for id in ids {
+            match self.recover(id) {
+                Some(execution) => recovered.push(execution),
+                None => missing.push(id),
+            }
+        }
+        Input::ShardRecovered {
+            shard,
+            recovered,
+            missing,
+        }
+    }
+
+    /// Rebuilds one execution from its log, as `recovery::recover` does.
+    pub(crate) fn recover(&self, id: ExecutionId) -> Option<Recovered> {
+        let log: Vec<LogMessage> = self
+            .nats
+            .events
+            .log(id)
+            .into_iter()
+            .map(|record| LogMessage {
+                stream_seq: record.stream_seq,
+                first_seq: convert::first_sequence(&record.payload),
+                payload: record.payload.clone(),
+            })
+            .collect();
+        let first = log.first()?;
+        let last = log.last()?.stream_seq;
+        let (started, plan) = recovery::started_of(id, first).ok()?;
+        recovery::replay(id, started, plan, None, log, last).ok()
+    }
+}
