@@ -13,6 +13,7 @@ mod nats;
 mod node;
 mod plans;
 mod rng;
+mod store;
 mod worker;
 mod world;
 
@@ -80,9 +81,12 @@ fn seeds_keep_every_invariant() {
     let started = Instant::now();
     let failures = run_seeds(seeds, None);
     eprintln!(
-        "simulation: {n_seeds} seeds in {:.1} s, {} appends fenced",
+        "simulation: {n_seeds} seeds in {:.1} s, {} appends fenced, {} checkpoints stored, \
+         {} recoveries from a checkpoint",
         started.elapsed().as_secs_f64(),
-        world::FENCED.load(std::sync::atomic::Ordering::Relaxed)
+        world::FENCED.load(std::sync::atomic::Ordering::Relaxed),
+        world::CHECKPOINTS.load(std::sync::atomic::Ordering::Relaxed),
+        world::RESTORED.load(std::sync::atomic::Ordering::Relaxed)
     );
     if let Some((seed, why)) = failures.first() {
         panic!(

@@ -2,7 +2,7 @@
 //! real pure turn carried out as the executor does, with a crash possible between any two steps.
 
 use prost::Message as _;
-use trellis_coordinator::recovery;
+use trellis_coordinator::{checkpoints, recovery};
 use trellis_coordinator::turn::{
     Ack, Append, Appended, Delivery, Effects, Input, LogMessage, Recovered, Token, Writes,
 };
@@ -275,7 +275,7 @@ impl World {
             forget: _,
             acks,
             replies,
-            checkpoints: _,
+            checkpoints,
             load,
             consume,
         } = effects;
@@ -304,6 +304,23 @@ impl World {
         }
         self.acknowledge(idx, acks);
         self.answer(idx, replies)?;
+        for job in checkpoints {
+            let (id, full, sequence) = (job.id, job.full, job.sequence);
+            // The store is down now and then: the checkpoint is not taken.
+            let result = if self.faults && self.rng.one_in(10) {
+                Err("the checkpoint-store is down".to_owned())
+            } else {
+                self.store.create(job)
+            };
+            let delay = self.rng.between(1, 30);
+            let input = Input::CheckpointDone {
+                id,
+                full,
+                sequence,
+                result,
+            };
+            self.schedule(idx, delay, input);
+        }
         for id in load {
             let input = match self.recover(id) {
                 Some(recovered) => Input::Loaded {
@@ -394,6 +411,19 @@ impl World {
         let first = log.first()?;
         let last = log.last()?.stream_seq;
         let (started, plan) = recovery::started_of(id, first).ok()?;
-        recovery::replay(id, started, plan, None, log, last).ok()
+        // The newest checkpoint chain, as recovery restores it, then the log after it.
+        let restored = self
+            .store
+            .chain(id)
+            .and_then(|chain| checkpoints::restore_chain(id, plan.clone(), &chain).ok());
+        if restored.is_some() {
+            RESTORED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        let after = match &restored {
+            Some(restored) if restored.stream_sequence > 0 => restored.stream_sequence,
+            _ => 0,
+        };
+        let log = log.into_iter().filter(|m| m.stream_seq > after).collect();
+        recovery::replay(id, started, plan, restored, log, last).ok()
     }
 }

@@ -91,6 +91,12 @@ pub(crate) struct Later {
 /// Appends refused for not following the log, over every run of the process.
 pub static FENCED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// Recoveries that started from a checkpoint, over every run of the process.
+pub static RESTORED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Checkpoints stored, over every run of the process.
+pub static CHECKPOINTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// True when `TRELLIS_SIM_VERBOSE` asks for a trace of the run.
 pub(crate) fn verbose() -> bool {
     std::env::var_os("TRELLIS_SIM_VERBOSE").is_some()
@@ -105,6 +111,7 @@ pub struct World {
     pub(crate) nodes: Vec<Node>,
     pub(crate) workers: Vec<Worker>,
     pub(crate) checker: Checker,
+    pub(crate) store: crate::store::Store,
     pub(crate) later: BTreeMap<(u64, u64), Later>,
     pub(crate) later_seq: u64,
     /// The client's plans: spec text, whether started, whether a start is in flight.
@@ -158,6 +165,7 @@ impl World {
             nodes,
             workers: (0..N_WORKERS).map(|idx| Worker::new(idx, 3)).collect(),
             checker: Checker::default(),
+            store: crate::store::Store::default(),
             later: BTreeMap::new(),
             later_seq: 0,
             plans,
@@ -201,6 +209,7 @@ impl World {
                 }
             }
             if !faults && self.done() {
+                CHECKPOINTS.fetch_add(self.store.stored, std::sync::atomic::Ordering::Relaxed);
                 return self.checker.at_end(&self.nats);
             }
             if self.now > start + DEADLINE {
@@ -413,8 +422,8 @@ pub(crate) fn coordinator(seed: u64, idx: usize, incarnation: u64) -> Coordinato
         Config {
             id: format!("coordinator-{idx}"),
             shards: SHARDS,
-            checkpoint_every_ms: 1_000,
-            checkpoint_store: false,
+            checkpoint_every_ms: 100,
+            checkpoint_store: true,
             access: None,
             max_message_bytes: 8 * 1024 * 1024,
             index_scan_every_ms: 500,
