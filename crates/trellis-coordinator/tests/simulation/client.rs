@@ -45,6 +45,19 @@ impl World {
                         ));
                     }
                 }
+                (Call::Workers { alive }, Ok(Answer::Workers(workers))) => {
+                    for worker in alive {
+                        let name = crate::worker::name(worker);
+                        let listed = workers.iter().find(|w| w.worker_id == name);
+                        let terminated = v1::WorkerState::Terminated as i32;
+                        if listed.is_none_or(|w| w.state == terminated) {
+                            return Err(format!(
+                                "coordinator {idx} lists worker {name}, which heartbeats, as \
+                                 {listed:?}"
+                            ));
+                        }
+                    }
+                }
                 (call, _) => self.forget_call(call),
             }
         }

@@ -41,6 +41,36 @@ impl Worker {
         }
     }
 
+    /// Returns an encoded heartbeat saying what the worker runs.
+    pub fn heartbeat(&self, now: u64, interval_ms: u64) -> Bytes {
+        let heartbeat = v1::WorkerHeartbeat {
+            worker_id: name(self.idx),
+            host: "sim".to_owned(),
+            queues: vec![crate::plans::QUEUE.to_owned()],
+            slots: self.slots as u32,
+            running: self
+                .runs
+                .iter()
+                .map(|run| v1::RunningTask {
+                    execution_id: run.assignment.execution_id.clone(),
+                    task_instance_id: run.assignment.task_instance_id.clone(),
+                    attempt: run.assignment.attempt,
+                    ..Default::default()
+                })
+                .collect(),
+            sent_at_unix_ms: now as i64,
+            interval_ms,
+            state: if self.runs.is_empty() {
+                v1::WorkerState::Idle
+            } else {
+                v1::WorkerState::Running
+            }
+            .into(),
+            ..Default::default()
+        };
+        Bytes::from(heartbeat.encode_to_vec())
+    }
+
     /// The worker dies: its runs are lost, its task messages left to time out.
     pub fn die(&mut self) {
         self.up = false;
@@ -64,7 +94,7 @@ impl Worker {
                 continue;
             }
             let result = outcome(&run.assignment, self.idx, now);
-            publish_result(nats, &run.assignment, result, now);
+            publish_result(nats, self.idx, &run.assignment, result, now);
             // Died between publishing and acknowledging: the task runs again elsewhere.
             if rng.one_in(200) {
                 self.die();
@@ -84,7 +114,7 @@ impl Worker {
                 continue;
             };
             let started = v1::task_result::Outcome::Started(v1::task_result::Started {});
-            publish_result(nats, &assignment, started, now);
+            publish_result(nats, self.idx, &assignment, started, now);
             let slow = sim(&assignment)["slow"] == json!(true) && assignment.attempt == 1;
             let duration = if slow { 200 } else { rng.between(1, 25) };
             self.runs.push(Run {
@@ -107,6 +137,11 @@ impl Worker {
             !stop
         });
     }
+}
+
+/// The id a worker heartbeats under.
+pub fn name(idx: usize) -> String {
+    format!("sim-worker-{idx}")
 }
 
 /// The task's behaviour.
@@ -204,6 +239,7 @@ fn outcome(assignment: &v1::TaskAssignment, worker: usize, now: u64) -> v1::task
 /// Publishes a result on the results stream of the assignment's shard.
 fn publish_result(
     nats: &mut Nats,
+    worker: usize,
     assignment: &v1::TaskAssignment,
     outcome: v1::task_result::Outcome,
     now: u64,
@@ -212,7 +248,7 @@ fn publish_result(
         execution_id: assignment.execution_id.clone(),
         task_instance_id: assignment.task_instance_id.clone(),
         attempt: assignment.attempt,
-        worker_id: "sim-worker".to_owned(),
+        worker_id: name(worker),
         usage: None,
         sent_at_unix_ms: now as i64,
         outcome: Some(outcome),

@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use prost::Message as _;
-use trellis_coordinator::turn::{Append, Config, Coordinator, Input, ReplyTo, Token};
+use trellis_coordinator::turn::{Append, Config, Coordinator, Input, ReplyTo, Request, Token};
 use trellis_core::ids::{ExecutionId, QuestionId};
 use trellis_proto::v1;
 use trellis_wire::log;
@@ -47,6 +47,11 @@ pub(crate) enum Call {
     Start {
         plan: usize,
     },
+    /// The worker list, which must show these workers (up, heard from since the coordinator
+    /// started) as not terminated.
+    Workers {
+        alive: BTreeSet<usize>,
+    },
     Answer {
         id: ExecutionId,
         question: QuestionId,
@@ -72,6 +77,8 @@ pub(crate) struct Node {
     /// is one per shard: a process whose consumer another took re-creates it (the real consumer
     /// loop deletes and re-creates it after an error), until it is told to stop.
     pub(crate) consuming: BTreeSet<u32>,
+    /// Workers whose heartbeats this process received since it started.
+    pub(crate) heard: BTreeSet<usize>,
     pub(crate) tokens: BTreeMap<Token, (usize, u64)>,
     pub(crate) next_token: Token,
     pub(crate) calls: BTreeMap<ReplyTo, Call>,
@@ -119,6 +126,7 @@ pub struct World {
     pub(crate) answering: BTreeMap<QuestionId, bool>,
     /// Faults are being injected.
     pub(crate) faults: bool,
+    pub(crate) last_heartbeats: u64,
     pub(crate) steps: u64,
 }
 
@@ -150,6 +158,7 @@ impl World {
                 stalled_until: 0,
                 down_until: 0,
                 consuming: BTreeSet::new(),
+                heard: BTreeSet::new(),
                 tokens: BTreeMap::new(),
                 next_token: 0,
                 calls: BTreeMap::new(),
@@ -171,6 +180,7 @@ impl World {
             plans,
             answering: BTreeMap::new(),
             faults: true,
+            last_heartbeats: 0,
             steps: 0,
         }
     }
@@ -200,6 +210,7 @@ impl World {
             for worker in &mut self.workers {
                 worker.step(&mut self.nats, &mut self.rng, self.now, TASK_ACK_WAIT);
             }
+            self.heartbeats();
             self.client_step();
             self.checker.observe(&self.nats, SHARDS)?;
             for (idx, node) in self.nodes.iter().enumerate() {
@@ -210,7 +221,8 @@ impl World {
             }
             if !faults && self.done() {
                 CHECKPOINTS.fetch_add(self.store.stored, std::sync::atomic::Ordering::Relaxed);
-                return self.checker.at_end(&self.nats);
+                self.checker.at_end(&self.nats)?;
+                return self.ask_for_workers();
             }
             if self.now > start + DEADLINE {
                 if std::env::var_os("TRELLIS_SIM_VERBOSE").is_some() {
@@ -264,6 +276,54 @@ impl World {
             );
         }
         eprintln!("leases: {:?}", self.nats.leases.entries);
+    }
+
+    /// Every worker that is up heartbeats to every coordinator process, each interval.
+    fn heartbeats(&mut self) {
+        let interval = trellis_bus::HEARTBEAT_INTERVAL.as_millis() as u64;
+        if self.now < self.last_heartbeats + interval {
+            return;
+        }
+        self.last_heartbeats = self.now;
+        for worker in &self.workers {
+            if !worker.up {
+                continue;
+            }
+            let payload = worker.heartbeat(self.now, interval);
+            for node in &mut self.nodes {
+                if node.turn.is_some() {
+                    node.heard.insert(worker.idx);
+                    node.inbox.push(Input::Heartbeat(payload.clone()));
+                }
+            }
+        }
+    }
+
+    /// Asks every coordinator for its workers once the run settled, and checks the answers.
+    fn ask_for_workers(&mut self) -> Result<(), String> {
+        for idx in 0..self.nodes.len() {
+            let alive: BTreeSet<usize> = self.nodes[idx]
+                .heard
+                .iter()
+                .copied()
+                .filter(|worker| self.workers[*worker].up)
+                .collect();
+            let request = Request::Workers {
+                queue: String::new(),
+                include_terminated: true,
+            };
+            self.call(idx, Call::Workers { alive }, request);
+        }
+        for _ in 0..100 {
+            self.now += 1;
+            for idx in 0..self.nodes.len() {
+                self.node_step(idx)?;
+            }
+            if self.nodes.iter().all(|node| node.calls.is_empty()) {
+                return Ok(());
+            }
+        }
+        Err("a coordinator did not answer the worker list".to_owned())
     }
 
     /// True once every plan started and every execution in the log completed.
@@ -358,6 +418,7 @@ impl World {
         node.tokens.clear();
         node.leases.clear();
         node.consuming.clear();
+        node.heard.clear();
         node.down_until = self.now + down_for;
         // The client's calls to it get no answer: they are made again.
         for (_, call) in std::mem::take(&mut node.calls) {
@@ -386,6 +447,7 @@ impl World {
             Call::Answer { question, .. } => {
                 self.answering.remove(&question);
             }
+            Call::Workers { .. } => {}
         }
     }
 
