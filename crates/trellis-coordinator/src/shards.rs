@@ -129,19 +129,31 @@ pub(crate) async fn queue_delete(
 
 /// Lists the unfinished executions of a shard from the index.
 pub(crate) async fn indexed(index: &kv::Store, shard: u32) -> Result<Vec<ExecutionId>, String> {
+    let mut by_shard = indexed_in(index, &[shard]).await?;
+    Ok(by_shard.remove(&shard).unwrap_or_default())
+}
+
+/// Lists the unfinished executions of several shards from the index, in one pass over it.
+pub(crate) async fn indexed_in(
+    index: &kv::Store,
+    shards: &[u32],
+) -> Result<HashMap<u32, Vec<ExecutionId>>, String> {
     use futures::StreamExt;
-    let prefix = format!("{shard}.");
     let mut keys = index.keys().await.map_err(|e| e.to_string())?;
-    let mut ids = Vec::new();
+    let mut by_shard: HashMap<u32, Vec<ExecutionId>> =
+        shards.iter().map(|shard| (*shard, Vec::new())).collect();
     while let Some(key) = keys.next().await {
         let key = key.map_err(|e| e.to_string())?;
-        if let Some(id) = key.strip_prefix(&prefix)
-            && let Ok(id) = id.parse()
+        let Some((shard, id)) = key.split_once('.') else {
+            continue;
+        };
+        if let (Ok(shard), Ok(id)) = (shard.parse::<u32>(), id.parse())
+            && let Some(ids) = by_shard.get_mut(&shard)
         {
             ids.push(id);
         }
     }
-    Ok(ids)
+    Ok(by_shard)
 }
 
 /// Keeps this coordinator's leases until `shutdown`, then releases them so a standby takes over

@@ -61,16 +61,21 @@ impl Executor {
         });
     }
 
-    /// Lists a shard's index again.
-    pub(super) fn spawn_scan(&self, shard: u32) {
+    /// Lists the index of some shards again, in one pass over it.
+    pub(super) fn spawn_scan(&self, scan: Vec<u32>) {
         let index = self.index.clone();
         let tx = self.tx.clone();
         tokio::spawn(async move {
-            match shards::indexed(&index, shard).await {
-                Ok(ids) => {
-                    let _ = tx.send(Inbound::Input(Input::Indexed { shard, ids })).await;
+            match shards::indexed_in(&index, &scan).await {
+                Ok(by_shard) => {
+                    for (shard, ids) in by_shard {
+                        let input = Input::Indexed { shard, ids };
+                        if tx.send(Inbound::Input(input)).await.is_err() {
+                            return;
+                        }
+                    }
                 }
-                Err(err) => tracing::debug!(shard, %err, "cannot list the shard's executions"),
+                Err(err) => tracing::debug!(%err, "cannot list the index of the owned shards"),
             }
         });
     }
@@ -176,7 +181,10 @@ async fn recover_with_retry(
     loop {
         match recovery::recover(events, store, id).await {
             Ok(recovered) => return recovered,
-            Err(err @ recovery::RecoveryError::Malformed { .. }) => {
+            Err(
+                err @ (recovery::RecoveryError::Malformed { .. }
+                | recovery::RecoveryError::Replay(_)),
+            ) => {
                 tracing::error!(%id, %err, "execution cannot be recovered");
                 return None;
             }

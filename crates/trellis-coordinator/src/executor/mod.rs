@@ -282,8 +282,8 @@ impl Executor {
         for shard in recover {
             self.spawn_recover_shard(shard);
         }
-        for shard in scan {
-            self.spawn_scan(shard);
+        if !scan.is_empty() {
+            self.spawn_scan(scan);
         }
         appends
     }
