@@ -319,7 +319,14 @@ impl World {
             for idx in 0..self.nodes.len() {
                 self.node_step(idx)?;
             }
-            if self.nodes.iter().all(|node| node.calls.is_empty()) {
+            // Other calls may still wait (an answer to a finished execution waits for its log
+            // to be loaded, which this loop does not deliver): only the worker lists count.
+            let asking = |call: &Call| matches!(call, Call::Workers { .. });
+            if !self
+                .nodes
+                .iter()
+                .any(|node| node.calls.values().any(asking))
+            {
                 return Ok(());
             }
         }
