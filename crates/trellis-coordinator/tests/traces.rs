@@ -223,19 +223,27 @@ async fn one_execution_is_one_trace_across_planner_coordinator_worker_and_store(
     }
     drop(browser);
 
-    // The read model takes the log in on its own time: wait for its spans of this execution.
+    // The read model takes the log in on its own time: wait for its spans of this execution. A
+    // server span may end after the client's span of the same call (the response is on its way
+    // before the server's span closes): wait for the store's side of every checkpoint too.
     let spans = loop {
         let _ = provider.force_flush();
         let spans = Spans(exporter.get_finished_spans().expect("the spans so far"));
         let ingested = spans
             .named("events.ingest")
             .any(|span| attribute(span, "execution_id").as_deref() == Some(&execution_id));
-        if ingested {
+        let stored = spans.named("checkpoint.create").all(|checkpoint| {
+            spans
+                .named("trellis.v1.CheckpointStore/CreateCheckpoint")
+                .any(|span| span.parent_span_id == checkpoint.span_context.span_id())
+        });
+        if ingested && stored {
             break spans;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the checkpoint-store never ingested the log; spans: {:?}",
+            "the checkpoint-store never ingested the log (ingested: {ingested}) or stored every \
+             checkpoint (stored: {stored}); spans: {:?}",
             spans.names()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
