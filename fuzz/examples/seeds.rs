@@ -138,6 +138,8 @@ fn main() -> std::io::Result<()> {
         namespace: "default".to_owned(),
         max_concurrency_cap: Some(2),
         traceparent: String::new(),
+        // As logs written before the compiled plan was recorded: replays compile the spec.
+        compiled_plan: Vec::new(),
     };
     let start = v1::EventBatch {
         events: vec![log::started_to_proto(execution_id(), &started)],

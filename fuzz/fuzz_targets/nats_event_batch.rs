@@ -1,6 +1,6 @@
 //! `EventBatch` (`trellis.events.<execution_id>`), as its three readers take it:
-//! - the coordinator recovering an execution decodes the batch and replays it onto a state
-//!   started from its `execution_started` (or onto the live execution);
+//! - the coordinator recovering an execution replays it through the one replayer, starting from
+//!   its `execution_started` (its recorded plan decoded) or going on from the live execution;
 //! - the checkpoint-store's read model ingests it (the message twice, as a redelivery would
 //!   bring it, and then the two halves of the input as two messages);
 //! - the monitor and `Observe` read only the envelope, which the decoder checks.
@@ -12,12 +12,10 @@
 
 #![no_main]
 
-use std::sync::Arc;
-
 use libfuzzer_sys::fuzz_target;
-use trellis_core::machine::Execution;
 use trellis_fuzz::Live;
-use trellis_wire::log::{self, LogEntry};
+use trellis_wire::log::{self, LogEntry, Started};
+use trellis_wire::replay::Replayer;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(batch) = log::decode_event_batch(data) {
@@ -36,41 +34,27 @@ fuzz_target!(|data: &[u8]| {
                 .expect("a decoded batch re-encodes to one that decodes");
             assert_eq!(again, batch, "a batch changed through a round trip");
         }
-        replay(&batch.entries);
     }
+    replay(data);
     trellis_checkpoint_store::fuzzing::ingest_event_log(&[data, data]);
     let (head, tail) = data.split_at(data.len() / 2);
     trellis_checkpoint_store::fuzzing::ingest_event_log(&[head, tail]);
 });
 
-/// Replays the entries the way recovery does: a batch that starts the execution compiles its
-/// plan and applies the rest to a fresh state; any other batch goes to the live execution.
-fn replay(entries: &[LogEntry]) {
-    let mut entries = entries.iter();
-    let mut exec = match entries.clone().next() {
-        Some(LogEntry::Started(started)) => {
-            entries.next();
-            let Ok(plan) = started.compile() else {
-                return;
-            };
-            Execution::start(
-                trellis_fuzz::execution_id(),
-                Arc::new(plan),
-                started.run_number,
-                started.started_at_ms,
-            )
+/// Replays the message the way recovery does: a message that starts the execution decodes its
+/// plan and applies the rest to a fresh state; any other goes on from the live execution.
+fn replay(data: &[u8]) {
+    let replayer = match Replayer::from_first_message(trellis_fuzz::execution_id(), data) {
+        Ok((replayer, _)) => replayer,
+        Err(_) => {
+            let live = Live::new();
+            let sequence = 1 + live.log.len() as u64;
+            let mut replayer = Replayer::resume(Started::default(), live.exec, sequence);
+            let _ = replayer.apply_message(data);
+            replayer
         }
-        _ => Live::new().exec,
     };
-    for entry in entries {
-        match entry {
-            LogEntry::Event(event) => {
-                let _ = exec.apply(event);
-            }
-            // Recovery refuses a second start; nothing to apply.
-            LogEntry::Started(_) => return,
-        }
-    }
+    let (_, mut exec, _) = replayer.into_parts();
     let _ = exec.decide(u64::MAX / 2);
     let _ = exec.progress(u64::MAX / 2);
     let _ = exec.records();

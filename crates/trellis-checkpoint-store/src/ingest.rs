@@ -2,9 +2,13 @@
 //! consumer and writes executions, task instances, events and questions.
 //!
 //! Task instance ids are derived inside the state machine, so the store keeps a replica
-//! [`Execution`] per unfinished execution: built from `ExecutionStarted` (the plan is compiled
-//! again from its spec), fed every later event, and asked after each run of messages which records
-//! changed. A replica is dropped when its execution finishes. After a restart, an execution whose
+//! [`Execution`](trellis_core::machine::Execution) per unfinished execution, rebuilt by the one
+//! replayer ([`Replayer`]): started from `ExecutionStarted` (its recorded plan decoded, not
+//! compiled), fed every later event, and asked after each run of messages which records changed.
+//! A log the replayer cannot follow (a gap, an event that does not decode) ends the replica with
+//! a warning naming the execution and the sequence: the events are still recorded, the task
+//! instances no longer. An event of a kind this build does not know is recorded as `unknown` and
+//! skipped by the replica. A replica is dropped when its execution finishes. After a restart, an execution whose
 //! next event is not the first gets its replica rebuilt from its own log on JetStream (an ordered
 //! consumer filtered on its subject), up to what the read model already holds; so is the replica
 //! of a finished execution when a new run (`RunStarted`) arrives.
@@ -23,10 +27,11 @@ use futures::StreamExt;
 use prost::Message as _;
 use tokio_util::sync::CancellationToken;
 use trellis_core::ids::{ExecutionId, TaskInstanceId};
-use trellis_core::machine::{Event, EventBody, Execution};
+use trellis_core::machine::{Event, EventBody};
 use trellis_core::record::TaskStatusRecord;
 use trellis_proto::{subjects, v1};
 use trellis_wire::log::{self, LogEntry, Started};
+use trellis_wire::replay::{Replayer, Step};
 
 use crate::store::{
     EventRow, ExecutionRow, ExecutionWrite, ProgressRow, QuestionResolved, QuestionRow,
@@ -63,8 +68,7 @@ struct Tracked {
 
 #[derive(Debug)]
 struct Replica {
-    machine: Execution,
-    started: Started,
+    replay: Replayer,
     /// The labels are written with the first row of the execution this process writes.
     labels_written: bool,
     /// The current run, from its root record.
@@ -303,37 +307,47 @@ impl Applier {
                 payload: event.encode_to_vec(),
             });
         }
+        // An event of a kind this build does not know (a newer coordinator wrote it) is recorded
+        // above and skipped by the replica, which goes on.
         if event.kind.is_none() {
             tracing::warn!(%execution_id, sequence, "event of an unknown kind skipped");
+            if let Some(replica) = tracked.replica.as_mut()
+                && let Err(err) = replica.replay.apply_event(&event)
+            {
+                end_replica(tracked, &err);
+            }
             return;
         }
         let entry = match log::event_from_proto(&event) {
             Ok(entry) => entry,
             Err(err) => {
-                tracing::warn!(%execution_id, sequence, %err, "invalid event skipped");
+                let err = format!("execution {execution_id}, sequence {sequence}: {err}");
+                end_replica(tracked, &err);
                 return;
             }
         };
-        match entry {
-            LogEntry::Started(started) => {
-                if sequence != 1 {
-                    tracing::warn!(%execution_id, sequence, "ExecutionStarted after sequence 1 ignored");
-                    return;
-                }
+        if let LogEntry::Event(event) = &entry
+            && !silent
+        {
+            collect_questions(execution_id, event, run);
+        }
+        match (tracked.replica.as_mut(), entry) {
+            (None, LogEntry::Started(started)) if sequence == 1 => {
                 tracked.replica = start_replica(execution_id, started);
                 tracked.no_replica = tracked.replica.is_none();
             }
-            LogEntry::Event(event) => {
-                if !silent {
-                    collect_questions(execution_id, &event, run);
-                }
-                let Some(replica) = tracked.replica.as_mut() else {
-                    return;
-                };
-                if let Err(err) = replica.machine.apply(&event) {
+            (None, LogEntry::Started(_)) => {
+                tracing::warn!(%execution_id, sequence, "ExecutionStarted after sequence 1 ignored");
+            }
+            (None, LogEntry::Event(_)) => {}
+            (Some(replica), entry) => match replica.replay.apply(sequence, &entry) {
+                Ok(Step::Applied | Step::Duplicate) => {}
+                Ok(Step::Refused(err)) => {
                     tracing::warn!(%execution_id, sequence, %err, "the replica refused an event the coordinator logged");
                 }
-            }
+                Ok(Step::Unknown) => {}
+                Err(err) => end_replica(tracked, &err),
+            },
         }
     }
 
@@ -357,8 +371,10 @@ impl Applier {
                 });
                 continue;
             };
-            let records = replica.machine.take_changed_records();
-            let root_id = replica.machine.root_instance_id();
+            let records = replica.replay.take_changed_records();
+            let machine = replica.replay.machine();
+            let started = replica.replay.started();
+            let root_id = machine.root_instance_id();
             if let Some(root) = records
                 .iter()
                 .find(|record| record.task_instance_id == root_id)
@@ -372,29 +388,29 @@ impl Applier {
             for record in records {
                 instances.insert(record.task_instance_id, record);
             }
-            let progress = replica.machine.progress(tracked.last_event_at_ms);
+            let progress = machine.progress(tracked.last_event_at_ms);
             let labels = if replica.labels_written {
                 BTreeMap::new()
             } else {
                 replica.labels_written = true;
-                replica.started.labels.clone()
+                started.labels.clone()
             };
             batch
                 .executions
                 .push(ExecutionWrite::Row(Box::new(ExecutionRow {
                     execution_id,
-                    name: replica.started.plan_name.clone(),
-                    state: replica.machine.state(),
+                    name: started.plan_name.clone(),
+                    state: machine.state(),
                     run_number: replica.run.run_number,
-                    created_at_ms: replica.started.started_at_ms,
+                    created_at_ms: started.started_at_ms,
                     started_at_ms: replica.run.started_at_ms,
                     ended_at_ms: replica.run.ended_at_ms,
-                    reason: replica.machine.reason().unwrap_or_default().to_owned(),
-                    idempotency_key: replica.started.idempotency_key.clone(),
-                    namespace: replica.started.namespace().to_owned(),
+                    reason: machine.reason().unwrap_or_default().to_owned(),
+                    idempotency_key: started.idempotency_key.clone(),
+                    namespace: started.namespace().to_owned(),
                     labels,
                     last_sequence: tracked.last_sequence,
-                    usage: replica.machine.usage(),
+                    usage: machine.usage(),
                     progress: ProgressRow {
                         counts: progress.counts,
                         total: progress.total,
@@ -404,7 +420,7 @@ impl Applier {
                         waves: progress.waves,
                     },
                 })));
-            if replica.machine.state().is_terminal() {
+            if machine.state().is_terminal() {
                 tracing::debug!(%execution_id, "execution finished; replica dropped");
                 tracked.replica = None;
             }
@@ -431,25 +447,28 @@ impl Applier {
     }
 }
 
+/// Ends the replica of an execution whose log it cannot follow: the events are still recorded,
+/// its task instances no longer (they would be wrong).
+fn end_replica(tracked: &mut Tracked, err: &dyn std::fmt::Display) {
+    tracing::warn!(%err, "the replica cannot follow the log; the execution's task instances are no longer recorded");
+    tracked.replica = None;
+    tracked.no_replica = true;
+}
+
 fn start_replica(execution_id: ExecutionId, started: Started) -> Option<Replica> {
-    match started.compile() {
-        Ok(plan) => Some(Replica {
-            machine: Execution::start(
-                execution_id,
-                Arc::new(plan),
-                started.run_number,
-                started.started_at_ms,
-            ),
-            run: RunTimes {
-                run_number: started.run_number,
-                started_at_ms: Some(started.started_at_ms),
-                ended_at_ms: None,
-            },
-            started,
+    let run = RunTimes {
+        run_number: started.run_number,
+        started_at_ms: Some(started.started_at_ms),
+        ended_at_ms: None,
+    };
+    match Replayer::start(execution_id, started) {
+        Ok(replay) => Some(Replica {
+            replay,
+            run,
             labels_written: false,
         }),
-        Err(errors) => {
-            tracing::warn!(%execution_id, %errors, "the plan of an execution does not compile; its task instances are not recorded");
+        Err(err) => {
+            tracing::warn!(%err, "no replica of the execution; its task instances are not recorded");
             None
         }
     }
@@ -791,6 +810,44 @@ mod tests {
             "sequence 3 where 2",
         );
         check_rejected(&batch(vec![event(&id, 0)]), "sequence 0");
+    }
+
+    /// The one replay policy: a gap ends the replica (its task instances would be wrong), with
+    /// a warning naming where; the events are still recorded.
+    #[test]
+    fn a_gap_ends_the_replica_and_keeps_the_events() {
+        let id = ExecutionId(uuid::Uuid::now_v7());
+        let spec = "name: p\ntasks:\n  - {id: a, type: noop}\n";
+        let plan = trellis_core::plan::compile_str(spec, &trellis_core::plan::Limits::default())
+            .expect("the plan compiles");
+        let started = Started {
+            plan_name: "p".to_owned(),
+            run_number: 1,
+            spec: spec.to_owned(),
+            started_at_ms: 1,
+            compiled_plan: trellis_core::plan::encode(&plan),
+            ..Started::default()
+        };
+        let mut applier = Applier::default();
+        applier.track(id, 0);
+        let apply = |applier: &mut Applier, payload: Vec<u8>| {
+            let message = decode_message(&payload).expect("a well-formed message");
+            let mut run = Run::default();
+            applier.apply_messages(vec![message], &mut run);
+            run.events.len()
+        };
+        let replica = |applier: &Applier| {
+            applier
+                .executions
+                .get(&id)
+                .map(|tracked| (tracked.replica.is_some(), tracked.no_replica))
+        };
+        let first = batch(vec![log::started_to_proto(id, &started)]);
+        assert_eq!(apply(&mut applier, first), 1);
+        assert_eq!(replica(&applier), Some((true, false)));
+        let after_gap = batch(vec![event(&id.to_string(), 3)]);
+        assert_eq!(apply(&mut applier, after_gap), 1);
+        assert_eq!(replica(&applier), Some((false, true)));
     }
 
     #[test]

@@ -12,7 +12,8 @@ use trellis_core::plan::Plan;
 use trellis_grpc::{AuthChannel, ClientSecurity};
 use trellis_proto::v1;
 use trellis_proto::v1::checkpoint_store_client::CheckpointStoreClient;
-use trellis_wire::log::{self, LogEntry};
+use trellis_wire::log::Started;
+use trellis_wire::replay::Replayer;
 
 /// Longest wait for the store on any call: recovery falls back to the log rather than hang.
 const CALL_TIMEOUT: Duration = Duration::from_secs(3);
@@ -89,6 +90,7 @@ impl StoreClient {
     pub(crate) async fn restore(
         &self,
         id: ExecutionId,
+        started: &Started,
         plan: Arc<Plan>,
     ) -> Result<Option<Restored>, String> {
         let response = match self
@@ -104,13 +106,15 @@ impl StoreClient {
             Err(status) if status.code() == tonic::Code::NotFound => return Ok(None),
             Err(status) => return Err(status.message().to_owned()),
         };
-        restore_chain(id, plan, &response.chain).map(Some)
+        restore_chain(id, started, plan, &response.chain).map(Some)
     }
 }
 
-/// Applies a checkpoint chain (a full snapshot, then deltas), checking every checksum.
+/// Applies a checkpoint chain (a full snapshot, then deltas: event batches, replayed by the one
+/// replayer), checking every checksum.
 pub fn restore_chain(
     id: ExecutionId,
+    started: &Started,
     plan: Arc<Plan>,
     chain: &[v1::Checkpoint],
 ) -> Result<Restored, String> {
@@ -130,7 +134,7 @@ pub fn restore_chain(
             full_meta.checkpoint_id, full_meta.state_format_version
         ));
     }
-    let mut machine = Execution::restore(plan, full_state)
+    let machine = Execution::restore(plan, full_state)
         .map_err(|err| format!("checkpoint {}: {err}", full_meta.checkpoint_id))?;
     if machine.id() != id {
         return Err(format!(
@@ -139,32 +143,19 @@ pub fn restore_chain(
             machine.id()
         ));
     }
-    let mut sequence = full_meta.event_sequence;
+    let mut replayer = Replayer::resume(started.clone(), machine, full_meta.event_sequence);
     let mut last = full_meta;
     for delta in deltas {
         let (meta, state) = verified(delta)?;
-        let batch = log::decode_event_batch(state)
+        let refused = replayer
+            .apply_message(state)
             .map_err(|err| format!("delta {}: {err}", meta.checkpoint_id))?;
-        for (offset, entry) in batch.entries.into_iter().enumerate() {
-            let at = batch.first_sequence + offset as u64;
-            if at <= sequence {
-                continue;
-            }
-            if at != sequence + 1 {
-                return Err(format!(
-                    "delta {} jumps from sequence {sequence} to {at}",
-                    meta.checkpoint_id
-                ));
-            }
-            if let LogEntry::Event(event) = entry
-                && let Err(err) = machine.apply(&event)
-            {
-                tracing::warn!(%id, at, %err, "event in a delta refused on restore");
-            }
-            sequence = at;
+        for (at, err) in refused {
+            tracing::warn!(%id, at, %err, "event in a delta refused on restore");
         }
         last = meta;
     }
+    let (_, machine, sequence) = replayer.into_parts();
     Ok(Restored {
         machine,
         sequence,

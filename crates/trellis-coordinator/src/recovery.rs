@@ -10,10 +10,10 @@ use std::sync::Arc;
 
 use async_nats::jetstream::stream::{RawMessageErrorKind, Stream};
 use trellis_core::ids::ExecutionId;
-use trellis_core::machine::Execution;
 use trellis_core::plan::Plan;
 use trellis_proto::subjects;
-use trellis_wire::log::{self, LogEntry, Started};
+use trellis_wire::log::Started;
+use trellis_wire::replay::{self, ReplayError, Replayer};
 
 use crate::checkpoints::{Restored, StoreClient};
 use crate::turn::{LogMessage, Recovered};
@@ -25,6 +25,9 @@ pub enum RecoveryError {
     Read { id: ExecutionId, message: String },
     #[error("the log of {id} is malformed: {message}")]
     Malformed { id: ExecutionId, message: String },
+    /// The log does not replay (the error names the execution and the sequence).
+    #[error(transparent)]
+    Replay(#[from] ReplayError),
 }
 
 /// Returns the stream sequence of the last message of an execution's log, or `None` when the log
@@ -116,7 +119,7 @@ pub(crate) async fn recover(
     let (started, plan) = started_of(id, &first)?;
     // The latest good checkpoint, if the store has one; any failure means a full replay.
     let restored = match store {
-        Some(store) => match store.restore(id, Arc::clone(&plan)).await {
+        Some(store) => match store.restore(id, &started, Arc::clone(&plan)).await {
             Ok(restored) => restored,
             Err(err) => {
                 tracing::warn!(%id, %err, "no checkpoint used: replaying the whole log");
@@ -133,31 +136,18 @@ pub(crate) async fn recover(
     replay(id, started, plan, restored, log, last).map(Some)
 }
 
-/// Decodes the first message of a log: `ExecutionStarted` and the plan it records.
+/// Decodes the first message of a log: `ExecutionStarted` and the plan it records (decoded, not
+/// compiled again).
 pub fn started_of(
     id: ExecutionId,
     first: &LogMessage,
 ) -> Result<(Started, Arc<Plan>), RecoveryError> {
-    let malformed = |message: String| RecoveryError::Malformed { id, message };
-    let batch = log::decode_event_batch(&first.payload).map_err(|e| malformed(e.to_string()))?;
-    let Some(LogEntry::Started(started)) = batch.entries.first().cloned() else {
-        return Err(malformed("sequence 1 is not execution_started".to_owned()));
-    };
-    let plan = started.compile().map_err(|errors| {
-        malformed(format!(
-            "its plan no longer compiles: {}",
-            errors
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join("; ")
-        ))
-    })?;
-    Ok((started, Arc::new(plan)))
+    Ok(replay::started_of(id, &first.payload)?)
 }
 
 /// Applies the log messages after the checkpoint (all of them without one) to the checkpoint's
-/// state (a fresh execution without one); `last` is the stream sequence of the log's last message.
+/// state (a fresh execution without one) through the one replayer; `last` is the stream
+/// sequence of the log's last message.
 pub fn replay(
     id: ExecutionId,
     started: Started,
@@ -166,8 +156,7 @@ pub fn replay(
     log: Vec<LogMessage>,
     last: u64,
 ) -> Result<Recovered, RecoveryError> {
-    let malformed = |message: String| RecoveryError::Malformed { id, message };
-    let (mut machine, mut seq, checkpoint) = match restored {
+    let (mut replayer, checkpoint) = match restored {
         Some(Restored {
             machine,
             sequence,
@@ -176,47 +165,25 @@ pub fn replay(
             ..
         }) => {
             tracing::info!(%id, sequence, %checkpoint_id, "restored from checkpoint");
-            (machine, sequence, Some((checkpoint_id, sequence, deltas)))
+            (
+                Replayer::resume(started, machine, sequence),
+                Some((checkpoint_id, sequence, deltas)),
+            )
         }
-        None => (
-            Execution::start(id, plan, started.run_number.max(1), started.started_at_ms),
-            1,
-            None,
-        ),
+        None => (Replayer::new(id, started, plan), None),
     };
     for message in &log {
-        let batch =
-            log::decode_event_batch(&message.payload).map_err(|e| malformed(e.to_string()))?;
-        for (offset, entry) in batch.entries.into_iter().enumerate() {
-            let sequence = batch.first_sequence + offset as u64;
-            if sequence <= seq {
-                continue;
-            }
-            if sequence != seq + 1 {
-                return Err(malformed(format!(
-                    "sequence {sequence} follows {seq}: the log has a gap"
-                )));
-            }
-            seq = sequence;
-            match entry {
-                LogEntry::Event(event) => {
-                    if let Err(err) = machine.apply(&event) {
-                        // Only applied events are logged; a refusal means the log and this build
-                        // disagree. Keep going: the rest of the log still holds.
-                        tracing::warn!(%id, sequence, %err, "logged event refused on replay");
-                    }
-                }
-                LogEntry::Started(_) => {
-                    return Err(malformed(format!(
-                        "execution_started again at sequence {sequence}"
-                    )));
-                }
-            }
+        let refused = replayer.apply_message(&message.payload)?;
+        for (sequence, err) in refused {
+            // Only applied events are logged; a refusal means the log and this build disagree.
+            // Keep going: the rest of the log still holds.
+            tracing::warn!(%id, sequence, %err, "logged event refused on replay");
         }
     }
     let stream_seq = log.last().map_or(last, |m| m.stream_seq).max(last);
     // Drain what replay touched: the read model is the store's business, not the coordinator's.
-    let _ = machine.take_changed_records();
+    let _ = replayer.take_changed_records();
+    let (started, machine, seq) = replayer.into_parts();
     Ok(Recovered {
         machine,
         started,

@@ -192,7 +192,7 @@ impl From<HubError> for ApiError {
     fn from(err: HubError) -> Self {
         let status = match err {
             HubError::Unknown(_) => StatusCode::NOT_FOUND,
-            HubError::Log { .. } => StatusCode::BAD_GATEWAY,
+            HubError::Log { .. } | HubError::Replay(_) => StatusCode::BAD_GATEWAY,
         };
         Self::new(status, err.to_string())
     }

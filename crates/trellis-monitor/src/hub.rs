@@ -24,9 +24,9 @@ use serde::Serialize;
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 use trellis_core::ids::ExecutionId;
-use trellis_core::machine::Execution;
 use trellis_proto::{subjects, v1};
-use trellis_wire::log::{self, LogEntry, Started};
+use trellis_wire::log::{self, LogEntry};
+use trellis_wire::replay::{ReplayError, ReplayErrorKind, Replayer, Step};
 
 use crate::metrics::Open;
 use crate::views::{EventView, ExecutionView, InstanceView, PlanView};
@@ -49,6 +49,9 @@ pub enum HubError {
     Unknown(String),
     #[error("cannot read the event log of {id}: {message}")]
     Log { id: String, message: String },
+    /// The log does not replay: the message names the execution and the sequence.
+    #[error("{0}")]
+    Replay(String),
 }
 
 /// Every hub of this monitor, by execution.
@@ -216,9 +219,11 @@ pub struct Hub {
 /// What a hub knows of its execution.
 #[derive(Debug, Default)]
 struct Projection {
-    started: Option<Started>,
-    machine: Option<Execution>,
-    /// The last event sequence applied.
+    /// The execution rebuilt by the one replayer, from `ExecutionStarted` on.
+    replay: Option<Replayer>,
+    /// The log could not be replayed past a point: the projection stays as it was there.
+    broken: bool,
+    /// The last event sequence read.
     seq: u64,
     /// `(first event sequence, stream sequence)` of every log message read, in order.
     batches: Vec<(u64, u64)>,
@@ -323,8 +328,13 @@ impl Hub {
     /// Every task instance, and the sequence they reflect.
     pub fn instances(&self) -> (u64, Vec<InstanceView>) {
         let state = self.state();
-        let instances = state.machine.as_ref().map_or_else(Vec::new, |m| {
-            m.records().iter().map(InstanceView::from).collect()
+        let instances = state.replay.as_ref().map_or_else(Vec::new, |replay| {
+            replay
+                .machine()
+                .records()
+                .iter()
+                .map(InstanceView::from)
+                .collect()
         });
         (state.seq, instances)
     }
@@ -334,9 +344,9 @@ impl Hub {
         let mut state = self.state();
         if state.plan.is_none() {
             let plan = state
-                .machine
+                .replay
                 .as_ref()
-                .map(|m| PlanView::from(&**m.plan()))?;
+                .map(|replay| PlanView::from(&**replay.machine().plan()))?;
             state.plan = Some(Arc::new(plan));
         }
         state.plan.clone()
@@ -347,14 +357,19 @@ impl Hub {
     pub fn subscribe(&self, records: bool) -> (Bytes, broadcast::Receiver<Bytes>) {
         self.touch();
         let state = self.state();
-        let execution = match (state.machine.as_ref(), state.started.as_ref()) {
-            (Some(machine), Some(started)) => {
-                ExecutionView::from_machine(machine, started, now_ms())
-            }
-            _ => ExecutionView::default(),
-        };
-        let instances = match (&state.machine, records) {
-            (Some(machine), true) => machine.records().iter().map(InstanceView::from).collect(),
+        let execution = state
+            .replay
+            .as_ref()
+            .map_or_else(ExecutionView::default, |replay| {
+                ExecutionView::from_machine(replay.machine(), replay.started(), now_ms())
+            });
+        let instances = match (&state.replay, records) {
+            (Some(replay), true) => replay
+                .machine()
+                .records()
+                .iter()
+                .map(InstanceView::from)
+                .collect(),
             _ => Vec::new(),
         };
         let frame = sse_frame(
@@ -372,14 +387,21 @@ impl Hub {
 
     /// Applies one log message (an `EventBatch`) stored at `stream_seq` at `appended_ms`.
     fn ingest(&self, payload: &[u8], stream_seq: u64, appended_ms: i64) {
+        let mut state = self.state();
         let batch = match v1::EventBatch::decode(payload) {
             Ok(batch) => batch,
             Err(err) => {
-                tracing::warn!(id = %self.id, stream_seq, %err, "undecodable log message skipped");
+                let err = ReplayError {
+                    execution_id: self.id,
+                    sequence: state.seq + 1,
+                    kind: ReplayErrorKind::Corrupt(format!(
+                        "stream message {stream_seq} is not an event batch: {err}"
+                    )),
+                };
+                self.fail(&mut state, &err);
                 return;
             }
         };
-        let mut state = self.state();
         if let Some(first) = batch.events.first() {
             state.batches.push((first.sequence, stream_seq));
         }
@@ -387,23 +409,8 @@ impl Hub {
             if event.sequence <= state.seq {
                 continue;
             }
-            if event.sequence != state.seq + 1 {
-                tracing::warn!(id = %self.id, after = state.seq, sequence = event.sequence, "the log has a gap");
-            }
             state.seq = event.sequence;
-            match log::event_from_proto(event) {
-                Ok(LogEntry::Started(started)) => self.start(&mut state, started),
-                Ok(LogEntry::Event(applied)) => {
-                    if let Some(machine) = state.machine.as_mut()
-                        && let Err(err) = machine.apply(&applied)
-                    {
-                        tracing::debug!(id = %self.id, sequence = event.sequence, %err, "logged event refused");
-                    }
-                }
-                Err(err) => {
-                    tracing::warn!(id = %self.id, sequence = event.sequence, %err, "event skipped");
-                }
-            }
+            self.replay(&mut state, event);
             if matches!(event.kind, Some(v1::event::Kind::ExecutionFinished(_))) {
                 state.finished = true;
             }
@@ -414,7 +421,7 @@ impl Hub {
             state.events.push_back(EventView::new(event, appended_ms));
             state.dirty = true;
         }
-        if stream_seq >= self.catch_up_to && state.machine.is_some() {
+        if stream_seq >= self.catch_up_to && state.replay.is_some() {
             drop(state);
             self.readiness.send_if_modified(|readiness| {
                 let loading = *readiness == Readiness::Loading;
@@ -426,34 +433,55 @@ impl Hub {
         }
     }
 
-    /// Builds the state machine from the log's first entry.
-    fn start(&self, state: &mut Projection, started: Started) {
-        match started.compile() {
-            Ok(plan) => {
-                state.machine = Some(Execution::start(
-                    self.id,
-                    Arc::new(plan),
-                    started.run_number.max(1),
-                    started.started_at_ms,
-                ));
-                state.started = Some(started);
-            }
-            Err(errors) => {
-                let message = format!(
-                    "its plan does not compile: {}",
-                    errors
-                        .iter()
-                        .map(ToString::to_string)
-                        .collect::<Vec<_>>()
-                        .join("; ")
-                );
-                self.readiness
-                    .send_replace(Readiness::Failed(HubError::Log {
-                        id: self.id.to_string(),
-                        message,
-                    }));
-            }
+    /// Applies one event through the replayer, `ExecutionStarted` starting it. A log that does
+    /// not replay (a gap, a corrupt event) fails the hub with the execution and the sequence,
+    /// and the projection stays as it was before that event.
+    fn replay(&self, state: &mut Projection, event: &v1::Event) {
+        if state.broken {
+            return;
         }
+        let result = match state.replay.as_mut() {
+            Some(replay) => replay.apply_event(event).map(|step| match step {
+                Step::Applied | Step::Duplicate => {}
+                Step::Refused(err) => {
+                    tracing::debug!(id = %self.id, sequence = event.sequence, %err, "logged event refused");
+                }
+                Step::Unknown => {
+                    tracing::warn!(id = %self.id, sequence = event.sequence, "event of an unknown kind skipped");
+                }
+            }),
+            None => log::event_from_proto(event)
+                .map_err(|err| ReplayError {
+                    execution_id: self.id,
+                    sequence: event.sequence,
+                    kind: ReplayErrorKind::Corrupt(err.to_string()),
+                })
+                .and_then(|entry| match entry {
+                    LogEntry::Started(started) if event.sequence == 1 => {
+                        state.replay = Some(Replayer::start(self.id, started)?);
+                        Ok(())
+                    }
+                    _ => Err(ReplayError {
+                        execution_id: self.id,
+                        sequence: event.sequence,
+                        kind: ReplayErrorKind::NotStarted,
+                    }),
+                }),
+        };
+        if let Err(err) = result {
+            self.fail(state, &err);
+        }
+    }
+
+    /// Stops replaying at a broken log, and says so to every request from now on.
+    fn fail(&self, state: &mut Projection, err: &ReplayError) {
+        if state.broken {
+            return;
+        }
+        tracing::warn!(%err, "the monitor cannot follow the log of an execution");
+        state.broken = true;
+        self.readiness
+            .send_replace(Readiness::Failed(HubError::Replay(err.to_string())));
     }
 
     /// Sends what changed since the last flush to every stream.
@@ -467,13 +495,10 @@ impl Hub {
         let events_omitted = std::mem::take(&mut state.events_omitted);
         let finished = std::mem::take(&mut state.finished);
         let seq = state.seq;
-        let Projection {
-            machine, started, ..
-        } = &mut *state;
-        let (Some(machine), Some(started)) = (machine.as_mut(), started.as_ref()) else {
+        let Some(replay) = state.replay.as_mut() else {
             return;
         };
-        let changed = machine.take_changed_records();
+        let changed = replay.take_changed_records();
         if self.updates.receiver_count() == 0 {
             return;
         }
@@ -484,7 +509,7 @@ impl Hub {
         };
         let update = Update {
             seq,
-            execution: ExecutionView::from_machine(machine, started, now_ms()),
+            execution: ExecutionView::from_machine(replay.machine(), replay.started(), now_ms()),
             events,
             events_omitted,
             instances,
@@ -569,4 +594,52 @@ async fn follow(hubs: Arc<Hubs>, hub: Arc<Hub>) {
     }
     drop(map);
     tracing::debug!(id = %hub.id, "hub stopped");
+}
+
+#[cfg(test)]
+mod tests {
+    use trellis_core::machine::{Event, EventBody};
+    use trellis_core::plan::{Limits, compile_str};
+    use trellis_wire::log::{Started, event_batch_to_proto, started_to_proto};
+
+    use super::*;
+
+    /// The one replay policy: a gap in the log fails the hub with the execution and the first
+    /// missing sequence, and the projection keeps what it had.
+    #[test]
+    fn a_gap_fails_the_hub_with_the_missing_sequence() {
+        let id = ExecutionId(uuid::Uuid::now_v7());
+        let spec = "name: p\ntasks:\n  - {id: a, type: noop}\n";
+        let plan = compile_str(spec, &Limits::default()).expect("the plan compiles");
+        let started = Started {
+            spec: spec.to_owned(),
+            run_number: 1,
+            started_at_ms: 1,
+            compiled_plan: trellis_core::plan::encode(&plan),
+            ..Started::default()
+        };
+        let hub = Hub::new(id, 1);
+        let first = v1::EventBatch {
+            events: vec![started_to_proto(id, &started)],
+        };
+        hub.ingest(&first.encode_to_vec(), 1, 0);
+        assert_eq!(*hub.readiness.borrow(), Readiness::Ready);
+        let resume = Event {
+            at_ms: 2,
+            body: EventBody::ResumeRequested,
+        };
+        hub.ingest(
+            &event_batch_to_proto(id, 3, &[resume]).encode_to_vec(),
+            2,
+            0,
+        );
+        let Readiness::Failed(HubError::Replay(message)) = hub.readiness.borrow().clone() else {
+            panic!("the hub did not fail: {:?}", *hub.readiness.borrow());
+        };
+        assert!(
+            message.contains(&format!("execution {id}, sequence 2: missing")),
+            "{message}"
+        );
+        assert!(hub.plan().is_some(), "the projection keeps what it had");
+    }
 }

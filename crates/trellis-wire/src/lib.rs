@@ -4,6 +4,8 @@
 //! - [`error`]: what is wrong with a received message, and at which field.
 //! - [`log`]: the event log (`Event`, `EventBatch`), the source of truth; encoding and decoding
 //!   are exact inverses, so a replay rebuilds the state that was live.
+//! - [`replay`]: the one replayer: `ExecutionStarted` and the events after it become the
+//!   execution that was live, with one policy for duplicates, gaps and corrupt messages.
 //! - [`worker`]: the worker contract: assignments, results (turned into events), heartbeats.
 //! - [`read`]: read projections: states, progress, task instance records, the execution graph.
 //! - [`plan`]: plans on the wire, their analyses and validation errors; a received plan is
@@ -18,4 +20,5 @@ pub mod error;
 pub mod log;
 pub mod plan;
 pub mod read;
+pub mod replay;
 pub mod worker;

@@ -4,8 +4,8 @@
 //! The log is the source of truth, so [`event_to_proto`] and [`event_from_proto`] are exact
 //! inverses: every [`EventBody`] decodes to the value that was encoded, which is what lets a replay
 //! rebuild the state that was live. The log's `Event` mirrors `EventBody` one for one, plus
-//! `ExecutionStarted` ([`Started`], sequence 1), which carries the spec text so that recovery
-//! recompiles the identical plan ([`Started::compile`]).
+//! `ExecutionStarted` ([`Started`], sequence 1), which carries the spec text and the compiled plan's
+//! canonical encoding, so that a replay decodes the identical plan ([`Started::plan`]).
 //!
 //! Nothing read from the log is trusted: decoding checks every id, enum value, instant and JSON
 //! payload and returns a [`ConvertError`] naming the field
@@ -56,19 +56,30 @@ pub struct Started {
     pub max_concurrency_cap: Option<u32>,
     /// The W3C `traceparent` of the call that started the execution; empty when not traced.
     pub traceparent: String,
+    /// The compiled plan, cap applied, as [`trellis_core::plan::encode`] writes it; empty in
+    /// logs written before it was recorded.
+    pub compiled_plan: Vec<u8>,
 }
 
 impl Started {
-    /// Compiles the recorded spec into the plan the execution runs: the same plan as at the
-    /// start, with the quota's concurrency cap applied. The log already accepted this spec, so
-    /// the deployment's size limits do not apply again (they may have changed since).
-    pub fn compile(&self) -> Result<trellis_core::plan::Plan, trellis_core::plan::PlanErrors> {
+    /// Returns the plan the execution runs, quota cap applied: decoded from its recorded
+    /// encoding, without compiling. Logs written before the encoding was recorded compile the
+    /// spec again (the log already accepted it, so the deployment's size limits do not apply
+    /// again: they may have changed since) and apply the cap.
+    pub fn plan(&self) -> Result<trellis_core::plan::Plan, String> {
+        if !self.compiled_plan.is_empty() {
+            return trellis_core::plan::decode(&self.compiled_plan)
+                .map_err(|err| format!("its recorded plan does not decode: {err}"));
+        }
         let limits = trellis_core::plan::Limits {
             max_input_bytes: usize::MAX,
             max_tasks: usize::MAX,
             ..trellis_core::plan::Limits::default()
         };
-        let mut plan = trellis_core::plan::compile_str(&self.spec, &limits)?;
+        let mut plan = trellis_core::plan::compile_str(&self.spec, &limits).map_err(|errors| {
+            let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            format!("its spec no longer compiles: {}", errors.join("; "))
+        })?;
         if let Some(cap) = self.max_concurrency_cap {
             plan.options.max_concurrency = Some(cap);
         }
@@ -108,6 +119,7 @@ pub fn started_to_proto(execution_id: ExecutionId, started: &Started) -> v1::Eve
             started_at_unix_ms: instant_to_proto(started.started_at_ms),
             max_concurrency_cap: started.max_concurrency_cap,
             traceparent: started.traceparent.clone(),
+            compiled_plan: started.compiled_plan.clone(),
         })),
     }
 }
@@ -295,6 +307,7 @@ fn decode_event(at: &At<'_>, event: &v1::Event) -> Result<LogEntry, ConvertError
                     cap => cap,
                 },
                 traceparent: started.traceparent.clone(),
+                compiled_plan: started.compiled_plan.clone(),
             }));
         }
         v1::event::Kind::TaskStarted(started) => {

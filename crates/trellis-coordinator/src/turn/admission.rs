@@ -15,7 +15,8 @@ use trellis_wire::{log, plan};
 use super::live::{Live, Tenancy};
 use super::{Coordinator, Error};
 
-/// Room kept beside a spec for the rest of the first log message (its other events).
+/// Room kept beside a spec and its compiled plan for the rest of the first log message (its
+/// other events).
 const STARTED_HEADROOM: usize = 256 * 1024;
 
 impl Coordinator {
@@ -72,8 +73,9 @@ impl Coordinator {
             let lines: Vec<String> = errors.iter().map(|e| format!("{source}: {e}")).collect();
             Error::invalid(lines.join("\n"))
         };
-        // The log records text that compiles to the same plan on recovery: spec text as sent
-        // when it needs nothing else, otherwise the plan's canonical flat JSON spec.
+        // The log records text that compiles to the same plan, for readers and for logs read by
+        // older builds: spec text as sent when it needs nothing else, otherwise the plan's
+        // canonical flat JSON spec.
         let (plan, text, format) = match source {
             PlanSource::Spec(spec) => {
                 let source = if spec.source_name.is_empty() {
@@ -109,21 +111,28 @@ impl Coordinator {
             )));
         }
         // The quota's cap is enforced at run time: the plan runs with it, and the log records
-        // it so every replay compiles the same plan.
+        // the capped plan, so every replay runs the same one.
         let asked = plan.options.max_concurrency;
         let capped = quota.cap_concurrency(asked);
         let max_concurrency_cap = (capped != asked).then_some(capped).flatten();
         let mut plan = plan;
         plan.options.max_concurrency = capped;
-        // `ExecutionStarted` logs the spec whole, in one message with up to a batch of other
-        // events: refuse what the NATS server would refuse, rather than retry that append forever.
+        // The plan is compiled here, once: the log records its canonical encoding, which every
+        // replay (recovery, the store, the monitor) decodes instead of compiling the spec again.
+        let compiled_plan = trellis_core::plan::encode(&plan);
+        // `ExecutionStarted` logs the spec and the encoded plan whole, in one message with up to
+        // a batch of other events: refuse what the NATS server would refuse, rather than retry
+        // that append forever.
+        let recorded = text.len() + compiled_plan.len();
         let max_payload = self.config.max_message_bytes;
-        if max_payload > 0 && text.len() + STARTED_HEADROOM > max_payload {
+        if max_payload > 0 && recorded + STARTED_HEADROOM > max_payload {
             return Err(Error::invalid(format!(
-                "the plan's spec is {} bytes, and the log records it in one NATS message, which \
-                 this NATS server limits to {max_payload} bytes: raise the server's max_payload \
-                 (Trellis documents {} bytes) or split the plan",
+                "the plan's spec ({} bytes) and its compiled form ({} bytes) are {recorded} \
+                 bytes, and the log records them in one NATS message, which this NATS server \
+                 limits to {max_payload} bytes: raise the server's max_payload (Trellis \
+                 documents {} bytes) or split the plan",
                 text.len(),
+                compiled_plan.len(),
                 trellis_bus::MAX_PAYLOAD
             )));
         }
@@ -155,6 +164,7 @@ impl Coordinator {
                 namespace: namespace.to_string(),
                 max_concurrency_cap,
                 traceparent: traceparent.clone(),
+                compiled_plan,
             },
         );
         let tenancy = Tenancy {

@@ -2,10 +2,10 @@
 //! real pure turn carried out as the executor does, with a crash possible between any two steps.
 
 use prost::Message as _;
-use trellis_coordinator::{checkpoints, recovery};
 use trellis_coordinator::turn::{
     Ack, Append, Appended, Delivery, Effects, Input, LogMessage, Recovered, Token, Writes,
 };
+use trellis_coordinator::{checkpoints, recovery};
 use trellis_core::ids::ExecutionId;
 use trellis_proto::{subjects, v1};
 
@@ -415,7 +415,7 @@ impl World {
         let restored = self
             .store
             .chain(id)
-            .and_then(|chain| checkpoints::restore_chain(id, plan.clone(), &chain).ok());
+            .and_then(|chain| checkpoints::restore_chain(id, &started, plan.clone(), &chain).ok());
         if restored.is_some() {
             RESTORED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }

@@ -40,7 +40,9 @@ impl Store {
     /// built on it, each on the one before.
     pub fn chain(&self, id: ExecutionId) -> Option<Vec<v1::Checkpoint>> {
         let all = self.checkpoints.get(&id)?;
-        let full = all.iter().rposition(|c| kind(c) == v1::CheckpointKind::Full)?;
+        let full = all
+            .iter()
+            .rposition(|c| kind(c) == v1::CheckpointKind::Full)?;
         let mut chain = vec![all[full].clone()];
         for checkpoint in &all[full + 1..] {
             let base = checkpoint.metadata.as_ref()?.base_checkpoint_id.clone();

@@ -1,7 +1,7 @@
 //! Snapshots: the state of an [`Execution`] as bytes, and back (docs/design.md §2, §4).
 //!
 //! A snapshot holds everything `apply` and `decide` read except the plan, which the caller
-//! recompiles from the spec recorded in the log. Indexes derived from the plan or the instances
+//! decodes from the log's `ExecutionStarted`. Indexes derived from the plan or the instances
 //! (`by_id`, `group_by_id`, `static_members`, waves) are rebuilt on restore, so they cannot drift.
 //! The encoding is MessagePack (`rmp-serde`): compact, self-describing enough for the JSON values
 //! tasks produce, and deterministic here because every collection in it is ordered, so the same

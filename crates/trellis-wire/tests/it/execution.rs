@@ -11,6 +11,7 @@ use trellis_proto::v1::{self, task_result};
 use trellis_wire::log::{
     LogEntry, Started, decode_event_batch, event_batch_to_proto, started_to_proto,
 };
+use trellis_wire::replay::{ReplayErrorKind, Replayer, Skipped};
 use trellis_wire::worker::{assignment_to_proto, decode_task_assignment, decode_task_result};
 use trellis_wire::{common, read};
 
@@ -26,11 +27,17 @@ tasks:
     depends_on: [fan]
 "#;
 
+/// An execution run to its end, every event through the wire.
+struct Run {
+    live: Execution,
+    /// The log: one encoded `EventBatch` per message, `ExecutionStarted` first.
+    log: Vec<Vec<u8>>,
+    now: u64,
+}
+
 /// Runs an execution whose events all travel through the wire (core → proto → bytes → core)
-/// before being applied, then replays the decoded log into a fresh execution: both end in the
-/// same state, and the resumed parent's assignment carries its group summary.
-#[test]
-fn replaying_the_decoded_log_rebuilds_the_live_state() {
+/// before being applied; the resumed parent's assignment carries its group summary.
+fn run() -> Run {
     let plan = Arc::new(compile_str(PLAN, &Limits::default()).expect("the plan compiles"));
     let started = Started {
         plan_name: plan.name.clone(),
@@ -38,6 +45,7 @@ fn replaying_the_decoded_log_rebuilds_the_live_state() {
         spec: PLAN.to_owned(),
         format: v1::PlanFormat::Yaml,
         started_at_ms: AT_MS,
+        compiled_plan: trellis_core::plan::encode(&plan),
         ..Started::default()
     };
     let mut live = Execution::start(execution_id(), Arc::clone(&plan), 1, AT_MS);
@@ -152,30 +160,25 @@ fn replaying_the_decoded_log_rebuilds_the_live_state() {
     );
     assert!(saw_group_summary, "the fan task resumed after its group");
 
-    // Recovery: read the log from the start and rebuild the execution from it alone.
-    let mut entries = log.iter().flat_map(|bytes| {
-        decode_event_batch(bytes)
-            .expect("every logged batch decodes")
-            .entries
-    });
-    let Some(LogEntry::Started(started)) = entries.next() else {
-        panic!("the log starts with execution_started");
-    };
-    let plan =
-        Arc::new(compile_str(&started.spec, &Limits::default()).expect("the spec compiles again"));
-    let mut replayed = Execution::start(
-        execution_id(),
-        plan,
-        started.run_number,
-        started.started_at_ms,
-    );
-    for entry in entries {
-        let LogEntry::Event(event) = entry else {
-            panic!("execution_started appears only once");
-        };
-        replayed.apply(&event).expect("replayed events apply");
+    Run { live, log, now }
+}
+
+/// Replays the decoded log into a fresh execution: it ends in the live state, and its read
+/// projections survive the wire.
+#[test]
+fn replaying_the_decoded_log_rebuilds_the_live_state() {
+    let Run { live, log, now } = run();
+    let (mut replayer, refused) =
+        Replayer::from_first_message(execution_id(), &log[0]).expect("the log starts well");
+    assert!(refused.is_empty());
+    for message in &log[1..] {
+        let refused = replayer.apply_message(message).expect("the log replays");
+        assert!(refused.is_empty(), "refused: {refused:?}");
     }
-    assert_eq!(replayed, live);
+    assert_eq!(replayer.sequence(), log.len() as u64);
+    assert_eq!(*replayer.machine(), live);
+    // The plan came from its recorded encoding; `ExecutionStarted` no longer holds the bytes.
+    assert!(replayer.started().compiled_plan.is_empty());
     assert_eq!(
         read::progress_from_proto(&read::progress_to_proto(&live.progress(now))),
         Ok(live.progress(now))
@@ -190,4 +193,88 @@ fn replaying_the_decoded_log_rebuilds_the_live_state() {
     )
     .expect("records convert back");
     assert_eq!(records, graph.records());
+}
+
+/// One policy for every replayer: duplicates are skipped, a gap, a corrupt message, another
+/// execution's event or a second `ExecutionStarted` stop the replay with the execution and the
+/// sequence named, and apply nothing.
+#[test]
+fn a_broken_log_is_reported_with_its_execution_and_sequence() {
+    let Run { live, log, .. } = run();
+    let start = || {
+        Replayer::from_first_message(execution_id(), &log[0])
+            .expect("the log starts well")
+            .0
+    };
+
+    // A redelivered message changes nothing.
+    let mut replayer = start();
+    replayer.apply_message(&log[1]).expect("applies");
+    let before = replayer.machine().clone();
+    replayer
+        .apply_message(&log[1])
+        .expect("a duplicate is skipped");
+    assert_eq!(*replayer.machine(), before);
+
+    // A missing message: the next one is refused and names the first missing sequence.
+    let err = replayer.apply_message(&log[3]).expect_err("a gap");
+    assert_eq!(err.execution_id, execution_id());
+    assert_eq!(err.sequence, 3);
+    assert_eq!(err.kind, ReplayErrorKind::Gap { found: 4 });
+    assert_eq!(*replayer.machine(), before);
+    assert_eq!(replayer.sequence(), 2);
+    assert!(
+        err.to_string().starts_with(&format!(
+            "the log of execution {}, sequence 3: missing",
+            execution_id()
+        )),
+        "{err}"
+    );
+
+    // A corrupt message.
+    let err = replayer.apply_message(b"\xff\xff").expect_err("corrupt");
+    assert_eq!((err.sequence, replayer.sequence()), (3, 2));
+    assert!(matches!(err.kind, ReplayErrorKind::Corrupt(_)), "{err}");
+
+    // An event of another execution.
+    let mut other = v1::EventBatch::decode(log[2].as_slice()).expect("decodes");
+    other.events[0].execution_id = "00000000-0000-7000-8000-000000000001".to_owned();
+    let err = replayer
+        .apply_message(&other.encode_to_vec())
+        .expect_err("another execution's event");
+    assert!(
+        matches!(err.kind, ReplayErrorKind::OtherExecution(_)),
+        "{err}"
+    );
+
+    // `ExecutionStarted` again, at the next sequence.
+    let mut again = v1::EventBatch::decode(log[0].as_slice()).expect("decodes");
+    again.events[0].sequence = 3;
+    let err = replayer
+        .apply_message(&again.encode_to_vec())
+        .expect_err("started again");
+    assert_eq!((err.sequence, err.kind), (3, ReplayErrorKind::StartedAgain));
+
+    // A log that does not start with `ExecutionStarted`.
+    let err = Replayer::from_first_message(execution_id(), &log[1]).expect_err("not started");
+    assert_eq!((err.sequence, err.kind), (1, ReplayErrorKind::NotStarted));
+
+    // An event of a kind this build does not know is skipped, and said so; the replay goes on.
+    let mut newer = start();
+    let mut unknown = v1::EventBatch::decode(log[1].as_slice()).expect("decodes");
+    unknown.events[0].kind = None;
+    let skipped = newer
+        .apply_message(&unknown.encode_to_vec())
+        .expect("an unknown kind is skipped");
+    assert!(
+        matches!(skipped[..], [(2, Skipped::Unknown)]),
+        "{skipped:?}"
+    );
+    assert_eq!(newer.sequence(), 2);
+
+    // Nothing of the above was applied: the rest of the log still replays to the live state.
+    for message in &log[2..] {
+        replayer.apply_message(message).expect("the log replays");
+    }
+    assert_eq!(*replayer.machine(), live);
 }

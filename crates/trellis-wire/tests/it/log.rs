@@ -10,6 +10,7 @@ use trellis_core::ids::{ExecutionId, WorkerId};
 use trellis_core::machine::{
     Event, EventBody, GroupRule, Outcome, Question, SubtaskSpec, TimeoutAction, Usage,
 };
+use trellis_core::plan::{Limits, compile_str};
 use trellis_proto::v1;
 use trellis_wire::log::{
     LogEntry, Started, decode_event_batch, event_batch_to_proto, event_from_proto, event_to_proto,
@@ -210,6 +211,7 @@ fn execution_started_round_trips() {
         namespace: "team-a".to_owned(),
         max_concurrency_cap: Some(3),
         traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned(),
+        compiled_plan: vec![0x92, 0x01, 0x90],
     };
     let proto = started_to_proto(execution_id(), &started);
     assert_eq!(proto.sequence, 1);
@@ -218,14 +220,14 @@ fn execution_started_round_trips() {
 }
 
 #[test]
-fn a_recorded_concurrency_cap_is_applied_on_every_recompilation() {
+fn a_recorded_concurrency_cap_is_applied_when_an_old_log_is_compiled_again() {
     let started = Started {
         spec: "name: p\noptions: {max_concurrency: 8}\ntasks:\n  - {id: a, type: noop}\n"
             .to_owned(),
         max_concurrency_cap: Some(3),
         ..Started::default()
     };
-    let plan = started.compile().expect("the spec compiles");
+    let plan = started.plan().expect("the spec compiles");
     assert_eq!(plan.options.max_concurrency, Some(3));
     let uncapped = Started {
         max_concurrency_cap: None,
@@ -233,7 +235,7 @@ fn a_recorded_concurrency_cap_is_applied_on_every_recompilation() {
     };
     assert_eq!(
         uncapped
-            .compile()
+            .plan()
             .expect("the spec compiles")
             .options
             .max_concurrency,
@@ -241,6 +243,29 @@ fn a_recorded_concurrency_cap_is_applied_on_every_recompilation() {
     );
     // Logs written before namespaces read as `default`.
     assert_eq!(uncapped.namespace(), "default");
+}
+
+#[test]
+fn a_recorded_plan_is_decoded_not_compiled() {
+    let spec = "name: p\ntasks:\n  - {id: a, type: noop}\n";
+    let mut plan = compile_str(spec, &Limits::default()).expect("the spec compiles");
+    plan.options.max_concurrency = Some(2);
+    let started = Started {
+        // A spec that would not compile: only the recorded plan is read.
+        spec: "not: [a plan".to_owned(),
+        compiled_plan: trellis_core::plan::encode(&plan),
+        ..Started::default()
+    };
+    assert_eq!(started.plan(), Ok(plan));
+    let corrupt = Started {
+        compiled_plan: vec![0xff, 0x00],
+        ..started
+    };
+    let err = corrupt.plan().expect_err("garbage does not decode");
+    assert!(
+        err.starts_with("its recorded plan does not decode"),
+        "{err}"
+    );
 }
 
 #[test]
