@@ -1,57 +1,21 @@
-//! The read model's writer: consumes the event log (`TRELLIS_EVENTS`) with a durable pull
-//! consumer and writes executions, task instances, events and questions.
-//!
-//! Task instance ids are derived inside the state machine, so the store keeps a replica
-//! [`Execution`](trellis_core::machine::Execution) per unfinished execution, rebuilt by the one
-//! replayer ([`Replayer`]): started from `ExecutionStarted` (its recorded plan decoded, not
-//! compiled), fed every later event, and asked after each run of messages which records changed.
-//! A log the replayer cannot follow (a gap, an event that does not decode) ends the replica with
-//! a warning naming the execution and the sequence: the events are still recorded, the task
-//! instances no longer. An event of a kind this build does not know is recorded as `unknown` and
-//! skipped by the replica. A replica is dropped when its execution finishes. After a restart, an execution whose
-//! next event is not the first gets its replica rebuilt from its own log on JetStream (an ordered
-//! consumer filtered on its subject), up to what the read model already holds; so is the replica
-//! of a finished execution when a new run (`RunStarted`) arrives.
-//!
-//! Writes are idempotent by event sequence: the read model keeps `last_sequence` per execution,
-//! events at or below it are skipped, and each run of messages (many of them, for speed) is written
-//! with the new sequences in one transaction before the messages are acknowledged. Events of a kind
-//! this store does not know are stored as `unknown` and skipped, with a warning.
+//! The pure part of the read model's writer: log messages in, replicas advanced by the one
+//! replayer, rows to write out. No I/O: rebuilding a replica from the log is done by the caller
+//! ([`super::Ingest`]) through [`Applier::needs_log`] and [`Applier::rebuild`].
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
-use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer};
-use futures::StreamExt;
 use prost::Message as _;
-use tokio_util::sync::CancellationToken;
 use trellis_core::ids::{ExecutionId, TaskInstanceId};
 use trellis_core::machine::{Event, EventBody};
 use trellis_core::record::TaskStatusRecord;
-use trellis_proto::{subjects, v1};
+use trellis_proto::v1;
 use trellis_wire::log::{self, LogEntry, Started};
 use trellis_wire::replay::{Replayer, Step};
 
 use crate::store::{
     EventRow, ExecutionRow, ExecutionWrite, ProgressRow, QuestionResolved, QuestionRow,
-    ReadModelBatch, Resolution, Store,
+    ReadModelBatch, Resolution,
 };
-
-/// Name of the store's durable consumer of `TRELLIS_EVENTS`.
-pub const CONSUMER_NAME: &str = "checkpoint-store";
-
-/// Most messages written in one transaction.
-const MAX_RUN_MESSAGES: usize = 2_000;
-/// Most payload bytes written in one transaction.
-const MAX_RUN_BYTES: usize = 16 * 1024 * 1024;
-/// How long an unacknowledged message waits before JetStream delivers it again; a slow database
-/// only causes redeliveries, which sequences make harmless.
-const ACK_WAIT: Duration = Duration::from_secs(60);
-/// Longest wait for the next message of an execution's log while rebuilding its replica.
-const LOG_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// Longest pause between two tries of a failed write.
-const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
 
 /// What the store knows about one execution between runs of messages.
 #[derive(Debug, Default)]
@@ -85,14 +49,14 @@ struct RunTimes {
 
 /// One decoded message of the log: its events, in sequence order.
 #[derive(Debug)]
-struct LogMessage {
-    execution_id: ExecutionId,
-    events: Vec<v1::Event>,
+pub(super) struct LogMessage {
+    pub(super) execution_id: ExecutionId,
+    pub(super) events: Vec<v1::Event>,
 }
 
 /// Decodes an `EventBatch` message. Unlike `log::decode_event_batch`, events of unknown
 /// kinds are kept (to be stored and skipped); only the envelope is checked here.
-fn decode_message(payload: &[u8]) -> Result<LogMessage, String> {
+pub(super) fn decode_message(payload: &[u8]) -> Result<LogMessage, String> {
     let batch =
         v1::EventBatch::decode(payload).map_err(|err| format!("invalid protobuf: {err}"))?;
     let first = batch
@@ -168,13 +132,13 @@ fn instant(unix_ms: i64) -> u64 {
 /// replica from the log is done by the caller ([`Ingest`]) through [`Applier::needs_log`] and
 /// [`Applier::rebuild`].
 #[derive(Debug, Default)]
-pub(crate) struct Applier {
+pub(super) struct Applier {
     executions: HashMap<ExecutionId, Tracked>,
 }
 
 /// What one run of messages changed, being built.
 #[derive(Debug, Default)]
-struct Run {
+pub(super) struct Run {
     touched: Vec<ExecutionId>,
     events: Vec<EventRow>,
     asked: Vec<QuestionRow>,
@@ -183,7 +147,7 @@ struct Run {
 
 impl Applier {
     /// Returns the executions of `messages` this applier holds nothing about.
-    fn unknown(&self, messages: &[LogMessage]) -> Vec<ExecutionId> {
+    pub(super) fn unknown(&self, messages: &[LogMessage]) -> Vec<ExecutionId> {
         let mut res: Vec<ExecutionId> = messages
             .iter()
             .map(|message| message.execution_id)
@@ -195,7 +159,7 @@ impl Applier {
     }
 
     /// Records what the read model holds of an execution (0 when it holds nothing).
-    fn track(&mut self, execution_id: ExecutionId, last_sequence: u64) {
+    pub(super) fn track(&mut self, execution_id: ExecutionId, last_sequence: u64) {
         self.executions.entry(execution_id).or_insert(Tracked {
             last_sequence,
             ..Tracked::default()
@@ -204,7 +168,7 @@ impl Applier {
 
     /// Returns the executions of `messages` with new events but no replica, and the sequence up
     /// to which each one's log must be read to rebuild it (the event before its first new one).
-    fn needs_log(&self, messages: &[LogMessage]) -> Vec<(ExecutionId, u64)> {
+    pub(super) fn needs_log(&self, messages: &[LogMessage]) -> Vec<(ExecutionId, u64)> {
         let mut first_new: BTreeMap<ExecutionId, u64> = BTreeMap::new();
         for message in messages {
             let Some(tracked) = self.executions.get(&message.execution_id) else {
@@ -234,7 +198,12 @@ impl Applier {
     /// Rebuilds an execution's replica from its log's first events (`log` holds sequences 1..n
     /// in order). Events the read model already holds are applied silently; later ones are
     /// applied and written as if they had just arrived (they were missing from the read model).
-    fn rebuild(&mut self, execution_id: ExecutionId, log: Vec<v1::Event>, run: &mut Run) {
+    pub(super) fn rebuild(
+        &mut self,
+        execution_id: ExecutionId,
+        log: Vec<v1::Event>,
+        run: &mut Run,
+    ) {
         let Some(tracked) = self.executions.get_mut(&execution_id) else {
             return;
         };
@@ -253,14 +222,14 @@ impl Applier {
     }
 
     /// Records that an execution's replica cannot be rebuilt.
-    fn give_up_replica(&mut self, execution_id: ExecutionId) {
+    pub(super) fn give_up_replica(&mut self, execution_id: ExecutionId) {
         if let Some(tracked) = self.executions.get_mut(&execution_id) {
             tracked.no_replica = true;
         }
     }
 
     /// Applies the messages (already tracked, replicas rebuilt where possible).
-    fn apply_messages(&mut self, messages: Vec<LogMessage>, run: &mut Run) {
+    pub(super) fn apply_messages(&mut self, messages: Vec<LogMessage>, run: &mut Run) {
         for message in messages {
             for event in message.events {
                 self.apply_event(message.execution_id, event, false, run);
@@ -352,7 +321,7 @@ impl Applier {
     }
 
     /// Returns the batch to write for this run, and forgets replicas whose execution finished.
-    fn finish(&mut self, run: Run) -> ReadModelBatch {
+    pub(super) fn finish(&mut self, run: Run) -> ReadModelBatch {
         let mut batch = ReadModelBatch {
             events: run.events,
             questions_resolved: run.resolved,
@@ -441,7 +410,7 @@ impl Applier {
 
     /// Forgets executions without a replica (finished ones): what they need is in the read
     /// model. Keeps memory bounded by the unfinished executions.
-    fn forget_finished(&mut self) {
+    pub(super) fn forget_finished(&mut self) {
         self.executions
             .retain(|_, tracked| tracked.replica.is_some() || tracked.no_replica);
     }
@@ -500,272 +469,6 @@ fn collect_questions(execution_id: ExecutionId, event: &Event, run: &mut Run) {
         }),
         _ => {}
     }
-}
-
-/// The consumer loop: the [`Applier`] plus the NATS and database I/O around it.
-pub(crate) struct Ingest {
-    store: Arc<dyn Store>,
-    events: jetstream::stream::Stream,
-    applier: Applier,
-    metrics: crate::metrics::Metrics,
-}
-
-impl Ingest {
-    /// Waits for the coordinator to create the streams (logging while it waits), then consumes the
-    /// event log until `shutdown`.
-    pub(crate) async fn run(
-        store: Arc<dyn Store>,
-        nats: async_nats::Client,
-        metrics: crate::metrics::Metrics,
-        shutdown: CancellationToken,
-    ) {
-        let js = jetstream::new(nats);
-        let streams = loop {
-            let waited = tokio::select! {
-                () = shutdown.cancelled() => return,
-                streams = trellis_bus::wait_for_streams(&js, Duration::from_secs(60)) => streams,
-            };
-            match waited {
-                Ok(streams) => break streams,
-                Err(err) => tracing::warn!(%err, "the read model waits for the event stream"),
-            }
-        };
-        let mut ingest = Ingest {
-            store,
-            events: streams.events,
-            applier: Applier::default(),
-            metrics,
-        };
-        let mut delay = Duration::from_millis(100);
-        loop {
-            match ingest.consume(&shutdown).await {
-                Ok(()) => return,
-                Err(err) => {
-                    tracing::warn!(%err, "event consumer stopped; starting it again");
-                    tokio::select! {
-                        () = shutdown.cancelled() => return,
-                        () = tokio::time::sleep(delay) => {}
-                    }
-                    delay = (delay * 2).min(MAX_RETRY_DELAY);
-                }
-            }
-        }
-    }
-
-    async fn consume(&mut self, shutdown: &CancellationToken) -> Result<(), String> {
-        let consumer: consumer::PullConsumer = self
-            .events
-            .get_or_create_consumer(
-                CONSUMER_NAME,
-                consumer::pull::Config {
-                    durable_name: Some(CONSUMER_NAME.to_owned()),
-                    filter_subject: subjects::EVENTS_WILDCARD.to_owned(),
-                    deliver_policy: consumer::DeliverPolicy::All,
-                    // A run of messages is acknowledged by its last one, once written.
-                    ack_policy: consumer::AckPolicy::All,
-                    ack_wait: ACK_WAIT,
-                    max_ack_pending: 100_000,
-                    max_deliver: -1,
-                    ..Default::default()
-                },
-            )
-            .await
-            .map_err(|err| format!("cannot create consumer {CONSUMER_NAME}: {err}"))?;
-        let mut messages = consumer
-            .stream()
-            .max_messages_per_batch(1_000)
-            .messages()
-            .await
-            .map_err(|err| format!("cannot consume the event log: {err}"))?;
-        tracing::info!("read model consuming the event log");
-        loop {
-            let first = tokio::select! {
-                () = shutdown.cancelled() => return Ok(()),
-                next = messages.next() => next,
-            };
-            let Some(first) = first else {
-                return Err("the event consumer ended".to_owned());
-            };
-            let mut received = Vec::with_capacity(64);
-            let mut bytes = 0;
-            let mut next = Some(first);
-            // Take whatever else is already buffered, without waiting.
-            while let Some(item) = next.take() {
-                match item {
-                    Ok(message) => {
-                        bytes += message.payload.len();
-                        received.push(message);
-                    }
-                    Err(err) => tracing::warn!(%err, "event consumer"),
-                }
-                if received.len() >= MAX_RUN_MESSAGES || bytes >= MAX_RUN_BYTES {
-                    break;
-                }
-                next = futures::FutureExt::now_or_never(messages.next()).flatten();
-            }
-            let Some(last) = received.last() else {
-                continue;
-            };
-            let decoded: Vec<LogMessage> = received
-                .iter()
-                .filter_map(|message| match decode_message(&message.payload) {
-                    Ok(decoded) => {
-                        trace_ingest(message, &decoded);
-                        Some(decoded)
-                    }
-                    Err(err) => {
-                        tracing::warn!(subject = %message.subject, %err, "corrupt event log message skipped");
-                        None
-                    }
-                })
-                .collect();
-            let n_events: usize = decoded.iter().map(|m| m.events.len()).sum();
-            let Some(batch) = self.take(decoded, shutdown).await else {
-                return Ok(());
-            };
-            let started = std::time::Instant::now();
-            if !self.write(batch, shutdown).await {
-                // Shutting down before the write landed: the messages are delivered again later.
-                return Ok(());
-            }
-            self.metrics
-                .write_seconds
-                .observe(started.elapsed().as_secs_f64());
-            self.metrics.events_ingested.inc_by(n_events as u64);
-            if let Err(err) = last.ack().await {
-                tracing::warn!(%err, "failed to acknowledge event log messages (they come again and are skipped)");
-            }
-            self.applier.forget_finished();
-        }
-    }
-
-    /// Turns decoded messages into a batch: looks up unknown executions, rebuilds missing
-    /// replicas from the log, applies the events.
-    /// Returns `None` when shut down first.
-    async fn take(
-        &mut self,
-        messages: Vec<LogMessage>,
-        shutdown: &CancellationToken,
-    ) -> Option<ReadModelBatch> {
-        let unknown = self.applier.unknown(&messages);
-        if !unknown.is_empty() {
-            let mut delay = Duration::from_millis(50);
-            let known = loop {
-                match self.store.last_sequences(&unknown).await {
-                    Ok(known) => break known,
-                    Err(err) => {
-                        tracing::error!(%err, "failed to read the executions' last sequences; trying again")
-                    }
-                }
-                tokio::select! {
-                    () = shutdown.cancelled() => return None,
-                    () = tokio::time::sleep(delay) => {}
-                }
-                delay = (delay * 2).min(MAX_RETRY_DELAY);
-            };
-            for execution_id in unknown {
-                let last_sequence = known.get(&execution_id).copied().unwrap_or(0);
-                self.applier.track(execution_id, last_sequence);
-            }
-        }
-        let mut run = Run::default();
-        for (execution_id, up_to) in self.applier.needs_log(&messages) {
-            match read_log(&self.events, execution_id, up_to).await {
-                Ok(log) => self.applier.rebuild(execution_id, log, &mut run),
-                Err(err) => {
-                    tracing::warn!(
-                        %execution_id,
-                        %err,
-                        "cannot rebuild the replica from the log; its task instances are not recorded"
-                    );
-                    self.applier.give_up_replica(execution_id);
-                }
-            }
-        }
-        self.applier.apply_messages(messages, &mut run);
-        Some(self.applier.finish(run))
-    }
-
-    /// Writes the batch, trying again until it lands; returns false when shut down first.
-    async fn write(&self, batch: ReadModelBatch, shutdown: &CancellationToken) -> bool {
-        let mut delay = Duration::from_millis(50);
-        loop {
-            match self.store.write_read_model(&batch).await {
-                Ok(()) => return true,
-                Err(err) => {
-                    tracing::error!(%err, events = batch.events.len(), "read model write failed; trying again");
-                }
-            }
-            tokio::select! {
-                () = shutdown.cancelled() => return false,
-                () = tokio::time::sleep(delay) => {}
-            }
-            delay = (delay * 2).min(MAX_RETRY_DELAY);
-        }
-    }
-}
-
-/// Marks the read model's taking of a log message in the execution's trace, as a child of the
-/// coordinator's append (when tracing is on and the message carries its context).
-fn trace_ingest(message: &jetstream::Message, decoded: &LogMessage) {
-    use trellis_telemetry::propagation;
-    if !propagation::enabled() {
-        return;
-    }
-    let span = tracing::info_span!(
-        "events.ingest",
-        otel.kind = "consumer",
-        execution_id = %decoded.execution_id,
-        events = decoded.events.len(),
-    );
-    propagation::set_parent(&span, propagation::extract_nats(message.headers.as_ref()));
-}
-
-/// Reads an execution's log from its first event up to `up_to` (inclusive) with an ordered
-/// consumer filtered on its subject.
-async fn read_log(
-    events: &jetstream::stream::Stream,
-    execution_id: ExecutionId,
-    up_to: u64,
-) -> Result<Vec<v1::Event>, String> {
-    let mut messages = trellis_bus::read_execution_log(events, execution_id, 0)
-        .await
-        .map_err(|err| format!("cannot read the log: {err}"))?;
-    let mut log: Vec<v1::Event> = Vec::new();
-    while (log.len() as u64) < up_to {
-        let message = tokio::time::timeout(LOG_READ_TIMEOUT, messages.next())
-            .await
-            .map_err(|_| format!("the log ends at sequence {}", log.len()))?
-            .ok_or("the log reader stopped")?
-            .map_err(|err| format!("cannot read the log: {err}"))?;
-        let pending = message.info().map(|info| info.pending).unwrap_or(1);
-        match decode_message(&message.payload) {
-            Ok(decoded) => {
-                for event in decoded.events {
-                    let expected = log.len() as u64 + 1;
-                    if event.sequence < expected || event.sequence > up_to {
-                        continue;
-                    }
-                    if event.sequence > expected {
-                        return Err(format!(
-                            "the log jumps from sequence {} to {}",
-                            expected - 1,
-                            event.sequence
-                        ));
-                    }
-                    log.push(event);
-                }
-            }
-            Err(err) => tracing::warn!(%execution_id, %err, "corrupt event log message skipped"),
-        }
-        if pending == 0 && (log.len() as u64) < up_to {
-            return Err(format!(
-                "the log ends at sequence {} before {up_to}",
-                log.len()
-            ));
-        }
-    }
-    Ok(log)
 }
 
 #[cfg(test)]
