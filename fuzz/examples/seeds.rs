@@ -145,6 +145,21 @@ fn main() -> std::io::Result<()> {
         events: vec![log::started_to_proto(execution_id(), &started)],
     };
     write("nats_event_batch", "started.pb", &start.encode_to_vec())?;
+    // As logs are written now: with the compiled plan, cap applied, which replays decode.
+    let mut plan = live.exec.plan().as_ref().clone();
+    plan.options.max_concurrency = Some(2);
+    let recorded = Started {
+        compiled_plan: trellis_core::plan::encode(&plan),
+        ..started.clone()
+    };
+    let start_compiled = v1::EventBatch {
+        events: vec![log::started_to_proto(execution_id(), &recorded)],
+    };
+    write(
+        "nats_event_batch",
+        "started-compiled.pb",
+        &start_compiled.encode_to_vec(),
+    )?;
     let mut log = live.log.clone();
     let (instance, attempt) = attempts[0];
     log.push(Event {

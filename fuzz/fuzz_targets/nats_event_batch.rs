@@ -54,7 +54,7 @@ fn replay(data: &[u8]) {
             replayer
         }
     };
-    let (_, mut exec, _) = replayer.into_parts();
+    let (_, exec, _) = replayer.into_parts();
     let _ = exec.decide(u64::MAX / 2);
     let _ = exec.progress(u64::MAX / 2);
     let _ = exec.records();
