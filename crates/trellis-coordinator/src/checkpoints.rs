@@ -13,7 +13,7 @@ use trellis_grpc::{AuthChannel, ClientSecurity};
 use trellis_proto::v1;
 use trellis_proto::v1::checkpoint_store_client::CheckpointStoreClient;
 use trellis_wire::log::Started;
-use trellis_wire::replay::Replayer;
+use trellis_wire::replay::{Replayer, Skipped};
 
 /// Longest wait for the store on any call: recovery falls back to the log rather than hang.
 const CALL_TIMEOUT: Duration = Duration::from_secs(3);
@@ -147,11 +147,21 @@ pub fn restore_chain(
     let mut last = full_meta;
     for delta in deltas {
         let (meta, state) = verified(delta)?;
-        let refused = replayer
+        let skipped = replayer
             .apply_message(state)
             .map_err(|err| format!("delta {}: {err}", meta.checkpoint_id))?;
-        for (at, err) in refused {
-            tracing::warn!(%id, at, %err, "event in a delta refused on restore");
+        for (at, skipped) in skipped {
+            match skipped {
+                Skipped::Refused(err) => {
+                    tracing::warn!(%id, at, %err, "event in a delta refused on restore");
+                }
+                Skipped::Unknown => {
+                    return Err(format!(
+                        "delta {}: sequence {at}: {skipped}",
+                        meta.checkpoint_id
+                    ));
+                }
+            }
         }
         last = meta;
     }

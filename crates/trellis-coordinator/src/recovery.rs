@@ -13,7 +13,7 @@ use trellis_core::ids::ExecutionId;
 use trellis_core::plan::Plan;
 use trellis_proto::subjects;
 use trellis_wire::log::Started;
-use trellis_wire::replay::{self, ReplayError, Replayer};
+use trellis_wire::replay::{self, ReplayError, Replayer, Skipped};
 
 use crate::checkpoints::{Restored, StoreClient};
 use crate::turn::{LogMessage, Recovered};
@@ -173,11 +173,24 @@ pub fn replay(
         None => (Replayer::new(id, started, plan), None),
     };
     for message in &log {
-        let refused = replayer.apply_message(&message.payload)?;
-        for (sequence, err) in refused {
-            // Only applied events are logged; a refusal means the log and this build disagree.
-            // Keep going: the rest of the log still holds.
-            tracing::warn!(%id, sequence, %err, "logged event refused on replay");
+        for (sequence, skipped) in replayer.apply_message(&message.payload)? {
+            match skipped {
+                // Only applied events are logged; a refusal means the log and this build
+                // disagree. Keep going: the rest of the log still holds.
+                Skipped::Refused(err) => {
+                    tracing::warn!(%id, sequence, %err, "logged event refused on replay");
+                }
+                // This coordinator would extend the log from a state that may be wrong.
+                Skipped::Unknown => {
+                    return Err(RecoveryError::Malformed {
+                        id,
+                        message: format!(
+                            "sequence {sequence}: {}: run that version",
+                            Skipped::Unknown
+                        ),
+                    });
+                }
+            }
         }
     }
     let stream_seq = log.last().map_or(last, |m| m.stream_seq).max(last);
@@ -192,4 +205,64 @@ pub fn replay(
         log,
         checkpoint,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message as _;
+    use trellis_proto::v1;
+    use trellis_wire::log::started_to_proto;
+
+    use super::*;
+
+    fn message(stream_seq: u64, events: Vec<v1::Event>) -> LogMessage {
+        LogMessage {
+            stream_seq,
+            first_seq: events.first().map_or(0, |event| event.sequence),
+            payload: v1::EventBatch { events }.encode_to_vec().into(),
+        }
+    }
+
+    /// A log a newer coordinator extended with an event of a kind this build does not know is
+    /// not recovered: this coordinator would append after a state that may be wrong.
+    #[test]
+    fn an_event_of_an_unknown_kind_stops_recovery() {
+        let id = ExecutionId(uuid::Uuid::now_v7());
+        let spec = "name: p\ntasks:\n  - {id: a, type: noop}\n";
+        let plan = trellis_core::plan::compile_str(spec, &trellis_core::plan::Limits::default())
+            .expect("the plan compiles");
+        let started = Started {
+            spec: spec.to_owned(),
+            run_number: 1,
+            started_at_ms: 1,
+            compiled_plan: trellis_core::plan::encode(&plan),
+            ..Started::default()
+        };
+        let first = message(1, vec![started_to_proto(id, &started)]);
+        let unknown = message(
+            2,
+            vec![v1::Event {
+                execution_id: id.to_string(),
+                sequence: 2,
+                timestamp_unix_ms: 2,
+                kind: None,
+            }],
+        );
+        let (started, plan) = started_of(id, &first).expect("the log starts well");
+        let recovered = replay(
+            id,
+            started.clone(),
+            Arc::clone(&plan),
+            None,
+            vec![first.clone()],
+            1,
+        );
+        assert!(recovered.is_ok(), "{recovered:?}");
+        let err = replay(id, started, plan, None, vec![first, unknown], 2)
+            .expect_err("an unknown kind stops recovery");
+        assert!(
+            err.to_string().contains("sequence 2: its kind is unknown"),
+            "{err}"
+        );
+    }
 }
