@@ -25,7 +25,6 @@ use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 use trellis_core::ids::ExecutionId;
 use trellis_proto::{subjects, v1};
-use trellis_wire::log::{self, LogEntry};
 use trellis_wire::replay::{ReplayError, ReplayErrorKind, Replayer, Step};
 
 use crate::metrics::Open;
@@ -450,23 +449,9 @@ impl Hub {
                     tracing::warn!(id = %self.id, sequence = event.sequence, "event of an unknown kind skipped");
                 }
             }),
-            None => log::event_from_proto(event)
-                .map_err(|err| ReplayError {
-                    execution_id: self.id,
-                    sequence: event.sequence,
-                    kind: ReplayErrorKind::Corrupt(err.to_string()),
-                })
-                .and_then(|entry| match entry {
-                    LogEntry::Started(started) if event.sequence == 1 => {
-                        state.replay = Some(Replayer::start(self.id, started)?);
-                        Ok(())
-                    }
-                    _ => Err(ReplayError {
-                        execution_id: self.id,
-                        sequence: event.sequence,
-                        kind: ReplayErrorKind::NotStarted,
-                    }),
-                }),
+            None => Replayer::from_first_event(self.id, event).map(|replay| {
+                state.replay = Some(replay);
+            }),
         };
         if let Err(err) = result {
             self.fail(state, &err);

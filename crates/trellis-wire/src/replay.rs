@@ -119,16 +119,30 @@ impl Replayer {
         }
     }
 
+    /// Starts a replay from the log's first event, which must be `ExecutionStarted` at
+    /// sequence 1.
+    pub fn from_first_event(
+        execution_id: ExecutionId,
+        event: &v1::Event,
+    ) -> Result<Self, ReplayError> {
+        Self::start(execution_id, started_in(execution_id, event)?)
+    }
+
     /// Starts a replay from the log's first message (an encoded `EventBatch` whose first event
     /// is `ExecutionStarted`) and applies the rest of that message.
     pub fn from_first_message(
         execution_id: ExecutionId,
         payload: &[u8],
     ) -> Result<(Self, Vec<(u64, Skipped)>), ReplayError> {
-        let (started, plan) = started_of(execution_id, payload)?;
-        let mut replayer = Self::new(execution_id, started, plan);
-        let refused = replayer.apply_message(payload)?;
-        Ok((replayer, refused))
+        let batch = decode_batch(execution_id, 1, payload)?;
+        let first = batch.events.first().ok_or(ReplayError {
+            execution_id,
+            sequence: 1,
+            kind: ReplayErrorKind::NotStarted,
+        })?;
+        let mut replayer = Self::from_first_event(execution_id, first)?;
+        let skipped = replayer.apply_events(&batch.events[1..])?;
+        Ok((replayer, skipped))
     }
 
     /// The last sequence applied.
@@ -196,16 +210,14 @@ impl Replayer {
     /// Applies the events of one log message (an encoded `EventBatch`); returns the events the
     /// state machine refused or this build does not know, with their sequences.
     pub fn apply_message(&mut self, payload: &[u8]) -> Result<Vec<(u64, Skipped)>, ReplayError> {
-        let batch = v1::EventBatch::decode(payload).map_err(|err| {
-            self.error(
-                self.sequence + 1,
-                ReplayErrorKind::Corrupt(format!(
-                    "a log message that is not an event batch: {err}"
-                )),
-            )
-        })?;
+        let batch = decode_batch(self.machine.id(), self.sequence + 1, payload)?;
+        self.apply_events(&batch.events)
+    }
+
+    /// Applies events in log order; returns those skipped, with their sequences.
+    fn apply_events(&mut self, events: &[v1::Event]) -> Result<Vec<(u64, Skipped)>, ReplayError> {
         let mut skipped = Vec::new();
-        for event in &batch.events {
+        for event in events {
             match self.apply_event(event)? {
                 Step::Applied | Step::Duplicate => {}
                 Step::Refused(err) => skipped.push((event.sequence, Skipped::Refused(err))),
@@ -235,28 +247,54 @@ impl Replayer {
     }
 }
 
+/// Decodes a log message expected to hold `sequence` onwards.
+fn decode_batch(
+    execution_id: ExecutionId,
+    sequence: u64,
+    payload: &[u8],
+) -> Result<v1::EventBatch, ReplayError> {
+    v1::EventBatch::decode(payload).map_err(|err| ReplayError {
+        execution_id,
+        sequence,
+        kind: ReplayErrorKind::Corrupt(format!("a log message that is not an event batch: {err}")),
+    })
+}
+
 /// Decodes the log's first message: its `ExecutionStarted` and the plan it records.
 pub fn started_of(
     execution_id: ExecutionId,
     payload: &[u8],
 ) -> Result<(Started, Arc<Plan>), ReplayError> {
-    let error = |kind| ReplayError {
+    let batch = decode_batch(execution_id, 1, payload)?;
+    let first = batch.events.first().ok_or(ReplayError {
         execution_id,
         sequence: 1,
+        kind: ReplayErrorKind::NotStarted,
+    })?;
+    plan_of(execution_id, started_in(execution_id, first)?)
+}
+
+/// Reads the log's first event, which must be this execution's `ExecutionStarted` at sequence 1.
+fn started_in(execution_id: ExecutionId, event: &v1::Event) -> Result<Started, ReplayError> {
+    let error = |kind| ReplayError {
+        execution_id,
+        sequence: event.sequence,
         kind,
     };
-    let batch = log::decode_event_batch(payload)
-        .map_err(|err| error(ReplayErrorKind::Corrupt(err.to_string())))?;
-    if batch.execution_id != execution_id {
+    if event.execution_id.parse::<ExecutionId>().ok() != Some(execution_id) {
         return Err(error(ReplayErrorKind::OtherExecution(
-            batch.execution_id.to_string(),
+            event.execution_id.clone(),
         )));
     }
-    match batch.entries.into_iter().next() {
-        Some(LogEntry::Started(started)) if batch.first_sequence == 1 => {
-            plan_of(execution_id, started)
-        }
-        _ => Err(error(ReplayErrorKind::NotStarted)),
+    match log::event_from_proto(event) {
+        Ok(LogEntry::Started(started)) if event.sequence == 1 => Ok(started),
+        // Sequence 1 is what is missing.
+        Ok(_) => Err(ReplayError {
+            execution_id,
+            sequence: 1,
+            kind: ReplayErrorKind::NotStarted,
+        }),
+        Err(err) => Err(error(ReplayErrorKind::Corrupt(err.to_string()))),
     }
 }
 
