@@ -87,6 +87,8 @@ const INTERFACE_ENV: &[(&str, &[&str])] = &[
     ("TRELLIS_LEASE_TTL", &[COORDINATOR]),
     ("TRELLIS_CHECKPOINT_STORE_URL", &[COORDINATOR, MONITOR]),
     ("TRELLIS_CHECKPOINT_EVERY", &[COORDINATOR]),
+    ("TRELLIS_KEEP_FINISHED", &[COORDINATOR]),
+    ("TRELLIS_COORDINATOR_ADVERTISE", &[COORDINATOR]),
     ("TRELLIS_DATABASE_URL", &[CHECKPOINT_STORE]),
     ("TRELLIS_PLAN_MAX_TASKS", &[PLANNER]),
     ("TRELLIS_PLAN_MAX_BYTES", &[PLANNER]),
@@ -213,11 +215,8 @@ const SINGLETONS: &[(&str, &str)] = &[(
     "the read model has one writer: two pods would split the event log between them",
 )];
 
-/// Deployments that have no PodDisruptionBudget, and why.
-const NO_PDB: &[(&str, &str)] = &[(
-    COORDINATOR,
-    "only the active coordinator is ready, so a budget would forbid evicting it",
-)];
+/// Deployments that have no PodDisruptionBudget, and why (every one has one now).
+const NO_PDB: &[(&str, &str)] = &[];
 
 /// What an overlay must look like beyond the common checks.
 #[derive(Debug, Clone, Copy)]
@@ -1196,10 +1195,28 @@ fn check_environment(rendered: &Rendered, nats: &Value, report: &mut Report) {
                     format!("TRELLIS_COORDINATOR_ID must come from the pod name (fieldRef metadata.name), is {other:?}"),
                 ),
             }
-            if value_of(&workload.env, "TRELLIS_SHARDS").unwrap_or("1") != "1" {
+            let shards = value_of(&workload.env, "TRELLIS_SHARDS")
+                .and_then(|text| text.parse::<u64>().ok())
+                .unwrap_or(1);
+            let replicas = workload
+                .doc
+                .pointer("/spec/replicas")
+                .and_then(Value::as_u64)
+                .unwrap_or(1);
+            if shards < replicas {
                 report.fail(
                     at,
-                    "TRELLIS_SHARDS must be 1: requests are not forwarded between coordinators",
+                    format!(
+                        "TRELLIS_SHARDS={shards} is fewer than the {replicas} replicas: a coordinator \
+                         beyond the shard count holds nothing"
+                    ),
+                );
+            }
+            if value_of(&workload.env, "TRELLIS_COORDINATOR_ADVERTISE").is_none() {
+                report.fail(
+                    at,
+                    "TRELLIS_COORDINATOR_ADVERTISE is not set: other replicas cannot forward \
+                     calls to this one (the pod's host name is not resolvable)",
                 );
             }
             check_coordinator_strategy(workload, report);
@@ -1256,27 +1273,22 @@ fn check_nats_client(workload: &Workload<'_>, overlay: Overlay, nats: &Value, re
     }
 }
 
-/// A standby coordinator is never ready while the active one lives, so a rollout that waits for
-/// a new pod to be ready before stopping an old one never ends.
+/// Every coordinator is ready while it serves and holds a share of the shards: a rollout replaces
+/// one pod at a time (its graceful stop hands its shards over), never all of them at once.
 fn check_coordinator_strategy(workload: &Workload<'_>, report: &mut Report) {
     let doc = workload.doc;
-    let replicas = doc
-        .pointer("/spec/replicas")
-        .and_then(Value::as_u64)
-        .unwrap_or(1);
     let strategy = str_at(doc, "/spec/strategy/type");
     let max_unavailable = doc.pointer("/spec/strategy/rollingUpdate/maxUnavailable");
-    let stops_all = match max_unavailable {
-        Some(Value::String(percent)) => percent == "100%",
-        Some(Value::Number(number)) => number.as_u64().is_some_and(|count| count >= replicas),
+    let one_at_a_time = match max_unavailable {
+        Some(Value::Number(number)) => number.as_u64().is_some_and(|count| count <= 1),
         _ => false,
     };
-    if strategy != "Recreate" && !stops_all {
+    if strategy != "RollingUpdate" || !one_at_a_time {
         report.fail(
             &workload.at,
             format!(
-                "strategy must be Recreate or RollingUpdate with maxUnavailable 100% (a standby is \
-                 never ready, so the rollout would wait forever), is {strategy:?} with maxUnavailable {:?}",
+                "strategy must be RollingUpdate with maxUnavailable 0 or 1 (every coordinator \
+                 serves a share of the shards), is {strategy:?} with maxUnavailable {:?}",
                 max_unavailable
             ),
         );
@@ -2668,19 +2680,29 @@ fn settings_that_must_agree_are_reported() {
 }
 
 #[test]
-fn a_coordinator_rollout_that_would_wait_forever_is_reported() {
+fn a_coordinator_rollout_that_stops_them_all_is_reported() {
     assert_reported(
         |docs| {
             set(
                 doc_mut(docs, "Deployment", COORDINATOR),
                 "/spec/strategy/rollingUpdate/maxUnavailable",
-                json!(0),
+                json!("100%"),
             )
         },
         &[
             "Deployment/trellis-coordinator",
-            "strategy must be Recreate or RollingUpdate with maxUnavailable 100%",
+            "strategy must be RollingUpdate with maxUnavailable 0 or 1",
         ],
+    );
+    assert_reported(
+        |docs| {
+            let env = doc_mut(docs, "Deployment", COORDINATOR)
+                .pointer_mut(&format!("{CONTAINER}/env"))
+                .and_then(Value::as_array_mut)
+                .expect("env");
+            env.retain(|var| str_at(var, "/name") != "TRELLIS_COORDINATOR_ADVERTISE");
+        },
+        &["TRELLIS_COORDINATOR_ADVERTISE is not set"],
     );
     assert_reported(
         |docs| {

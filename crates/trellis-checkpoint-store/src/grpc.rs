@@ -419,6 +419,7 @@ impl CheckpointStore for CheckpointStoreService {
         let query = ExecutionQuery {
             states: execution_states(&request.states)?,
             name_contains: request.name_contains,
+            namespace: request.namespace,
             labels: request.labels.into_iter().collect(),
             created_after_ms: from_unix_ms("created_after_unix_ms", request.created_after_unix_ms)?,
             created_before_ms: from_unix_ms(

@@ -66,6 +66,7 @@ enum Command {
     #[command(flatten)]
     Control(commands::control::Control),
     Workers(commands::workers::WorkersArgs),
+    Cluster(commands::cluster::ClusterArgs),
     Dev(commands::dev::DevArgs),
     Coordinator(trellis_coordinator::Args),
     /// Run the planner service in the foreground: compiles and analyses plans over gRPC.
@@ -115,6 +116,7 @@ fn main() -> ExitCode {
         Command::Events(args) => run_remote(inspect::events(url, args)),
         Command::Control(command) => run_remote(control::run(url, command)),
         Command::Workers(args) => run_remote(workers::run(url, args)),
+        Command::Cluster(args) => run_remote(commands::cluster::run(url, args)),
         Command::Dev(args) => local::run_local(commands::dev::run(args)),
         Command::Coordinator(args) => trellis_coordinator::run_with(args, &cli.client),
         Command::Planner(args) => trellis_planner::run_with(args),

@@ -460,6 +460,7 @@ fn no_coordinator_exits_1_naming_trellis_dev() {
         vec!["status", "0190a5c4-7d1e-7000-8000-000000000001"],
         vec!["list"],
         vec!["workers"],
+        vec!["cluster"],
         vec!["submit", "--wait"],
     ] {
         let mut args: Vec<String> = args.into_iter().map(str::to_owned).collect();
@@ -502,7 +503,7 @@ fn bad_coordinator_address_or_label_is_bad_input() {
 fn help_of_every_command_shows_an_example() {
     for command in [
         "submit", "status", "list", "tree", "events", "pause", "resume", "cancel", "answer",
-        "workers", "plan", "planner",
+        "workers", "cluster", "plan", "planner",
     ] {
         let output = run(&[command, "--help"]);
         assert_eq!(output.status.code(), Some(0), "{command}");
@@ -934,6 +935,30 @@ mod fake {
         ) -> Result<Response<ListWorkersResponse>, Status> {
             Ok(Response::new(ListWorkersResponse::default()))
         }
+
+        async fn get_cluster(
+            &self,
+            _: Request<GetClusterRequest>,
+        ) -> Result<Response<GetClusterResponse>, Status> {
+            let member = |id: &str, port: u16, shards: Vec<u32>| CoordinatorInfo {
+                coordinator_id: id.to_owned(),
+                address: format!("http://10.0.0.1:{port}"),
+                shards,
+                executions_in_memory: 3,
+                lag: 0,
+                reported_at_unix_ms: START_MS,
+                started_at_unix_ms: START_MS,
+            };
+            Ok(Response::new(GetClusterResponse {
+                shards: 4,
+                coordinators: vec![
+                    member("c-0", 7400, vec![0, 1]),
+                    member("c-1", 7401, vec![3]),
+                ],
+                unowned_shards: vec![2],
+                answered_by: "c-0".to_owned(),
+            }))
+        }
     }
 
     /// Serves a fresh fake on a loopback port from a background thread; returns its URL.
@@ -1331,4 +1356,26 @@ impl Drop for ChildGuard {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+#[test]
+fn cluster_shows_each_coordinator_its_shards_and_the_unheld_ones() {
+    let (url, _fake) = fake::start();
+    let output = run(&["--coordinator", &url, "cluster"]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let out = stdout(&output);
+    assert!(out.starts_with("COORDINATOR  ADDRESS"), "{out}");
+    assert!(
+        out.contains("c-0          http://10.0.0.1:7400  0-1"),
+        "{out}"
+    );
+    assert!(
+        out.ends_with("2 coordinators over 4 shards; unheld: 2 (answered by c-0)\n"),
+        "{out}"
+    );
+    let output = run(&["--coordinator", &url, "cluster", "--json"]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let json: serde_json::Value = serde_json::from_str(&stdout(&output)).expect("one JSON object");
+    assert_eq!(json["coordinators"][1]["shards"], serde_json::json!([3]));
+    assert_eq!(json["unowned_shards"], serde_json::json!([2]));
 }

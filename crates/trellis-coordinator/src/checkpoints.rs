@@ -72,6 +72,24 @@ impl StoreClient {
             .ok_or_else(|| "the store answered without metadata".to_owned())
     }
 
+    /// Lists executions from the read model.
+    pub(crate) async fn list(
+        &self,
+        request: v1::ListExecutionRecordsRequest,
+    ) -> Result<v1::ListExecutionRecordsResponse, tonic::Status> {
+        self.client
+            .clone()
+            .list_execution_records(request)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|status| {
+                tonic::Status::new(
+                    status.code(),
+                    format!("the checkpoint-store's read model: {}", status.message()),
+                )
+            })
+    }
+
     /// Deletes all but the newest `keep` full checkpoints of an execution (with their deltas).
     pub(crate) async fn prune(&self, id: ExecutionId, keep: u32) -> Result<u64, String> {
         let response = self

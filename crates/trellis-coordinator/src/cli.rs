@@ -29,12 +29,14 @@ struct Binary {
 #[command(
     long_about = "Run the coordinator service in the foreground: it owns shards of executions \
         through leases in NATS, recovers their state from checkpoints and the event log, and \
-        serves the Coordinator gRPC API. Run two with different --id for a standby: it takes the \
-        shards over when the active one stops renewing its leases. SIGTERM or Ctrl-C stops it \
-        gracefully (its leases are released at once).",
+        serves the Coordinator gRPC API. Run several with different --id: they spread the shards \
+        evenly (each holds at most shards / coordinators, rounded up), hand shards over when one \
+        joins, take a dead one's shards once its leases lapse, and forward every call to the \
+        coordinator holding the shard it is about, so any of them answers any call. SIGTERM or \
+        Ctrl-C stops it gracefully (its leases are released at once).",
     after_help = "Examples (`trellis coordinator` takes the same flags):\n  \
-        trellis-coordinator --id coordinator-0                 # 127.0.0.1:7400, NATS on localhost\n  \
-        trellis-coordinator --id coordinator-1 --listen 127.0.0.1:7401 --admin-addr 127.0.0.1:9401   # a standby\n  \
+        trellis-coordinator --id coordinator-0 --shards 4      # 127.0.0.1:7400, NATS on localhost\n  \
+        trellis-coordinator --id coordinator-1 --listen 127.0.0.1:7401 --admin-addr 127.0.0.1:9401 --shards 4   # a second, active one\n  \
         trellis-coordinator --listen 0.0.0.0:7400 --admin-addr 0.0.0.0:9090 \\\n    \
         --nats-url nats://nats:4222 --nats-creds /etc/trellis/nats.creds \\\n    \
         --checkpoint-store https://trellis-checkpoint-store:7500 --token-file /etc/trellis/token \\\n    \
@@ -59,7 +61,7 @@ pub struct Args {
     /// across restarts (default: the host name).
     #[arg(long, env = "TRELLIS_COORDINATOR_ID")]
     id: Option<String>,
-    /// A shard lease lapses this long after its owner stopped renewing it; a standby takes the
+    /// A shard lease lapses this long after its owner stopped renewing it; another coordinator takes the
     /// shard over then (e.g. `3s`, `500ms`).
     #[arg(long, env = "TRELLIS_LEASE_TTL", default_value = "3s", value_parser = humantime::parse_duration)]
     lease_ttl: std::time::Duration,
@@ -70,6 +72,16 @@ pub struct Args {
     /// How often a running execution whose state changed is checkpointed.
     #[arg(long, env = "TRELLIS_CHECKPOINT_EVERY", default_value = "10s", value_parser = humantime::parse_duration)]
     checkpoint_every: std::time::Duration,
+    /// A finished execution leaves this coordinator's memory this long after it was last
+    /// changed or asked about; later reads load it again from its checkpoint and log (e.g.
+    /// `5m`, `30s`, `0s`).
+    #[arg(long, env = "TRELLIS_KEEP_FINISHED", default_value = "5m", value_parser = humantime::parse_duration)]
+    keep_finished: std::time::Duration,
+    /// The address other coordinators forward calls for this one's shards to, e.g.
+    /// `http://10.0.3.7:7400` (default: the listen address, or the host name and port when
+    /// listening on 0.0.0.0).
+    #[arg(long, env = "TRELLIS_COORDINATOR_ADVERTISE")]
+    advertise: Option<String>,
     #[command(flatten)]
     server: trellis_grpc::ServerArgs,
     #[command(flatten)]
@@ -133,6 +145,8 @@ async fn main_async(args: Args, client: &trellis_grpc::ClientArgs) -> ExitCode {
         lease_ttl: args.lease_ttl,
         checkpoint_store: args.checkpoint_store,
         checkpoint_every: args.checkpoint_every,
+        keep_finished: args.keep_finished,
+        advertise: args.advertise,
         security,
         store_client,
         telemetry,

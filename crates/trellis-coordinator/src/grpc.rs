@@ -1,25 +1,44 @@
-//! The `Coordinator` gRPC service: parses and checks requests, asks the coordinator's turn
-//! through the executor, and maps its domain errors to gRPC statuses, in one place ([`status`]).
+//! The `Coordinator` gRPC service: parses and checks requests, sends each to the coordinator that
+//! holds the shard it is about (`crate::forward`), asks the coordinator's turn through the
+//! executor when that is this one, and maps its domain errors to gRPC statuses, in one place
+//! ([`status`]).
 
 use std::pin::Pin;
 
 use futures::Stream;
+use futures::future::BoxFuture;
 use tokio::sync::broadcast::error::RecvError;
 use tonic::{Request, Response, Status};
 use trellis_core::ids::{ExecutionId, QuestionId};
+use trellis_grpc::access::{Principal, Scope};
 use trellis_proto::v1;
 use trellis_proto::v1::coordinator_server::Coordinator;
 
 use trellis_grpc::server::principal;
 
+use crate::checkpoints::StoreClient;
 use crate::executor::{self, Flushed, Handle};
+use crate::forward::{self, Client, Route, Router};
 use crate::turn::{self, Action, Answer, ErrorKind};
+
+/// Returns the answer of the expected kind, or an internal error naming what came instead.
+macro_rules! expect {
+    ($answer:expr, $pattern:pat => $value:expr) => {
+        match $answer {
+            $pattern => Ok($value),
+            other => Err(status(executor::unexpected(&other))),
+        }
+    };
+}
 
 /// The gRPC face of the coordinator.
 pub struct CoordinatorService {
     executor: Handle,
     /// The event stream, for history older than what the coordinator holds in memory.
     events: async_nats::jetstream::stream::Stream,
+    router: Router,
+    /// The read model lists executions when there is one.
+    store: Option<StoreClient>,
 }
 
 /// Returns the gRPC status of a domain error: the one place the two meet.
@@ -30,43 +49,283 @@ pub(crate) fn status(err: turn::Error) -> Status {
         ErrorKind::PermissionDenied => tonic::Code::PermissionDenied,
         ErrorKind::FailedPrecondition => tonic::Code::FailedPrecondition,
         ErrorKind::Unavailable => tonic::Code::Unavailable,
+        ErrorKind::NotOwned { shard } => return forward::not_owned(err.message, shard),
         ErrorKind::Internal => tonic::Code::Internal,
     };
     Status::new(code, err.message)
 }
 
 impl CoordinatorService {
-    pub(crate) fn new(executor: Handle, events: async_nats::jetstream::stream::Stream) -> Self {
-        Self { executor, events }
+    pub(crate) fn new(
+        executor: Handle,
+        events: async_nats::jetstream::stream::Stream,
+        router: Router,
+        store: Option<StoreClient>,
+    ) -> Self {
+        Self {
+            executor,
+            events,
+            router,
+            store,
+        }
     }
 
-    /// Asks for `action` on the execution the request names, as the caller.
-    async fn on<T>(
-        &self,
-        request: &Request<T>,
-        execution_id_field: &str,
-        action: Action,
-    ) -> Result<Answer, Status> {
-        let scope = principal(request)?.scope;
-        let id = execution_id("execution_id", execution_id_field)?;
+    /// Answers a call here or forwards it to the coordinator holding `shard` (`None`: a start
+    /// that may land on any shard), trying again while the shard moves between coordinators.
+    async fn routed<'a, Req, Resp>(
+        &'a self,
+        request: Request<Req>,
+        shard: Option<u32>,
+        local: impl Fn(Principal, Req) -> BoxFuture<'a, Result<Resp, Status>> + Send + Sync,
+        remote: impl Fn(Client, Request<Req>) -> BoxFuture<'static, Result<Response<Resp>, Status>>
+        + Send
+        + Sync,
+    ) -> Result<Response<Resp>, Status>
+    where
+        Req: Clone + Send + Sync + 'static,
+        Resp: Send,
+    {
+        let principal = principal(&request)?;
+        let (metadata, _, message) = request.into_parts();
+        if forward::is_forwarded(&metadata) {
+            // Forwarded once already: answered here, whatever this coordinator holds, and the
+            // coordinator that forwarded it tries again if the shard moved.
+            return local(principal, message).await.map(Response::new);
+        }
+        let deadline = tokio::time::Instant::now() + self.router.patience();
+        loop {
+            let (outcome, forwarded) = match self.router.route(shard) {
+                Route::Local => {
+                    let outcome = local(principal.clone(), message.clone()).await;
+                    (outcome.map(Response::new), false)
+                }
+                Route::Remote { id, client } => {
+                    tracing::debug!(coordinator = %id, ?shard, "call forwarded");
+                    let request = self.router.outgoing(&metadata, message.clone());
+                    (remote(*client, request).await, true)
+                }
+            };
+            // Here, only "not this coordinator's shard" is worth another try; forwarded, any
+            // UNAVAILABLE (the owner may have died, or be handing the shard over).
+            let moving = |status: &Status| {
+                forward::is_not_owned(status)
+                    || (forwarded && status.code() == tonic::Code::Unavailable)
+            };
+            match outcome {
+                Err(status) if moving(&status) && tokio::time::Instant::now() < deadline => {
+                    // Not this coordinator's shard, or its owner cannot be reached (it died,
+                    // or is handing it over): the view changes within a lease TTL.
+                    tracing::debug!(?shard, %status, "shard moving; trying again");
+                    self.router.settle().await;
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
+    /// Asks for `action` on execution `id`, as `scope`, here.
+    async fn on(&self, scope: Scope, id: ExecutionId, action: Action) -> Result<Answer, Status> {
         self.executor
             .ask(turn::Request::On { id, scope, action })
             .await
             .map_err(status)
     }
 
-    /// Pauses, resumes or cancels an execution; returns its state afterwards.
-    async fn control<T>(
-        &self,
-        request: &Request<T>,
-        execution_id_field: &str,
-        action: Action,
-    ) -> Result<i32, Status> {
-        match self.on(request, execution_id_field, action).await? {
+    /// Pauses, resumes or cancels an execution here; returns its state afterwards.
+    async fn control(&self, scope: Scope, id: ExecutionId, action: Action) -> Result<i32, Status> {
+        match self.on(scope, id, action).await? {
             Answer::State(state) => Ok(state),
             other => Err(status(executor::unexpected(&other))),
         }
     }
+
+    /// The shard of the execution a request names.
+    fn shard(&self, execution_id_field: &str) -> Result<(ExecutionId, u32), Status> {
+        let id = execution_id("execution_id", execution_id_field)?;
+        let shard = trellis_proto::subjects::shard_of(&id.to_string(), self.router.shards());
+        Ok((id, shard))
+    }
+
+    /// Lists executions from the read model, paged: what every coordinator has run, finished
+    /// ones included, across restarts.
+    async fn list_from_store(
+        &self,
+        store: &StoreClient,
+        scope: &Scope,
+        request: v1::ListExecutionsRequest,
+    ) -> Result<v1::ListExecutionsResponse, Status> {
+        let namespace = match scope {
+            Scope::All => request.namespace,
+            Scope::Namespace(own)
+                if request.namespace.is_empty() || *request.namespace == **own =>
+            {
+                own.to_string()
+            }
+            // Another namespace than the token's: nothing the caller may see.
+            Scope::Namespace(_) => {
+                return Ok(v1::ListExecutionsResponse::default());
+            }
+        };
+        let response = store
+            .list(v1::ListExecutionRecordsRequest {
+                states: request.states,
+                name_contains: request.name_contains,
+                labels: request.labels,
+                created_after_unix_ms: request.created_after_unix_ms,
+                created_before_unix_ms: request.created_before_unix_ms,
+                page: request.page,
+                namespace,
+            })
+            .await?;
+        Ok(v1::ListExecutionsResponse {
+            executions: response.executions,
+            page: response.page,
+        })
+    }
+
+    /// Lists the executions in memory here and, unless the call was forwarded, at every other
+    /// coordinator, as the request filters them, newest first, unpaged.
+    async fn in_memory(
+        &self,
+        scope: Scope,
+        metadata: &tonic::metadata::MetadataMap,
+        request: &v1::ListExecutionsRequest,
+    ) -> Result<Vec<v1::Execution>, Status> {
+        let answer = self
+            .executor
+            .ask(turn::Request::List { scope })
+            .await
+            .map_err(status)?;
+        let mut executions = expect!(answer, Answer::Executions(executions) => executions)?;
+        if !forward::is_forwarded(metadata) {
+            let view = self.router.view();
+            let asks = view
+                .other_addresses(self.router.me())
+                .into_iter()
+                .map(|(id, address)| {
+                    let request = self.router.outgoing(metadata, request.clone());
+                    async move {
+                        let mut client = self.router.client(&address)?;
+                        client
+                            .list_executions(request)
+                            .await
+                            .map(Response::into_inner)
+                            .map_err(|status| {
+                                Status::unavailable(format!(
+                                    "coordinator {id} at {address} did not list its executions: {}",
+                                    status.message()
+                                ))
+                            })
+                    }
+                });
+            for answer in futures::future::join_all(asks).await {
+                executions.extend(answer?.executions);
+            }
+        }
+        Ok(filter_and_sort(executions, request))
+    }
+}
+
+/// Returns one page of `executions` (newest first) after the request's page token.
+fn page(
+    mut executions: Vec<v1::Execution>,
+    request: &v1::ListExecutionsRequest,
+) -> v1::ListExecutionsResponse {
+    let (page_size, after) = page_of(request.page.as_ref());
+    if let Some(after) = after {
+        executions.retain(|e| e.execution_id.as_str() < after.as_str());
+    }
+    let next =
+        (executions.len() > page_size).then(|| executions[page_size - 1].execution_id.clone());
+    executions.truncate(page_size);
+    v1::ListExecutionsResponse {
+        executions,
+        page: next.map(|next_page_token| v1::PageResponse { next_page_token }),
+    }
+}
+
+/// Lays what the coordinators hold over a page of the read model, which lags the log by a
+/// moment: executions in memory that fall within the page's range replace their stored rows
+/// (their state is newer) or join the page (started since the store last wrote).
+fn merge(
+    stored: v1::ListExecutionsResponse,
+    live: Vec<v1::Execution>,
+    request: &v1::ListExecutionsRequest,
+) -> v1::ListExecutionsResponse {
+    let (page_size, after) = page_of(request.page.as_ref());
+    let next = stored
+        .page
+        .map(|p| p.next_page_token)
+        .filter(|t| !t.is_empty());
+    // Ids below the page's last one belong to later pages.
+    let floor = next
+        .as_ref()
+        .and_then(|_| stored.executions.last().map(|e| e.execution_id.clone()));
+    let mut executions = stored.executions;
+    for execution in live {
+        let above_floor = floor
+            .as_ref()
+            .is_none_or(|floor| execution.execution_id >= *floor);
+        let before_token = after
+            .as_ref()
+            .is_none_or(|after| execution.execution_id < *after);
+        if !(above_floor && before_token) {
+            continue;
+        }
+        match executions
+            .iter_mut()
+            .find(|e| e.execution_id == execution.execution_id)
+        {
+            Some(row) => *row = execution,
+            None => executions.push(execution),
+        }
+    }
+    executions.sort_by(|a, b| b.execution_id.cmp(&a.execution_id));
+    let next = if executions.len() > page_size {
+        executions.truncate(page_size);
+        executions.last().map(|e| e.execution_id.clone())
+    } else {
+        next
+    };
+    v1::ListExecutionsResponse {
+        executions,
+        page: next.map(|next_page_token| v1::PageResponse { next_page_token }),
+    }
+}
+
+/// Keeps the executions a list request asks for, newest first, each once.
+fn filter_and_sort(
+    mut executions: Vec<v1::Execution>,
+    request: &v1::ListExecutionsRequest,
+) -> Vec<v1::Execution> {
+    executions.retain(|e| {
+        (request.namespace.is_empty() || e.namespace == request.namespace)
+            && (request.states.is_empty() || request.states.contains(&e.state))
+            && (request.name_contains.is_empty() || e.name.contains(&request.name_contains))
+            && request
+                .labels
+                .iter()
+                .all(|(k, v)| e.labels.get(k) == Some(v))
+            && (request.created_after_unix_ms == 0
+                || e.created_at_unix_ms >= request.created_after_unix_ms)
+            && (request.created_before_unix_ms == 0
+                || e.created_at_unix_ms < request.created_before_unix_ms)
+    });
+    executions.sort_by(|a, b| b.execution_id.cmp(&a.execution_id));
+    executions.dedup_by(|a, b| a.execution_id == b.execution_id);
+    executions
+}
+
+/// The page size (default 100, at most 1,000) and the id the page starts after.
+fn page_of(page: Option<&v1::PageRequest>) -> (usize, Option<String>) {
+    let size = page.map_or(100, |p| match p.page_size {
+        0 => 100,
+        n => n.min(1000),
+    });
+    let after = page
+        .map(|p| p.page_token.clone())
+        .filter(|token| !token.is_empty());
+    (size as usize, after)
 }
 
 /// Returns `text`, or `default` when it is empty.
@@ -87,129 +346,195 @@ fn execution_id(field: &str, value: &str) -> Result<ExecutionId, Status> {
 type EventStream =
     Pin<Box<dyn Stream<Item = Result<v1::ObserveExecutionResponse, Status>> + Send + 'static>>;
 
-/// Returns the answer of the expected kind, or an internal error naming what came instead.
-macro_rules! expect {
-    ($answer:expr, $pattern:pat => $value:expr) => {
-        match $answer {
-            $pattern => Ok($value),
-            other => Err(status(executor::unexpected(&other))),
-        }
-    };
-}
-
 #[tonic::async_trait]
 impl Coordinator for CoordinatorService {
     async fn start_execution(
         &self,
         request: Request<v1::StartExecutionRequest>,
     ) -> Result<Response<v1::StartExecutionResponse>, Status> {
-        let principal = principal(&request)?;
-        let request = request.into_inner();
-        let Some(source) = request.plan_source else {
-            return Err(Status::invalid_argument(
-                "plan_source: missing (send plan_source.spec or a compiled plan_source.plan)",
-            ));
-        };
-        let options = request.options.unwrap_or_default();
-        let traceparent =
-            trellis_telemetry::propagation::traceparent(&trellis_telemetry::propagation::current())
+        let caller = principal(&request)?;
+        let options = request.get_ref().options.clone().unwrap_or_default();
+        // With an idempotency key the start lands on the key's shard; without one, on any shard
+        // this coordinator holds, or at one that holds some.
+        let shard = caller
+            .namespace_for(&options.namespace)
+            .ok()
+            .and_then(|namespace| {
+                turn::start_shard(&namespace, &options.idempotency_key, self.router.shards())
+            });
+        self.routed(
+            request,
+            shard,
+            move |principal, request: v1::StartExecutionRequest| Box::pin(async move {
+                let Some(source) = request.plan_source else {
+                    return Err(Status::invalid_argument(
+                        "plan_source: missing (send plan_source.spec or a compiled plan_source.plan)",
+                    ));
+                };
+                let options = request.options.unwrap_or_default();
+                let traceparent = trellis_telemetry::propagation::traceparent(
+                    &trellis_telemetry::propagation::current(),
+                )
                 .unwrap_or_default();
-        let answer = self
-            .executor
-            .ask(turn::Request::Start {
-                source: Box::new(source),
-                options,
-                principal,
-                traceparent,
-            })
-            .await
-            .map_err(status)?;
-        let (id, created) = expect!(answer, Answer::Started { id, created } => (id, created))?;
-        Ok(Response::new(v1::StartExecutionResponse {
-            execution_id: id.to_string(),
-            created,
-        }))
+                let answer = self
+                    .executor
+                    .ask(turn::Request::Start {
+                        source: Box::new(source),
+                        options,
+                        principal,
+                        traceparent,
+                    })
+                    .await
+                    .map_err(status)?;
+                let (id, created) =
+                    expect!(answer, Answer::Started { id, created } => (id, created))?;
+                Ok(v1::StartExecutionResponse {
+                    execution_id: id.to_string(),
+                    created,
+                })
+            }),
+            |mut client: Client, request| Box::pin(async move { client.start_execution(request).await }),
+        )
+        .await
     }
 
     async fn pause_execution(
         &self,
         request: Request<v1::PauseExecutionRequest>,
     ) -> Result<Response<v1::PauseExecutionResponse>, Status> {
-        let reason = or_default(request.get_ref().reason.clone(), "paused by request");
-        let state = self
-            .control(
-                &request,
-                &request.get_ref().execution_id,
-                Action::Pause(reason),
-            )
-            .await?;
-        Ok(Response::new(v1::PauseExecutionResponse { state }))
+        let (id, shard) = self.shard(&request.get_ref().execution_id)?;
+        self.routed(
+            request,
+            Some(shard),
+            move |principal, request: v1::PauseExecutionRequest| {
+                Box::pin(async move {
+                    let reason = or_default(request.reason, "paused by request");
+                    let state = self
+                        .control(principal.scope, id, Action::Pause(reason))
+                        .await?;
+                    Ok(v1::PauseExecutionResponse { state })
+                })
+            },
+            |mut client: Client, request| {
+                Box::pin(async move { client.pause_execution(request).await })
+            },
+        )
+        .await
     }
 
     async fn resume_execution(
         &self,
         request: Request<v1::ResumeExecutionRequest>,
     ) -> Result<Response<v1::ResumeExecutionResponse>, Status> {
-        let state = self
-            .control(&request, &request.get_ref().execution_id, Action::Resume)
-            .await?;
-        Ok(Response::new(v1::ResumeExecutionResponse { state }))
+        let (id, shard) = self.shard(&request.get_ref().execution_id)?;
+        self.routed(
+            request,
+            Some(shard),
+            move |principal, _| {
+                Box::pin(async move {
+                    let state = self.control(principal.scope, id, Action::Resume).await?;
+                    Ok(v1::ResumeExecutionResponse { state })
+                })
+            },
+            |mut client: Client, request| {
+                Box::pin(async move { client.resume_execution(request).await })
+            },
+        )
+        .await
     }
 
     async fn cancel_execution(
         &self,
         request: Request<v1::CancelExecutionRequest>,
     ) -> Result<Response<v1::CancelExecutionResponse>, Status> {
-        let reason = or_default(request.get_ref().reason.clone(), "cancelled by request");
-        let state = self
-            .control(
-                &request,
-                &request.get_ref().execution_id,
-                Action::Cancel(reason),
-            )
-            .await?;
-        Ok(Response::new(v1::CancelExecutionResponse { state }))
+        let (id, shard) = self.shard(&request.get_ref().execution_id)?;
+        self.routed(
+            request,
+            Some(shard),
+            move |principal, request: v1::CancelExecutionRequest| {
+                Box::pin(async move {
+                    let reason = or_default(request.reason, "cancelled by request");
+                    let state = self
+                        .control(principal.scope, id, Action::Cancel(reason))
+                        .await?;
+                    Ok(v1::CancelExecutionResponse { state })
+                })
+            },
+            |mut client: Client, request| {
+                Box::pin(async move { client.cancel_execution(request).await })
+            },
+        )
+        .await
     }
 
     async fn retry_execution(
         &self,
         request: Request<v1::RetryExecutionRequest>,
     ) -> Result<Response<v1::RetryExecutionResponse>, Status> {
-        let answer = self
-            .on(&request, &request.get_ref().execution_id, Action::Retry)
-            .await?;
-        let run_number = expect!(answer, Answer::Run(run) => run)?;
-        Ok(Response::new(v1::RetryExecutionResponse { run_number }))
+        let (id, shard) = self.shard(&request.get_ref().execution_id)?;
+        self.routed(
+            request,
+            Some(shard),
+            move |principal, _| {
+                Box::pin(async move {
+                    let answer = self.on(principal.scope, id, Action::Retry).await?;
+                    let run_number = expect!(answer, Answer::Run(run) => run)?;
+                    Ok(v1::RetryExecutionResponse { run_number })
+                })
+            },
+            |mut client: Client, request| {
+                Box::pin(async move { client.retry_execution(request).await })
+            },
+        )
+        .await
     }
 
     async fn checkpoint_execution(
         &self,
         request: Request<v1::CheckpointExecutionRequest>,
     ) -> Result<Response<v1::CheckpointExecutionResponse>, Status> {
-        let answer = self
-            .on(
-                &request,
-                &request.get_ref().execution_id,
-                Action::Checkpoint,
-            )
-            .await?;
-        let checkpoint = expect!(answer, Answer::Checkpoint(metadata) => metadata)?;
-        Ok(Response::new(v1::CheckpointExecutionResponse {
-            checkpoint: Some(checkpoint),
-        }))
+        let (id, shard) = self.shard(&request.get_ref().execution_id)?;
+        self.routed(
+            request,
+            Some(shard),
+            move |principal, _| {
+                Box::pin(async move {
+                    let answer = self.on(principal.scope, id, Action::Checkpoint).await?;
+                    let checkpoint = expect!(answer, Answer::Checkpoint(metadata) => metadata)?;
+                    Ok(v1::CheckpointExecutionResponse {
+                        checkpoint: Some(checkpoint),
+                    })
+                })
+            },
+            |mut client: Client, request| {
+                Box::pin(async move { client.checkpoint_execution(request).await })
+            },
+        )
+        .await
     }
 
     async fn get_execution(
         &self,
         request: Request<v1::GetExecutionRequest>,
     ) -> Result<Response<v1::GetExecutionResponse>, Status> {
-        let answer = self
-            .on(&request, &request.get_ref().execution_id, Action::Get)
-            .await?;
-        let execution = expect!(answer, Answer::Execution(execution) => *execution)?;
-        Ok(Response::new(v1::GetExecutionResponse {
-            execution: Some(execution),
-        }))
+        let (id, shard) = self.shard(&request.get_ref().execution_id)?;
+        self.routed(
+            request,
+            Some(shard),
+            move |principal, _| {
+                Box::pin(async move {
+                    let answer = self.on(principal.scope, id, Action::Get).await?;
+                    let execution = expect!(answer, Answer::Execution(execution) => *execution)?;
+                    Ok(v1::GetExecutionResponse {
+                        execution: Some(execution),
+                    })
+                })
+            },
+            |mut client: Client, request| {
+                Box::pin(async move { client.get_execution(request).await })
+            },
+        )
+        .await
     }
 
     async fn list_executions(
@@ -217,34 +542,32 @@ impl Coordinator for CoordinatorService {
         request: Request<v1::ListExecutionsRequest>,
     ) -> Result<Response<v1::ListExecutionsResponse>, Status> {
         let scope = principal(&request)?.scope;
-        let request = request.into_inner();
-        let answer = self
-            .executor
-            .ask(turn::Request::List { scope })
-            .await
-            .map_err(status)?;
-        let mut executions = expect!(answer, Answer::Executions(executions) => executions)?;
-        executions.retain(|e| {
-            (request.namespace.is_empty() || e.namespace == request.namespace)
-                && (request.states.is_empty() || request.states.contains(&e.state))
-                && (request.name_contains.is_empty() || e.name.contains(&request.name_contains))
-                && request
-                    .labels
-                    .iter()
-                    .all(|(k, v)| e.labels.get(k) == Some(v))
-        });
-        let page_size = request.page.as_ref().map_or(100, |p| {
-            if p.page_size == 0 {
-                100
-            } else {
-                p.page_size.min(1000)
+        let (metadata, _, request) = request.into_parts();
+        let live = self.in_memory(scope.clone(), &metadata, &request).await?;
+        if forward::is_forwarded(&metadata) {
+            // Another coordinator gathers the lists: this one's memory, whole.
+            return Ok(Response::new(v1::ListExecutionsResponse {
+                executions: live,
+                page: None,
+            }));
+        }
+        if let Some(store) = &self.store {
+            match self.list_from_store(store, &scope, request.clone()).await {
+                Ok(stored) => return Ok(Response::new(merge(stored, live, &request))),
+                // The read model is out of reach: what the coordinators hold is still worth
+                // listing (unfinished executions are all there).
+                Err(status)
+                    if matches!(
+                        status.code(),
+                        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
+                    ) =>
+                {
+                    tracing::warn!(%status, "listing executions from memory: the read model is out of reach");
+                }
+                Err(status) => return Err(status),
             }
-        });
-        executions.truncate(page_size as usize);
-        Ok(Response::new(v1::ListExecutionsResponse {
-            executions,
-            page: None,
-        }))
+        }
+        Ok(Response::new(page(live, &request)))
     }
 
     type ObserveExecutionStream = EventStream;
@@ -253,76 +576,109 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<v1::ObserveExecutionRequest>,
     ) -> Result<Response<Self::ObserveExecutionStream>, Status> {
-        let scope = principal(&request)?.scope;
-        let request = request.into_inner();
-        let id = execution_id("execution_id", &request.execution_id)?;
-        let from = request.from_sequence;
-        let (mut observation, live) = self
-            .executor
-            .observe(turn::Request::On {
-                id,
-                scope,
-                action: Action::Observe { from },
-            })
-            .await
-            .map_err(status)?;
-        if let Some((from, until)) = observation.backfill.take() {
-            // The coordinator holds the log after its checkpoint only; older events come from
-            // JetStream.
-            let older = backfill(&self.events, id, from, until).await?;
-            observation.history.splice(0..0, older);
-        }
-        let stream = async_stream(observation, live);
-        Ok(Response::new(Box::pin(stream)))
+        let (id, shard) = self.shard(&request.get_ref().execution_id)?;
+        self.routed(
+            request,
+            Some(shard),
+            move |principal, request: v1::ObserveExecutionRequest| {
+                Box::pin(async move {
+                    let from = request.from_sequence;
+                    let (mut observation, live) = self
+                        .executor
+                        .observe(turn::Request::On {
+                            id,
+                            scope: principal.scope,
+                            action: Action::Observe { from },
+                        })
+                        .await
+                        .map_err(status)?;
+                    if let Some((from, until)) = observation.backfill.take() {
+                        // The coordinator holds the log after its checkpoint only; older events come
+                        // from JetStream.
+                        let older = backfill(&self.events, id, from, until).await?;
+                        observation.history.splice(0..0, older);
+                    }
+                    let stream: EventStream = Box::pin(async_stream(observation, live));
+                    Ok(stream)
+                })
+            },
+            |mut client: Client, request| {
+                Box::pin(async move {
+                    let response = client.observe_execution(request).await?;
+                    let stream: EventStream = Box::pin(response.into_inner());
+                    Ok(Response::new(stream))
+                })
+            },
+        )
+        .await
     }
 
     async fn get_execution_graph(
         &self,
         request: Request<v1::GetExecutionGraphRequest>,
     ) -> Result<Response<v1::GetExecutionGraphResponse>, Status> {
-        let answer = self
-            .on(&request, &request.get_ref().execution_id, Action::Graph)
-            .await?;
-        let graph = expect!(answer, Answer::Graph(graph) => graph)?;
-        Ok(Response::new(v1::GetExecutionGraphResponse {
-            graph: Some(graph),
-        }))
+        let (id, shard) = self.shard(&request.get_ref().execution_id)?;
+        self.routed(
+            request,
+            Some(shard),
+            move |principal, _| {
+                Box::pin(async move {
+                    let answer = self.on(principal.scope, id, Action::Graph).await?;
+                    let graph = expect!(answer, Answer::Graph(graph) => graph)?;
+                    Ok(v1::GetExecutionGraphResponse { graph: Some(graph) })
+                })
+            },
+            |mut client: Client, request| {
+                Box::pin(async move { client.get_execution_graph(request).await })
+            },
+        )
+        .await
     }
 
     async fn answer_question(
         &self,
         request: Request<v1::AnswerQuestionRequest>,
     ) -> Result<Response<v1::AnswerQuestionResponse>, Status> {
-        principal(&request)?;
-        execution_id("execution_id", &request.get_ref().execution_id)?;
+        let (id, shard) = self.shard(&request.get_ref().execution_id)?;
         let question: QuestionId = request.get_ref().question_id.parse().map_err(|_| {
             Status::invalid_argument(format!(
                 "question_id: not a question id: {:?}",
                 request.get_ref().question_id
             ))
         })?;
-        let action = Action::Answer {
-            question,
-            answer: request.get_ref().answer.clone(),
-        };
-        let answer = self
-            .on(&request, &request.get_ref().execution_id, action)
-            .await?;
-        let (sequence, instance) = expect!(
-            answer,
-            Answer::Answered { sequence, continuation } => (sequence, continuation)
-        )?;
-        Ok(Response::new(v1::AnswerQuestionResponse {
-            sequence,
-            task_instance_id: instance.map(|i| i.to_string()).unwrap_or_default(),
-        }))
+        self.routed(
+            request,
+            Some(shard),
+            move |principal, request: v1::AnswerQuestionRequest| {
+                Box::pin(async move {
+                    let action = Action::Answer {
+                        question,
+                        answer: request.answer,
+                    };
+                    let answer = self.on(principal.scope, id, action).await?;
+                    let (sequence, instance) = expect!(
+                        answer,
+                        Answer::Answered { sequence, continuation } => (sequence, continuation)
+                    )?;
+                    Ok(v1::AnswerQuestionResponse {
+                        sequence,
+                        task_instance_id: instance.map(|i| i.to_string()).unwrap_or_default(),
+                    })
+                })
+            },
+            |mut client: Client, request| {
+                Box::pin(async move { client.answer_question(request).await })
+            },
+        )
+        .await
     }
 
     async fn list_workers(
         &self,
         request: Request<v1::ListWorkersRequest>,
     ) -> Result<Response<v1::ListWorkersResponse>, Status> {
-        // Workers serve queues, not namespaces: any authenticated caller may list them.
+        // Workers serve queues, not namespaces: any authenticated caller may list them. Every
+        // coordinator hears every worker's heartbeats.
         principal(&request)?;
         let request = request.into_inner();
         let answer = self
@@ -335,6 +691,20 @@ impl Coordinator for CoordinatorService {
             .map_err(status)?;
         let workers = expect!(answer, Answer::Workers(workers) => workers)?;
         Ok(Response::new(v1::ListWorkersResponse { workers }))
+    }
+
+    async fn get_cluster(
+        &self,
+        request: Request<v1::GetClusterRequest>,
+    ) -> Result<Response<v1::GetClusterResponse>, Status> {
+        principal(&request)?;
+        let view = self.router.view();
+        if view.owners.is_empty() {
+            return Err(Status::unavailable(
+                "this coordinator has not read the deployment yet; try again in a moment",
+            ));
+        }
+        Ok(Response::new(view.to_proto(self.router.me())))
     }
 }
 
@@ -376,9 +746,13 @@ fn async_stream(
     mut live: tokio::sync::broadcast::Receiver<std::sync::Arc<Flushed>>,
 ) -> impl Stream<Item = Result<v1::ObserveExecutionResponse, Status>> {
     let turn::Observation {
-        history, terminal, ..
+        execution,
+        history,
+        terminal,
+        ..
     } = observation;
     let last = history.last().map_or(0, |e| e.sequence);
+    let mut last_sent = last;
     let (tx, rx) = tokio::sync::mpsc::channel(256);
     tokio::spawn(async move {
         for event in history {
@@ -403,6 +777,9 @@ fn async_stream(
                         if item.event.as_ref().is_some_and(|e| e.sequence <= last) {
                             continue;
                         }
+                        if let Some(event) = &item.event {
+                            last_sent = event.sequence;
+                        }
                         if tx.send(Ok(item.clone())).await.is_err() {
                             return;
                         }
@@ -418,9 +795,93 @@ fn async_stream(
                     let _ = tx.send(Err(Status::resource_exhausted(message))).await;
                     return;
                 }
-                Err(RecvError::Closed) => return,
+                Err(RecvError::Closed) => {
+                    // The execution left this coordinator before it ended (its shard was handed
+                    // over or lost, or the coordinator is stopping): the caller observes again,
+                    // from where it is, and is forwarded to the new holder.
+                    let message = format!(
+                        "execution {} moved to another coordinator; observe again from sequence {}",
+                        execution,
+                        last_sent + 1
+                    );
+                    let _ = tx.send(Err(Status::unavailable(message))).await;
+                    return;
+                }
             }
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn execution(id: &str, state: v1::ExecutionState) -> v1::Execution {
+        v1::Execution {
+            execution_id: id.to_owned(),
+            state: state as i32,
+            ..Default::default()
+        }
+    }
+
+    fn ids(response: &v1::ListExecutionsResponse) -> Vec<&str> {
+        response
+            .executions
+            .iter()
+            .map(|e| e.execution_id.as_str())
+            .collect()
+    }
+
+    fn request(page_size: u32, page_token: &str) -> v1::ListExecutionsRequest {
+        v1::ListExecutionsRequest {
+            page: Some(v1::PageRequest {
+                page_size,
+                page_token: page_token.to_owned(),
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn pages_run_newest_first_and_end_without_a_token() {
+        let all: Vec<v1::Execution> = ["e", "d", "c", "b", "a"]
+            .iter()
+            .map(|id| execution(id, v1::ExecutionState::Completed))
+            .collect();
+        let first = page(all.clone(), &request(2, ""));
+        assert_eq!(ids(&first), ["e", "d"]);
+        let token = first.page.as_ref().map(|p| p.next_page_token.clone());
+        assert_eq!(token.as_deref(), Some("d"));
+        let third = page(all, &request(2, "b"));
+        assert_eq!(ids(&third), ["a"]);
+        assert!(third.page.is_none());
+    }
+
+    #[test]
+    fn live_executions_overlay_their_page_of_the_read_model() {
+        // The store has d, c (a full page, more after c) and lags: b is running, e just started.
+        let stored = v1::ListExecutionsResponse {
+            executions: vec![
+                execution("d", v1::ExecutionState::Running),
+                execution("c", v1::ExecutionState::Completed),
+            ],
+            page: Some(v1::PageResponse {
+                next_page_token: "c".to_owned(),
+            }),
+        };
+        let live = vec![
+            execution("e", v1::ExecutionState::Running),
+            execution("d", v1::ExecutionState::Completed),
+            execution("b", v1::ExecutionState::Running),
+        ];
+        let merged = merge(stored, live, &request(2, ""));
+        // e joins, d's newer state wins, b belongs to a later page; the page stays two long.
+        assert_eq!(ids(&merged), ["e", "d"]);
+        assert_eq!(
+            merged.executions[1].state,
+            v1::ExecutionState::Completed as i32
+        );
+        assert_eq!(merged.page.map(|p| p.next_page_token).as_deref(), Some("d"));
+    }
 }

@@ -11,7 +11,9 @@
 
 pub mod checkpoints;
 mod cli;
+mod cluster;
 mod executor;
+mod forward;
 mod grpc;
 mod metrics;
 pub mod recovery;
@@ -57,13 +59,22 @@ pub struct Config {
     /// How often a running execution whose state changed is checkpointed.
     #[serde(with = "millis")]
     pub checkpoint_every: Duration,
+    /// A finished execution leaves memory this long after it was last changed or asked about;
+    /// reads of it then load it again from its checkpoint and log.
+    #[serde(with = "millis")]
+    pub keep_finished: Duration,
+    /// The address other coordinators forward calls for this one's shards to
+    /// (`http://host:port`); by default the listen address, or the host name when listening on
+    /// every interface.
+    pub advertise: Option<String>,
     /// TLS of the gRPC port and token authentication with namespaces, quotas and limits.
     #[serde(skip)]
     pub security: ServerSecurity,
     /// The token and TLS of calls to the checkpoint-store.
     #[serde(skip)]
     pub store_client: ClientSecurity,
-    /// Metrics and readiness ("coordinator": ready while it owns a shard).
+    /// Metrics and readiness ("coordinator": ready once it serves; any coordinator answers any
+    /// call).
     #[serde(skip)]
     pub telemetry: Telemetry,
 }
@@ -77,6 +88,8 @@ impl Default for Config {
             lease_ttl: Duration::from_secs(3),
             checkpoint_store: None,
             checkpoint_every: Duration::from_secs(10),
+            keep_finished: Duration::from_secs(300),
+            advertise: None,
             security: ServerSecurity::default(),
             store_client: ClientSecurity::default(),
             telemetry: Telemetry::default(),
@@ -97,6 +110,17 @@ pub fn default_id() -> String {
                 .filter(|name| !name.is_empty())
         })
         .unwrap_or_else(|| "coordinator".to_owned())
+}
+
+/// The address other coordinators reach this one at: the listen address, or the host name with
+/// its port when listening on every interface.
+fn advertised(addr: SocketAddr, tls: bool) -> String {
+    let scheme = if tls { "https" } else { "http" };
+    if addr.ip().is_unspecified() {
+        format!("{scheme}://{}:{}", default_id(), addr.port())
+    } else {
+        format!("{scheme}://{addr}")
+    }
 }
 
 /// Returns entropy for the ids this coordinator makes, from the operating system's source.
@@ -156,11 +180,7 @@ pub async fn run(
     if config.shards == 0 {
         return Err(Error::Config("shards must be at least 1".to_owned()));
     }
-    if config.id.is_empty() {
-        return Err(Error::Config(
-            "the coordinator id must not be empty".to_owned(),
-        ));
-    }
+    cluster::check_id(&config.id).map_err(Error::Config)?;
     let store = config
         .checkpoint_store
         .as_deref()
@@ -174,6 +194,7 @@ pub async fn run(
     let replicas = config.nats.replicas;
     let streams = trellis_bus::ensure_streams(&js, replicas).await?;
     let (leases, index) = shards::buckets(&js, config.lease_ttl, replicas).await?;
+    let members = cluster::bucket(&js, config.lease_ttl, replicas).await?;
     // Workers keep durable steps here; creating it with the streams saves each worker the race.
     trellis_bus::ensure_steps_bucket(&js, replicas).await?;
     tokio::spawn(metrics::watch_queues(
@@ -192,9 +213,11 @@ pub async fn run(
             max_message_bytes: nats.server_info().max_payload,
             index_scan_every_ms: INDEX_SCAN_EVERY.as_millis() as u64,
             seed: rand_seed(),
+            keep_finished_ms: config.keep_finished.as_millis() as u64,
         },
         &config.telemetry.registry,
     );
+    let stats = std::sync::Arc::new(cluster::Stats::default());
     let (handle, inputs) = executor::Executor::spawn(
         coordinator,
         executor::Setup {
@@ -202,38 +225,57 @@ pub async fn run(
             js,
             streams,
             index,
-            store,
+            store: store.clone(),
             metrics,
-            readiness,
+            stats: stats.clone(),
         },
         shutdown.clone(),
     );
     executor::receive_heartbeats(&nats, inputs.clone(), shutdown.clone()).await?;
-    let (first_pass, first_pass_done) = tokio::sync::oneshot::channel();
-    tokio::spawn(shards::keep_leases(
-        leases,
-        config.id.clone(),
-        config.shards,
-        config.lease_ttl,
-        inputs,
-        first_pass,
-        shutdown.clone(),
-    ));
-    // Serve once every free shard is claimed: a start that arrives while they are recovered waits
-    // for them instead of finding no shard.
-    let _ = first_pass_done.await;
     let addr = listener.local_addr().map_err(Error::Listener)?;
+    let advertise = config
+        .advertise
+        .clone()
+        .unwrap_or_else(|| advertised(addr, config.security.tls.is_some()));
+    let (view_tx, view) =
+        tokio::sync::watch::channel(std::sync::Arc::new(cluster::View::default()));
+    let (first_pass, first_pass_done) = tokio::sync::oneshot::channel();
+    let keeper = shards::Keeper {
+        leases,
+        members,
+        me: config.id.clone(),
+        address: advertise.clone(),
+        shards: config.shards,
+        ttl: config.lease_ttl,
+        tx: inputs,
+        stats,
+        view: view_tx,
+        started_at_ms: executor::now_ms(),
+    };
+    tokio::spawn(keeper.run(first_pass, shutdown.clone()));
+    // Serve once the free shards within this coordinator's share are claimed: a start that
+    // arrives while they are recovered waits for them instead of finding no shard.
+    let _ = first_pass_done.await;
+    readiness.set(true);
     tracing::info!(
         %addr,
         nats = %config.nats.shown_url(),
         id = %config.id,
+        advertise = %advertise,
         shards = config.shards,
         tls = config.security.tls.is_some(),
         mutual_tls = config.security.mutual_tls,
         authentication = config.security.access.is_some(),
         "coordinator serving"
     );
-    let service = grpc::CoordinatorService::new(handle, events);
+    let router = forward::Router::new(
+        config.id.clone(),
+        config.shards,
+        view,
+        config.store_client.clone(),
+        config.lease_ttl,
+    );
+    let service = grpc::CoordinatorService::new(handle, events, router, store);
     let authenticate =
         Authenticate::new(config.security.access.clone(), &config.telemetry.registry);
     let routes = tonic::service::Routes::new(InterceptedService::new(

@@ -15,7 +15,8 @@
 //!   `trellis_checkpoint_failures`;
 //! - `trellis_workers_alive` and `trellis_worker_missed_heartbeats`;
 //! - `trellis_executions_started` by `namespace`, `trellis_executions_finished` by `namespace` and
-//!   `state`, `trellis_executions_live` (in this coordinator's memory);
+//!   `state`, `trellis_executions_live` (in this coordinator's memory),
+//!   `trellis_executions_forgotten` (finished ones that left memory after `--keep-finished`);
 //! - `trellis_results_set_aside` by `reason`: result messages that could not be applied.
 //!
 //! Each is counted where the log line or the state change happens, never from a replay.
@@ -58,6 +59,7 @@ pub(crate) struct Metrics {
     pub(crate) executions_started: Family<Labels1, Counter>,
     pub(crate) executions_finished: Family<Labels2, Counter>,
     pub(crate) executions_live: Gauge,
+    pub(crate) executions_forgotten: Counter,
     pub(crate) results_set_aside: Family<Labels1, Counter>,
 }
 
@@ -149,6 +151,11 @@ impl Metrics {
                 "trellis_executions_live",
                 "Executions held in this coordinator's memory.",
                 Gauge::default,
+            ),
+            executions_forgotten: registry.metric(
+                "trellis_executions_forgotten",
+                "Finished executions that left this coordinator's memory after --keep-finished.",
+                Counter::default,
             ),
             results_set_aside: registry.metric(
                 "trellis_results_set_aside",

@@ -7,9 +7,9 @@
 //!   gRPC probes, which cannot speak TLS: the admin port stays plain whatever the service's own
 //!   port uses.
 //!
-//! Readiness is per component ([`Health::component`]): the coordinator is ready once it owns a
-//! shard (a standby is alive but not ready, so a Kubernetes Service routes to the active one), a
-//! worker once it consumes its queues; a process hosting several services is ready when all are.
+//! Readiness is per component ([`Health::component`]): the coordinator is ready once it serves
+//! (any coordinator answers any call, forwarding it to the shard's holder), a worker once it
+//! consumes its queues; a process hosting several services is ready when all are.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};

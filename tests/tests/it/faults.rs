@@ -1,14 +1,15 @@
 //! docs/design.md §10, invariant 5: kill -9 of any one process, or a restart of NATS or PostgreSQL,
-//! during an execution loses nothing; and §9: a standby coordinator takes over the shards of one
-//! that died. Each test runs 10,000 subtasks in 10 groups through real processes and checks, from
+//! during an execution loses nothing; and §9: coordinators spread the shards, hand them over as
+//! others join, and take over the shards of one that died. Each test runs 10,000 subtasks in 10 groups through real processes and checks, from
 //! the graph and from the event log, that every task completed once and every group resumed its
 //! parent exactly once.
 
 use std::time::Duration;
 
+use trellis_proto::v1;
+
 use crate::system::{
-    FanoutPlan, Fault, Options, System, check_outcome, completed, describe, is_terminal,
-    start_request,
+    FanoutPlan, Fault, Options, SHARDS, System, check_outcome, completed, describe, is_terminal,
 };
 
 /// The size: 10 plan tasks of type `fanout`, each spawning a group of 1,000 subtasks.
@@ -39,6 +40,7 @@ async fn ten_thousand_subtasks_survive_a_kill_or_restart_of_every_service_in_tur
     let system = System::start(Options {
         coordinators: vec!["coordinator-1"],
         workers: 2,
+        shards: SHARDS,
     })
     .await?;
     system
@@ -100,20 +102,21 @@ const STANDBY_PLAN: FanoutPlan = FanoutPlan {
 /// The fraction of the work done when the active coordinator is killed.
 const KILL_ACTIVE_AT: f64 = 0.30;
 
-/// How long the standby may take from the kill to serving the execution again: the lease must
-/// lapse, then the standby recovers the execution from checkpoints and the event log.
+/// How long the survivor may take from the kill to serving the execution again: the lease must
+/// lapse, then the survivor recovers the execution from checkpoints and the event log.
 const TAKEOVER_WITHIN: Duration = Duration::from_secs(20);
 
-/// How long the standby test's execution may take, the takeover included.
+/// How long the takeover test's execution may take, the takeover included.
 const STANDBY_DEADLINE: Duration = Duration::from_secs(100);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_standby_coordinator_takes_over_the_shards_of_a_killed_one_and_finishes()
+async fn a_second_coordinator_takes_over_the_shards_of_a_killed_one_and_finishes()
 -> anyhow::Result<()> {
-    // `coordinator-a` starts first and takes every shard lease; `coordinator-b` stands by.
+    // The two coordinators hold one shard each; the execution runs on one of `coordinator-a`'s.
     let system = System::start(Options {
         coordinators: vec!["coordinator-a", "coordinator-b"],
         workers: 2,
+        shards: SHARDS,
     })
     .await?;
     system
@@ -122,20 +125,16 @@ async fn a_standby_coordinator_takes_over_the_shards_of_a_killed_one_and_finishe
             const STANDBY: usize = 1;
             let plan = STANDBY_PLAN;
             let deadline = tokio::time::Instant::now() + STANDBY_DEADLINE;
-            // A coordinator that owns no shard refuses new executions: this one really stands by.
-            let refused = system
-                .client(STANDBY)?
-                .start_execution(start_request("name: probe\ntasks:\n- {id: t, type: noop}\n"))
-                .await;
-            match refused {
-                Err(status) if status.code() == tonic::Code::Unavailable => {}
-                other => anyhow::bail!(
-                    "the standby should refuse StartExecution with UNAVAILABLE while the other coordinator holds every shard, got {other:?}"
-                ),
-            }
-            // Only the active coordinator is ready, so a Kubernetes Service routes to it alone.
+            system
+                .wait_for_balance(
+                    STANDBY,
+                    &[("coordinator-a", 1), ("coordinator-b", 1)],
+                    Duration::from_secs(20),
+                )
+                .await?;
+            // Both serve, so a Kubernetes Service routes to either.
             system.expect_ready(ACTIVE, true).await?;
-            system.expect_ready(STANDBY, false).await?;
+            system.expect_ready(STANDBY, true).await?;
             let execution_id = system.start_plan(ACTIVE, &plan.yaml()).await?;
             let threshold = (plan.n_completed() as f64 * KILL_ACTIVE_AT) as u64;
             let execution = system
@@ -159,7 +158,7 @@ async fn a_standby_coordinator_takes_over_the_shards_of_a_killed_one_and_finishe
             system.kill_coordinator(ACTIVE)?;
             let killed_at = tokio::time::Instant::now();
 
-            // The standby serves the execution once it owns the shard and recovered it: its
+            // The survivor serves the execution once it owns the shard and recovered it: its
             // counts move past what the dead coordinator had reported.
             let takeover_deadline = (killed_at + TAKEOVER_WITHIN).min(deadline);
             system
@@ -167,12 +166,12 @@ async fn a_standby_coordinator_takes_over_the_shards_of_a_killed_one_and_finishe
                     STANDBY,
                     &execution_id,
                     takeover_deadline,
-                    "the standby's takeover (serving the execution with progress past the kill)",
+                    "the takeover (serving the execution with progress past the kill)",
                     |execution| completed(execution) > done_at_kill,
                 )
                 .await?;
             eprintln!(
-                "the standby serves the execution {:?} after the kill",
+                "the survivor serves the execution {:?} after the kill",
                 killed_at.elapsed()
             );
             system.expect_ready(STANDBY, true).await?;
@@ -183,6 +182,147 @@ async fn a_standby_coordinator_takes_over_the_shards_of_a_killed_one_and_finishe
             let graph = system.graph(STANDBY, &execution_id).await?;
             let events = system.event_log(&execution_id).await?;
             check_outcome(&plan, &execution, &graph, &events)
+        })
+        .await
+}
+
+/// The cluster test's executions: several, so they land on shards of every coordinator, each
+/// long enough to run through a join and a kill.
+const CLUSTER_PLAN: FanoutPlan = FanoutPlan {
+    parents: 4,
+    members: 120,
+    member_ms: 400,
+};
+const CLUSTER_EXECUTIONS: usize = 6;
+const CLUSTER_SHARDS: u32 = 12;
+/// How long the cluster test's executions may take, the join and the kill included.
+const CLUSTER_DEADLINE: Duration = Duration::from_secs(150);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coordinators_spread_the_shards_answer_for_each_other_and_survive_a_join_and_a_kill()
+-> anyhow::Result<()> {
+    let system = System::start(Options {
+        coordinators: vec!["coordinator-a", "coordinator-b", "coordinator-c"],
+        workers: 2,
+        shards: CLUSTER_SHARDS,
+    })
+    .await?;
+    system
+        .run(async |system: &mut System| {
+            let deadline = tokio::time::Instant::now() + CLUSTER_DEADLINE;
+            let balance = Duration::from_secs(30);
+            system
+                .wait_for_balance(
+                    0,
+                    &[("coordinator-a", 4), ("coordinator-b", 4), ("coordinator-c", 4)],
+                    balance,
+                )
+                .await?;
+            // Started through each coordinator in turn, read and controlled through the others.
+            let mut ids = Vec::new();
+            for n in 0..CLUSTER_EXECUTIONS {
+                ids.push(system.start_plan(n % 3, &CLUSTER_PLAN.yaml()).await?);
+            }
+            for (n, id) in ids.iter().enumerate() {
+                let execution = system
+                    .client((n + 1) % 3)?
+                    .get_execution(v1::GetExecutionRequest {
+                        execution_id: id.clone(),
+                    })
+                    .await?
+                    .into_inner()
+                    .execution
+                    .ok_or_else(|| anyhow::anyhow!("GetExecution of {id} without an execution"))?;
+                anyhow::ensure!(execution.execution_id == *id);
+            }
+            let paused = system
+                .client(2)?
+                .pause_execution(v1::PauseExecutionRequest {
+                    execution_id: ids[0].clone(),
+                    reason: "paused through another coordinator".to_owned(),
+                })
+                .await?
+                .into_inner()
+                .state;
+            anyhow::ensure!(
+                paused == v1::ExecutionState::Paused as i32,
+                "pausing through a coordinator that does not hold the shard gave state {paused}"
+            );
+            system
+                .client(1)?
+                .resume_execution(v1::ResumeExecutionRequest {
+                    execution_id: ids[0].clone(),
+                    reason: String::new(),
+                })
+                .await?;
+
+            // A fourth joins under load: the others hand it a share.
+            let fourth = system.add_coordinator("coordinator-d").await?;
+            system
+                .wait_for_balance(
+                    fourth,
+                    &[
+                        ("coordinator-a", 3),
+                        ("coordinator-b", 3),
+                        ("coordinator-c", 3),
+                        ("coordinator-d", 3),
+                    ],
+                    balance,
+                )
+                .await?;
+            eprintln!("the shards are spread over four coordinators");
+
+            // One dies under load: the three left take its shards once its leases lapse.
+            let unfinished = {
+                let mut unfinished = 0;
+                for id in &ids {
+                    let execution = system
+                        .client(0)?
+                        .get_execution(v1::GetExecutionRequest {
+                            execution_id: id.clone(),
+                        })
+                        .await?
+                        .into_inner()
+                        .execution
+                        .unwrap_or_default();
+                    if !is_terminal(&execution) {
+                        unfinished += 1;
+                    }
+                }
+                unfinished
+            };
+            anyhow::ensure!(
+                unfinished > 0,
+                "every execution ended before the kill; make the subtasks slower"
+            );
+            system.kill_coordinator(1)?;
+            let killed_at = tokio::time::Instant::now();
+            system
+                .wait_for_balance(
+                    0,
+                    &[("coordinator-a", 4), ("coordinator-c", 4), ("coordinator-d", 4)],
+                    balance,
+                )
+                .await?;
+            eprintln!(
+                "the dead coordinator's shards moved {:?} after the kill ({unfinished} executions running)",
+                killed_at.elapsed()
+            );
+
+            let mut problems = Vec::new();
+            for (n, id) in ids.iter().enumerate() {
+                let idx = [0, 2, 3][n % 3];
+                let execution = system
+                    .wait_until(idx, id, deadline, "the end of the execution", is_terminal)
+                    .await?;
+                let graph = system.graph([2, 3, 0][n % 3], id).await?;
+                let events = system.event_log(id).await?;
+                if let Err(problem) = check_outcome(&CLUSTER_PLAN, &execution, &graph, &events) {
+                    problems.push(format!("execution {id}: {problem:#}"));
+                }
+            }
+            anyhow::ensure!(problems.is_empty(), "{}", problems.join("\n"));
+            Ok(())
         })
         .await
 }

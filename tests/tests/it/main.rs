@@ -4,5 +4,6 @@
 
 mod faults;
 mod harness;
+mod reads;
 mod secrets;
 mod system;

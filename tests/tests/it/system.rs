@@ -18,10 +18,11 @@ use trellis_testkit::{NatsServer, Postgres};
 
 use crate::harness::{self, Ready, Service, Spec};
 
-/// Result shards; every coordinator and worker is started with the same number.
+/// Result shards of the systems most tests start; every coordinator and worker is started with
+/// the same number.
 pub const SHARDS: u32 = 2;
 
-/// The coordinators' shard lease TTL: a standby takes a shard over once its lease lapses.
+/// The coordinators' shard lease TTL: the others take a dead coordinator's shards once it lapses.
 pub const LEASE_TTL: Duration = Duration::from_secs(3);
 
 /// How many handlers a worker runs at once.
@@ -43,11 +44,13 @@ static SLOT: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
 /// What to start.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// The coordinators' `--id`s, started in this order, each waited for before the next, so the
-    /// first one takes every shard lease and the others stand by.
+    /// The coordinators' `--id`s, started in this order, each waited for before the next: they
+    /// spread the shards between them as they join.
     pub coordinators: Vec<&'static str>,
     /// How many workers, with ids `worker-1`, `worker-2`, ...
     pub workers: usize,
+    /// Result shards of every coordinator and worker.
+    pub shards: u32,
 }
 
 /// A coordinator process (named by its `--id`) and its gRPC address.
@@ -99,6 +102,8 @@ pub struct System {
     pub workers: Vec<Service>,
     pub coordinators: Vec<Coordinator>,
     pub store: Service,
+    store_addr: SocketAddr,
+    shards: u32,
     pub postgres: Postgres,
     pub nats: NatsServer,
     /// The services' logs; kept on disk when a test failed.
@@ -147,28 +152,9 @@ impl System {
 
         let mut coordinators = Vec::new();
         for id in &options.coordinators {
-            let addr = harness::free_addr()?;
-            let admin = harness::free_addr()?;
-            let service = Service::start(
-                service_spec(id, env!("CARGO_BIN_EXE_sys-coordinator"), admin)
-                    .flag("--nats-url", nats.url())
-                    .flag("--listen", addr.to_string())
-                    .flag("--shards", SHARDS.to_string())
-                    .flag("--id", *id)
-                    .flag("--checkpoint-store", format!("http://{store_addr}"))
-                    .flag("--lease-ttl", format!("{}s", LEASE_TTL.as_secs()))
-                    .ready(Ready::GrpcHealth {
-                        addr,
-                        service: COORDINATOR_SERVICE,
-                    }),
-                logs.path(),
-            )
-            .await?;
-            coordinators.push(Coordinator {
-                addr,
-                admin,
-                service,
-            });
+            coordinators.push(
+                start_coordinator(id, &nats.url(), store_addr, options.shards, logs.path()).await?,
+            );
         }
 
         // The monitor reads the log on NATS and asks the first coordinator for lists.
@@ -204,7 +190,7 @@ impl System {
                 .flag("--worker-id", worker_id.as_str())
                 .flag("--queues", "fanout,sleep,noop")
                 .flag("--slots", WORKER_SLOTS.to_string())
-                .flag("--shards", SHARDS.to_string()),
+                .flag("--shards", options.shards.to_string()),
                 logs.path(),
             )
             .await?;
@@ -216,6 +202,8 @@ impl System {
             workers,
             coordinators,
             store,
+            store_addr,
+            shards: options.shards,
             postgres,
             nats,
             logs: Some(logs),
@@ -278,6 +266,55 @@ impl System {
             }
         }
         Ok(())
+    }
+
+    /// Starts one more coordinator with this `--id`; returns its index.
+    pub async fn add_coordinator(&mut self, id: &str) -> anyhow::Result<usize> {
+        let logs = self
+            .logs
+            .as_ref()
+            .context("the log directory lives as long as the system")?
+            .path()
+            .to_owned();
+        let coordinator =
+            start_coordinator(id, &self.nats.url(), self.store_addr, self.shards, &logs).await?;
+        self.coordinators.push(coordinator);
+        Ok(self.coordinators.len() - 1)
+    }
+
+    /// Waits until `GetCluster` through coordinator `idx` shows exactly the coordinators of
+    /// `expected`, each holding that many shards, and no shard unheld.
+    pub async fn wait_for_balance(
+        &self,
+        idx: usize,
+        expected: &[(&str, usize)],
+        within: Duration,
+    ) -> anyhow::Result<v1::GetClusterResponse> {
+        let deadline = tokio::time::Instant::now() + within;
+        let mut client = self.client(idx)?;
+        loop {
+            let last = match client.get_cluster(v1::GetClusterRequest {}).await {
+                Ok(cluster) => {
+                    let cluster = cluster.into_inner();
+                    let held: BTreeMap<&str, usize> = cluster
+                        .coordinators
+                        .iter()
+                        .map(|c| (c.coordinator_id.as_str(), c.shards.len()))
+                        .collect();
+                    let want: BTreeMap<&str, usize> = expected.iter().copied().collect();
+                    if held == want && cluster.unowned_shards.is_empty() {
+                        return Ok(cluster);
+                    }
+                    format!("held {held:?}, unheld {:?}", cluster.unowned_shards)
+                }
+                Err(status) => format!("GetCluster failed: {status}"),
+            };
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "the shards were not spread as {expected:?} within {within:?}: {last}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Kills the coordinator at `idx` with SIGKILL and leaves it dead.
@@ -523,6 +560,38 @@ impl System {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
+
+/// Starts a coordinator process with this `--id` and waits until it serves.
+async fn start_coordinator(
+    id: &str,
+    nats_url: &str,
+    store_addr: SocketAddr,
+    shards: u32,
+    logs: &std::path::Path,
+) -> anyhow::Result<Coordinator> {
+    let addr = harness::free_addr()?;
+    let admin = harness::free_addr()?;
+    let service = Service::start(
+        service_spec(id, env!("CARGO_BIN_EXE_sys-coordinator"), admin)
+            .flag("--nats-url", nats_url)
+            .flag("--listen", addr.to_string())
+            .flag("--shards", shards.to_string())
+            .flag("--id", id)
+            .flag("--checkpoint-store", format!("http://{store_addr}"))
+            .flag("--lease-ttl", format!("{}s", LEASE_TTL.as_secs()))
+            .ready(Ready::GrpcHealth {
+                addr,
+                service: COORDINATOR_SERVICE,
+            }),
+        logs,
+    )
+    .await?;
+    Ok(Coordinator {
+        addr,
+        admin,
+        service,
+    })
 }
 
 /// A service process with its admin server (metrics, health) on `admin`: several services of

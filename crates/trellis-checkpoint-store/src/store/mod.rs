@@ -225,6 +225,8 @@ pub struct ExecutionQuery {
     pub states: Vec<ExecutionState>,
     /// Plan names containing this text; empty matches all.
     pub name_contains: String,
+    /// Executions of this namespace; empty matches all.
+    pub namespace: String,
     /// Executions carrying every one of these labels with these values.
     pub labels: BTreeMap<String, String>,
     pub created_after_ms: Option<u64>,

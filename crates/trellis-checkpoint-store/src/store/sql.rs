@@ -563,6 +563,11 @@ impl Store for StoreImpl {
             }
             query.push(")");
         }
+        if !filter.namespace.is_empty() {
+            query
+                .push(" AND namespace = ")
+                .push_bind(text(&filter.namespace));
+        }
         if !filter.name_contains.is_empty() {
             query
                 .push(format!(" AND {CONTAINS_FN}(name, "))

@@ -686,6 +686,7 @@ async fn executions_are_listed_by_filters(store: TestStore) -> anyhow::Result<()
         if n == 2 {
             row.state = ExecutionState::Failed;
             row.labels.insert("env".to_owned(), "prod".to_owned());
+            row.namespace = "infra".to_owned();
         }
         store
             .store
@@ -699,6 +700,7 @@ async fn executions_are_listed_by_filters(store: TestStore) -> anyhow::Result<()
     let all = ExecutionQuery {
         states: Vec::new(),
         name_contains: String::new(),
+        namespace: String::new(),
         labels: BTreeMap::new(),
         created_after_ms: None,
         created_before_ms: None,
@@ -751,6 +753,11 @@ async fn executions_are_listed_by_filters(store: TestStore) -> anyhow::Result<()
     let rows = store.store.list_executions(&failed_in_prod).await?;
     assert_eq!(listed(rows.clone()), [ids[2]]);
     assert_eq!(rows[0].labels.len(), 2);
+    let infra = ExecutionQuery {
+        namespace: "infra".to_owned(),
+        ..all.clone()
+    };
+    assert_eq!(listed(store.store.list_executions(&infra).await?), [ids[2]]);
     let window = ExecutionQuery {
         created_after_ms: Some(2_000),
         created_before_ms: Some(3_000),

@@ -2,6 +2,7 @@
 //! [`Failure`] every remote command returns, and input reading.
 
 pub mod bench;
+pub mod cluster;
 pub mod control;
 pub mod demo;
 pub mod dev;

@@ -155,6 +155,24 @@ impl Executor {
         tokio::spawn(work.instrument(span));
     }
 
+    /// Stores the checkpoints of a shard being handed over, all at once, before its lease is
+    /// released: the next owner recovers from them instead of replaying the log since the last
+    /// interval's. A checkpoint the store does not take only makes that recovery longer.
+    pub(super) async fn store_handover(&self, jobs: Vec<CheckpointJob>) {
+        let Some(store) = self.store.as_ref() else {
+            return;
+        };
+        if jobs.is_empty() {
+            return;
+        }
+        let n = jobs.len();
+        let stored =
+            futures::future::join_all(jobs.into_iter().map(|job| store.create(job.checkpoint)))
+                .await;
+        let failed = stored.iter().filter(|result| result.is_err()).count();
+        tracing::info!(checkpoints = n, failed, "handover checkpoints stored");
+    }
+
     /// Starts consuming a shard's results.
     pub(super) fn spawn_consumer(&mut self, shard: u32) {
         let token = self.shutdown.child_token();

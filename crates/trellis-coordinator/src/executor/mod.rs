@@ -29,7 +29,6 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use trellis_core::ids::ExecutionId;
 use trellis_proto::v1;
-use trellis_telemetry::Readiness;
 use trellis_telemetry::propagation;
 
 use crate::checkpoints::StoreClient;
@@ -72,6 +71,12 @@ pub(crate) enum Inbound {
     Results(Vec<jetstream::Message>),
     Heartbeat(Bytes),
     Lease(LeaseEvent),
+    /// Hand a shard over: drop it in a turn of its own, store its checkpoints, then say `done`
+    /// (the lease keeper deletes the lease after).
+    Release {
+        shard: u32,
+        done: oneshot::Sender<()>,
+    },
     /// What a background task (recovery, checkpoint) reports.
     Input(Input),
 }
@@ -126,8 +131,8 @@ pub(crate) struct Setup {
     pub(crate) index: kv::Store,
     pub(crate) store: Option<StoreClient>,
     pub(crate) metrics: Metrics,
-    /// Ready while this coordinator owns a shard.
-    pub(crate) readiness: Readiness,
+    /// What this coordinator's record reports.
+    pub(crate) stats: Arc<crate::cluster::Stats>,
 }
 
 /// The executor and the coordinator it drives.
@@ -139,7 +144,6 @@ pub(crate) struct Executor {
     index: kv::Store,
     store: Option<StoreClient>,
     metrics: Metrics,
-    readiness: Readiness,
     tx: mpsc::Sender<Inbound>,
     shutdown: CancellationToken,
     replies: HashMap<ReplyTo, oneshot::Sender<Result<Answered, Error>>>,
@@ -148,6 +152,9 @@ pub(crate) struct Executor {
     next_token: Token,
     consumers: HashMap<u32, CancellationToken>,
     observers: HashMap<ExecutionId, broadcast::Sender<Arc<Flushed>>>,
+    /// Shards to hand over after the current turn.
+    releases: Vec<(u32, oneshot::Sender<()>)>,
+    stats: Arc<crate::cluster::Stats>,
 }
 
 impl Executor {
@@ -167,7 +174,6 @@ impl Executor {
             index: setup.index,
             store: setup.store,
             metrics: setup.metrics,
-            readiness: setup.readiness,
             tx: tx.clone(),
             shutdown,
             replies: HashMap::new(),
@@ -176,6 +182,8 @@ impl Executor {
             next_token: 0,
             consumers: HashMap::new(),
             observers: HashMap::new(),
+            releases: Vec::new(),
+            stats: setup.stats,
         };
         tokio::spawn(executor.run(rx));
         (Handle { tx: tx.clone() }, tx)
@@ -212,17 +220,47 @@ impl Executor {
                 self.observers
                     .retain(|_, sender| sender.receiver_count() > 0);
             }
-            let writes = self.coordinator.turn(inputs, now);
-            let appends = self.before_appends(writes);
-            let outcomes = self.append(appends).await;
-            let effects = self.coordinator.appended(outcomes, now);
-            self.carry_out(effects).await;
-            self.readiness.set(self.coordinator.owns_any());
+            self.stats.lag.store(
+                (self.tx.max_capacity() - self.tx.capacity()) as u64,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+            self.one_turn(inputs, now).await;
+            if !self.releases.is_empty() {
+                self.hand_over().await;
+            }
+            self.stats.executions.store(
+                self.coordinator.in_memory() as u64,
+                std::sync::atomic::Ordering::Relaxed,
+            );
         }
         for token in self.consumers.values() {
             token.cancel();
         }
         tracing::info!("coordinator engine stopped");
+    }
+
+    /// Runs one turn: decides, appends, then carries out what the appends allow.
+    async fn one_turn(&mut self, inputs: Vec<Input>, now: u64) {
+        let writes = self.coordinator.turn(inputs, now);
+        let appends = self.before_appends(writes);
+        let outcomes = self.append(appends).await;
+        let effects = self.coordinator.appended(outcomes, now);
+        self.carry_out(effects).await;
+    }
+
+    /// Hands shards over in a turn of their own, after a turn whose appends are all stored:
+    /// their executions are checkpointed where behind and dropped, their results no longer
+    /// consumed. The lease keeper releases the leases once told.
+    async fn hand_over(&mut self) {
+        let releases = std::mem::take(&mut self.releases);
+        let inputs = releases
+            .iter()
+            .map(|(shard, _)| Input::LeaseReleased(*shard))
+            .collect();
+        self.one_turn(inputs, now_ms()).await;
+        for (_, done) in releases {
+            let _ = done.send(());
+        }
     }
 
     /// Turns what reached the task into the turn's inputs, keeping what must be answered or
@@ -256,6 +294,7 @@ impl Executor {
             Inbound::Heartbeat(payload) => inputs.push(Input::Heartbeat(payload)),
             Inbound::Lease(LeaseEvent::Acquired(shard)) => inputs.push(Input::LeaseAcquired(shard)),
             Inbound::Lease(LeaseEvent::Lost(shard)) => inputs.push(Input::LeaseLost(shard)),
+            Inbound::Release { shard, done } => self.releases.push((shard, done)),
             Inbound::Input(input) => inputs.push(input),
         }
     }

@@ -43,6 +43,7 @@ impl Executor {
             acks,
             replies,
             checkpoints,
+            handover,
             load,
             consume,
         } = effects;
@@ -120,6 +121,7 @@ impl Executor {
         for job in checkpoints {
             self.spawn_checkpoint(job);
         }
+        self.store_handover(handover).await;
         for id in load {
             self.spawn_load(id);
         }

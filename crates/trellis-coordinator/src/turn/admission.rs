@@ -54,18 +54,35 @@ impl Coordinator {
                 access.namespaces().join(", ")
             )));
         }
+        // A start with an idempotency key lands on the key's shard, so every coordinator sends
+        // the same key to the same owner, which alone remembers it.
+        let target = super::start_shard(&namespace, &options.idempotency_key, self.config.shards);
+        match target {
+            Some(shard) if !self.owned.contains(&shard) => {
+                return Err(Error::not_owned(
+                    Some(shard),
+                    format!(
+                        "idempotency key {:?} belongs to shard {shard}, which this coordinator \
+                         does not own; start it on the coordinator that does",
+                        options.idempotency_key
+                    ),
+                ));
+            }
+            None if self.owned.is_empty() => {
+                return Err(Error::not_owned(
+                    None,
+                    "this coordinator owns no shard at the moment; start executions on one that \
+                     does (`trellis cluster` lists them)",
+                ));
+            }
+            _ => {}
+        }
         if !options.idempotency_key.is_empty()
             && let Some(id) = self
                 .by_key
                 .get(&(namespace.clone(), options.idempotency_key.clone()))
         {
             return Ok((*id, false));
-        }
-        if self.owned.is_empty() {
-            return Err(Error::unavailable(
-                "this coordinator owns no shard (it is a standby, or still recovering); \
-                 start executions on the active coordinator",
-            ));
         }
         let quota = self.quota(&namespace);
         let limits = self.limits.plan();
@@ -136,11 +153,12 @@ impl Coordinator {
                 trellis_bus::MAX_PAYLOAD
             )));
         }
-        // An id whose shard this coordinator owns: expected tries = shards / owned shards.
+        // An id whose shard this coordinator owns (the key's shard, with a key): expected tries =
+        // shards / owned shards (shards, with a key).
         let (id, shard) = loop {
             let id = self.ids.execution(now);
             let shard = self.shard_of(id);
-            if self.owned.contains(&shard) {
+            if target.map_or(self.owned.contains(&shard), |target| shard == target) {
                 break (id, shard);
             }
         };

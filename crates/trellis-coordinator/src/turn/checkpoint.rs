@@ -51,7 +51,39 @@ pub struct CheckpointJob {
     pub trace: Context,
 }
 
+impl CheckpointState {
+    /// No checkpoint is being stored or waited for.
+    pub(super) fn idle(&self) -> bool {
+        !self.in_flight && self.waiting.is_empty()
+    }
+
+    /// Takes the callers waiting for the next checkpoint.
+    pub(super) fn take_waiting(&mut self) -> Vec<ReplyTo> {
+        std::mem::take(&mut self.waiting)
+    }
+}
+
 impl Coordinator {
+    /// Returns the checkpoint a shard's new owner recovers an execution from, when the last one
+    /// stored is behind: taken as the shard is handed over, of stored events only.
+    pub(super) fn handover_checkpoint(
+        &mut self,
+        id: ExecutionId,
+        now: u64,
+    ) -> Option<CheckpointJob> {
+        if !self.config.checkpoint_store {
+            return None;
+        }
+        let live = self.executions.get_mut(&id)?;
+        let due = live.checkpoints_allowed
+            && !live.checkpoint.in_flight
+            && live.pending.is_empty()
+            && live.appending.is_empty()
+            && !live.machine.state().is_terminal()
+            && live.seq > live.checkpoint.seq;
+        due.then(|| checkpoint_job(&mut self.ids, id, live, now))
+    }
+
     /// Queues a caller for the execution's next checkpoint (or refuses at once).
     pub(super) fn checkpoint_requested(&mut self, reply: ReplyTo, id: ExecutionId) {
         let store = self.config.checkpoint_store;
@@ -111,49 +143,10 @@ impl Coordinator {
             if !due {
                 continue;
             }
-            let delta = match &ckpt.id {
-                Some(base) if ckpt.since_full + 1 < FULL_EVERY && ckpt.seq >= live.log_base => {
-                    delta_state(&live.log, ckpt.seq).map(|state| (base.clone(), state))
-                }
-                _ => None,
-            };
-            let full = delta.is_none();
-            let (kind, base, state, format) = match delta {
-                Some((base, state)) => (v1::CheckpointKind::Delta, base, state, 1),
-                None => (
-                    v1::CheckpointKind::Full,
-                    String::new(),
-                    live.machine.snapshot(),
-                    trellis_core::machine::SNAPSHOT_FORMAT_VERSION,
-                ),
-            };
-            let checkpoint = v1::Checkpoint {
-                metadata: Some(v1::CheckpointMetadata {
-                    checkpoint_id: self.ids.checkpoint(now),
-                    execution_id: id.to_string(),
-                    event_sequence: live.seq,
-                    stream_sequence: live.stream_seq,
-                    kind: kind.into(),
-                    base_checkpoint_id: base,
-                    checksum_sha256: Vec::new(),
-                    created_at_unix_ms: now as i64,
-                    size_bytes: 0,
-                    state_format_version: format,
-                }),
-                state,
-            };
-            ckpt.in_flight = true;
-            ckpt.at_ms = now;
             if paused {
                 ckpt.paused_done = true;
             }
-            jobs.push(CheckpointJob {
-                id: *id,
-                full,
-                sequence: live.seq,
-                checkpoint,
-                trace: live.trace.clone(),
-            });
+            jobs.push(checkpoint_job(&mut self.ids, *id, live, now));
         }
         for (reply, answer) in answers {
             self.reply_after(reply, None, answer);
@@ -194,6 +187,57 @@ impl Coordinator {
         for reply in waiting {
             self.reply_now(reply, stored.clone().map(Answer::Checkpoint));
         }
+    }
+}
+
+/// Builds the checkpoint of an execution due for one (full, or a delta on the last full one
+/// when the events since are held in memory) and marks it in flight.
+fn checkpoint_job(
+    ids: &mut super::Ids,
+    id: ExecutionId,
+    live: &mut super::live::Live,
+    now: u64,
+) -> CheckpointJob {
+    let ckpt = &mut live.checkpoint;
+    let delta = match &ckpt.id {
+        Some(base) if ckpt.since_full + 1 < FULL_EVERY && ckpt.seq >= live.log_base => {
+            delta_state(&live.log, ckpt.seq).map(|state| (base.clone(), state))
+        }
+        _ => None,
+    };
+    let full = delta.is_none();
+    let (kind, base, state, format) = match delta {
+        Some((base, state)) => (v1::CheckpointKind::Delta, base, state, 1),
+        None => (
+            v1::CheckpointKind::Full,
+            String::new(),
+            live.machine.snapshot(),
+            trellis_core::machine::SNAPSHOT_FORMAT_VERSION,
+        ),
+    };
+    let checkpoint = v1::Checkpoint {
+        metadata: Some(v1::CheckpointMetadata {
+            checkpoint_id: ids.checkpoint(now),
+            execution_id: id.to_string(),
+            event_sequence: live.seq,
+            stream_sequence: live.stream_seq,
+            kind: kind.into(),
+            base_checkpoint_id: base,
+            checksum_sha256: Vec::new(),
+            created_at_unix_ms: now as i64,
+            size_bytes: 0,
+            state_format_version: format,
+        }),
+        state,
+    };
+    ckpt.in_flight = true;
+    ckpt.at_ms = now;
+    CheckpointJob {
+        id,
+        full,
+        sequence: live.seq,
+        checkpoint,
+        trace: live.trace.clone(),
     }
 }
 

@@ -24,6 +24,11 @@ pub enum Input {
     LeaseAcquired(u32),
     /// The lease of a shard is gone (taken over, or not renewed in time).
     LeaseLost(u32),
+    /// This coordinator hands a shard over to another (it holds more than its share): the
+    /// shard's executions are checkpointed and dropped, and its results no longer consumed;
+    /// the lease is released once the effects are carried out. Given in a turn of its own, after
+    /// a turn whose appends are all stored, so every checkpoint holds stored events only.
+    LeaseReleased(u32),
     /// A shard's unfinished executions, rebuilt after its lease was acquired.
     ShardRecovered {
         shard: u32,
@@ -224,6 +229,9 @@ pub struct Effects {
     pub replies: Vec<(ReplyTo, Result<Answer, Error>)>,
     /// Checkpoints to hand to the checkpoint-store ([`Input::CheckpointDone`] answers each).
     pub checkpoints: Vec<CheckpointJob>,
+    /// Checkpoints of executions of shards handed over this turn: stored before the lease is
+    /// released, and not answered (the executions are no longer here).
+    pub handover: Vec<CheckpointJob>,
     /// Executions to load from their log ([`Input::Loaded`]).
     pub load: Vec<ExecutionId>,
     /// Shards whose results may now be consumed (their executions are adopted).

@@ -15,8 +15,12 @@ pub enum ErrorKind {
     PermissionDenied,
     /// The execution is not in a state that allows it (retrying a running execution).
     FailedPrecondition,
-    /// Not now, or not here: no shard owned, another coordinator's shard, a store that is down.
+    /// Not now, or not here: no shard owned, a store that is down.
     Unavailable,
+    /// Another coordinator's shard (or one no coordinator holds at the moment): the request is
+    /// for the shard's owner, which the gRPC layer forwards it to. `None`: a start that may land
+    /// on any shard, and this coordinator owns none.
+    NotOwned { shard: Option<u32> },
     /// A bug: the coordinator could not do what it should always be able to do.
     Internal,
 }
@@ -54,6 +58,10 @@ impl Error {
 
     pub(crate) fn unavailable(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Unavailable, message)
+    }
+
+    pub(crate) fn not_owned(shard: Option<u32>, message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::NotOwned { shard }, message)
     }
 
     pub(crate) fn denied(message: impl Into<String>) -> Self {

@@ -62,6 +62,9 @@ pub(super) struct Live {
     /// The index entry is written and the execution not yet finished.
     pub(super) indexed: bool,
     pub(super) checkpoint: CheckpointState,
+    /// When it was last changed or asked about: a finished execution leaves memory a while
+    /// after.
+    pub(super) touched_ms: u64,
 }
 
 /// What an applied event adds to the metrics.
@@ -109,7 +112,19 @@ impl Live {
             index_put: false,
             indexed: false,
             checkpoint: CheckpointState::default(),
+            touched_ms: created_at_ms,
         }
+    }
+
+    /// Finished, with nothing of it left to store: it may leave memory.
+    pub(super) fn idle_and_finished(&self) -> bool {
+        self.machine.state().is_terminal()
+            && !self.dirty
+            && self.pending.is_empty()
+            && self.appending.is_empty()
+            && !self.index_put
+            && !self.indexed
+            && self.checkpoint.idle()
     }
 
     /// Applies an event and, when it changed the state, queues it for the log and counts it.

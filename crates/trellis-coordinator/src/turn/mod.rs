@@ -56,6 +56,13 @@ use live::Live;
 /// out in the same order for the same inputs (std's default hasher is seeded per process).
 type Map<K, V> = HashMap<K, V, BuildHasherDefault<std::hash::DefaultHasher>>;
 
+/// Returns the shard a start must land on: the idempotency key's, so that every coordinator
+/// sends a key to the one owner that remembers it; `None` without a key (any owned shard).
+pub fn start_shard(namespace: &str, idempotency_key: &str, shards: u32) -> Option<u32> {
+    (!idempotency_key.is_empty())
+        .then(|| subjects::shard_of(&format!("{namespace}/{idempotency_key}"), shards.max(1)))
+}
+
 /// Names the caller waiting for an answer; the executor maps it back to its reply channel.
 pub type ReplyTo = u64;
 /// Names a consumed result message; the executor maps it back to the message to acknowledge.
@@ -81,7 +88,13 @@ pub struct Config {
     pub index_scan_every_ms: u64,
     /// Entropy for the ids this coordinator makes (executions, checkpoints).
     pub seed: u64,
+    /// A finished execution leaves memory this long after it was last touched (changed or
+    /// asked about); reads of it then load it from its checkpoint and log again.
+    pub keep_finished_ms: u64,
 }
+
+/// How often finished executions are looked at for leaving memory.
+const FORGET_EVERY_MS: u64 = 1_000;
 
 /// A request that waits for an execution (or its shard) to be loaded.
 #[derive(Debug)]
@@ -142,6 +155,9 @@ pub struct Coordinator {
     /// a second refusal sets the result aside.
     rechecked: BTreeSet<results::AttemptKey>,
     last_scan_ms: u64,
+    last_forget_ms: u64,
+    /// The time of the current turn.
+    now: u64,
     /// What this turn has answered or consumed so far.
     pending: Pending,
     /// Executions whose append this turn was refused.
@@ -162,6 +178,8 @@ struct Pending {
     doubtful: Vec<(Token, results::AttemptKey)>,
     load: Vec<ExecutionId>,
     consume: Vec<u32>,
+    /// Checkpoints of the executions of shards handed over this turn.
+    handover: Vec<CheckpointJob>,
 }
 
 impl Coordinator {
@@ -194,6 +212,8 @@ impl Coordinator {
             loads_for_results: BTreeSet::new(),
             rechecked: BTreeSet::new(),
             last_scan_ms: 0,
+            last_forget_ms: 0,
+            now: 0,
             pending: Pending::default(),
             refused: BTreeSet::new(),
         }
@@ -203,6 +223,7 @@ impl Coordinator {
     /// what needs nothing durable. Call [`Coordinator::appended`] with the appends' outcomes
     /// before the next turn.
     pub fn turn(&mut self, inputs: impl IntoIterator<Item = Input>, now: u64) -> Writes {
+        self.now = now;
         for input in inputs {
             self.input(input, now);
         }
@@ -216,7 +237,9 @@ impl Coordinator {
 
     /// Takes the outcome of each append of the last turn and returns what may happen now.
     pub fn appended(&mut self, outcomes: Vec<(ExecutionId, Appended)>, now: u64) -> Effects {
+        self.now = now;
         let mut effects = self.side_effects(outcomes, now);
+        effects.handover = std::mem::take(&mut self.pending.handover);
         effects.checkpoints = self.checkpoints(now);
         effects.replies = self.write_replies();
         self.metrics
@@ -228,6 +251,11 @@ impl Coordinator {
     /// Returns true while this coordinator owns a shard.
     pub fn owns_any(&self) -> bool {
         !self.owned.is_empty()
+    }
+
+    /// Returns how many executions are held in memory.
+    pub fn in_memory(&self) -> usize {
+        self.executions.len()
     }
 
     /// Returns the shards this coordinator owns.
@@ -273,6 +301,10 @@ impl Coordinator {
                     }
                 }
                 self.workers.sweep(now, &self.metrics);
+                if now >= self.last_forget_ms + FORGET_EVERY_MS {
+                    self.last_forget_ms = now;
+                    self.forget_finished(now);
+                }
                 if now >= self.last_scan_ms + self.config.index_scan_every_ms {
                     self.last_scan_ms = now;
                     let owned: Vec<u32> = self.owned.iter().copied().collect();
@@ -282,6 +314,7 @@ impl Coordinator {
             Input::Indexed { shard, ids } => self.indexed(shard, ids),
             Input::LeaseAcquired(shard) => self.acquire(shard),
             Input::LeaseLost(shard) => self.lose(shard, now),
+            Input::LeaseReleased(shard) => self.release(shard, now),
             Input::ShardRecovered {
                 shard,
                 recovered,
@@ -299,12 +332,37 @@ impl Coordinator {
 
     /// Marks an execution touched this turn.
     fn mark(&mut self, id: ExecutionId) {
-        if let Some(live) = self.executions.get_mut(&id)
-            && !live.dirty
-        {
-            live.dirty = true;
-            self.dirty.push(id);
+        if let Some(live) = self.executions.get_mut(&id) {
+            live.touched_ms = self.now;
+            if !live.dirty {
+                live.dirty = true;
+                self.dirty.push(id);
+            }
         }
+    }
+
+    /// Drops the finished executions nobody touched for `keep_finished_ms` from memory, once
+    /// everything about them is stored: their log is whole, their index entry deleted, no
+    /// checkpoint in flight. A later read loads them from their checkpoint and log.
+    fn forget_finished(&mut self, now: u64) {
+        let keep = self.config.keep_finished_ms;
+        let gone: Vec<ExecutionId> = self
+            .executions
+            .iter()
+            .filter(|(_, live)| live.idle_and_finished() && now >= live.touched_ms + keep)
+            .map(|(id, _)| *id)
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        for id in &gone {
+            self.executions.remove(id);
+        }
+        // Idempotency keys stay: a start repeated with the key still finds its execution,
+        // which is loaded from its log when asked about.
+        tracing::debug!(executions = gone.len(), "finished executions left memory");
+        self.metrics.executions_forgotten.inc_by(gone.len() as u64);
+        self.pending.writes.forget.extend(gone);
     }
 
     /// Answers now, before the appends.

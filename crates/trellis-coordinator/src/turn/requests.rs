@@ -70,6 +70,9 @@ impl Coordinator {
                     self.reply_now(reply, Err(Error::not_found(id)));
                     return;
                 }
+                if let Some(live) = self.executions.get_mut(&id) {
+                    live.touched_ms = now;
+                }
                 self.on(reply, id, action, now);
             }
         }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use trellis_core::ids::ExecutionId;
 use trellis_core::machine::{Event, EventBody, Execution};
+use trellis_proto::subjects;
 use trellis_wire::log::Started;
 
 use super::live::{Live, Tenancy};
@@ -56,6 +57,35 @@ impl Coordinator {
 
     /// A lease was lost: the shard's executions are forgotten and its results no longer consumed.
     pub(super) fn lose(&mut self, shard: u32, now: u64) {
+        let gone = self.drop_shard(shard, now);
+        tracing::warn!(shard, executions = gone, "shard given up");
+    }
+
+    /// This coordinator hands the shard over: the executions whose last checkpoint is behind are
+    /// checkpointed (the new owner recovers them from there), then the shard is dropped as a lost
+    /// one is. Everything of the shard's executions is stored by now (the executor gives this
+    /// input a turn of its own), so dropping them loses nothing and answers nothing wrongly.
+    pub(super) fn release(&mut self, shard: u32, now: u64) {
+        let ids: Vec<ExecutionId> = self
+            .executions
+            .iter()
+            .filter(|(_, live)| live.shard == shard)
+            .map(|(id, _)| *id)
+            .collect();
+        let mut checkpoints = 0;
+        for id in ids {
+            if let Some(job) = self.handover_checkpoint(id, now) {
+                self.pending.handover.push(job);
+                checkpoints += 1;
+            }
+        }
+        let gone = self.drop_shard(shard, now);
+        tracing::info!(shard, executions = gone, checkpoints, "shard handed over");
+    }
+
+    /// Stops owning a shard: forgets its executions, stops consuming its results, and answers
+    /// the requests waiting on it as not owned here. Returns how many executions it dropped.
+    fn drop_shard(&mut self, shard: u32, now: u64) -> usize {
         self.owned.remove(&shard);
         self.acquiring.remove(&shard);
         self.pending.writes.stop_consuming.push(shard);
@@ -68,13 +98,25 @@ impl Coordinator {
             .map(|(id, _)| *id)
             .collect();
         for id in &gone {
-            self.executions.remove(id);
+            if let Some(mut live) = self.executions.remove(id) {
+                for reply in live.checkpoint.take_waiting() {
+                    self.reply_now(
+                        reply,
+                        Err(Error::not_owned(
+                            Some(shard),
+                            format!("execution {id} moved to another coordinator; ask it"),
+                        )),
+                    );
+                }
+            }
             // What this turn did to them is not stored: no answer or acknowledgement may say so.
             self.refused.insert(*id);
         }
         self.dirty.retain(|id| !gone.contains(id));
-        self.by_key.retain(|_, id| !gone.contains(id));
-        tracing::warn!(shard, executions = gone.len(), "shard given up");
+        let shards = self.config.shards;
+        self.by_key
+            .retain(|_, id| subjects::shard_of(&id.to_string(), shards) != shard);
+        let dropped = gone.len();
         self.pending.writes.forget.extend(gone);
         // Requests waiting for an execution of the shard, or for the shard's recovery, are
         // answered as any request about a shard this coordinator does not own.
@@ -91,6 +133,7 @@ impl Coordinator {
         for waiting in retry {
             self.request(waiting.reply, waiting.request, now);
         }
+        dropped
     }
 
     pub(super) fn shard_recovered(
@@ -259,10 +302,13 @@ impl Coordinator {
         if !self.owned.contains(&shard) {
             self.reply_now(
                 waiting.reply,
-                Err(Error::unavailable(format!(
-                    "execution {id} belongs to shard {shard}, which this coordinator does not \
-                     own; ask the coordinator that does"
-                ))),
+                Err(Error::not_owned(
+                    Some(shard),
+                    format!(
+                        "execution {id} belongs to shard {shard}, which this coordinator does \
+                         not own; ask the coordinator that does (`trellis cluster` lists them)"
+                    ),
+                )),
             );
             return;
         }

@@ -10,6 +10,9 @@ use crate::metrics::Metrics;
 
 /// A worker is declared terminated after this many missed heartbeats.
 const MISSED_BEFORE_TERMINATED: u32 = 3;
+/// A worker silent this long leaves the registry: `ListWorkers` no longer shows it, even with
+/// `include_terminated`.
+pub(super) const FORGET_AFTER_MS: u64 = 10 * 60 * 1000;
 
 #[derive(Debug)]
 struct Entry {
@@ -60,6 +63,8 @@ impl Registry {
             return;
         }
         self.last_sweep_ms = now;
+        self.workers
+            .retain(|_, entry| now < entry.last_seen_ms + FORGET_AFTER_MS);
         let mut alive = 0;
         for entry in self.workers.values_mut() {
             let terminated = entry.last.state == v1::WorkerState::Terminated as i32;

@@ -241,8 +241,35 @@ async fn a_restarted_coordinator_recovers_its_executions_from_the_log() {
     second.token.cancel();
 }
 
+/// Waits until `GetCluster` through `client` shows each coordinator of `ids` holding `each`
+/// shards and no shard unheld.
+async fn wait_for_balance(client: &mut CoordinatorClient<Channel>, ids: &[&str], each: usize) {
+    let mut last = None;
+    for _ in 0..400 {
+        if let Ok(cluster) = client.get_cluster(v1::GetClusterRequest {}).await {
+            let cluster = cluster.into_inner();
+            let held: Vec<(String, usize)> = cluster
+                .coordinators
+                .iter()
+                .map(|c| (c.coordinator_id.clone(), c.shards.len()))
+                .collect();
+            let balanced = cluster.unowned_shards.is_empty()
+                && held.len() == ids.len()
+                && held
+                    .iter()
+                    .all(|(id, n)| ids.contains(&id.as_str()) && *n == each);
+            if balanced {
+                return;
+            }
+            last = Some(held);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the shards were not spread {each} to each of {ids:?} within 20 s: {last:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_standby_takes_the_shards_over_and_finishes_the_execution() {
+async fn a_second_coordinator_takes_half_the_shards_and_finishes_the_work_of_a_crashed_one() {
     let nats =
         NatsServer::start().expect("a nats-server for the test (apt-get install nats-server)");
     let shutdown = CancellationToken::new();
@@ -256,38 +283,68 @@ async fn a_standby_takes_the_shards_over_and_finishes_the_execution() {
         );
     }
     let ttl = Duration::from_millis(1500);
-    let mut active = Coordinator::start(&nats.url(), "active", ttl).await;
-    let mut standby = Coordinator::start(&nats.url(), "standby", ttl).await;
-    // The standby owns nothing while the active one renews its leases.
-    let refused = standby
-        .client
-        .start_execution(plan_request(FANOUT_PLAN))
-        .await
-        .expect_err("a standby starts nothing");
-    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
-
-    let id = active
+    let mut first = Coordinator::start(&nats.url(), "coordinator-a", ttl).await;
+    wait_for_balance(&mut first.client, &["coordinator-a"], SHARDS as usize).await;
+    let id = first
         .client
         .start_execution(plan_request(FANOUT_PLAN))
         .await
         .expect("execution starts")
         .into_inner()
         .execution_id;
-    wait_for(&mut active.client, &id, "a third of the work", |e| {
+    // A second coordinator joins while it runs: the first hands half its shards over.
+    let mut second = Coordinator::start(&nats.url(), "coordinator-b", ttl).await;
+    wait_for_balance(
+        &mut second.client,
+        &["coordinator-a", "coordinator-b"],
+        SHARDS as usize / 2,
+    )
+    .await;
+    // Either coordinator answers for any execution: started through the second one, read
+    // through the first, whichever holds its shard.
+    let mut through_second = Vec::new();
+    for n in 0..8 {
+        let started = second
+            .client
+            .start_execution(plan_request(&format!(
+                "name: small-{n}\ntasks:\n- {{id: t, type: noop}}\n"
+            )))
+            .await
+            .expect("a start through either coordinator lands on a held shard")
+            .into_inner();
+        assert!(started.created);
+        through_second.push(started.execution_id);
+    }
+    for small in &through_second {
+        let done = wait_for(
+            &mut first.client,
+            small,
+            "the end, read through the first",
+            terminal,
+        )
+        .await;
+        assert_eq!(
+            ExecutionState::try_from(done.state),
+            Ok(ExecutionState::Completed)
+        );
+    }
+    wait_for(&mut second.client, &id, "a third of the work", |e| {
         completed_count(e) > (FANOUT_INSTANCES / 3) as u64
     })
     .await;
-    active.crash();
+    first.crash();
 
-    let done = wait_for(&mut standby.client, &id, "the end on the standby", terminal).await;
+    // The survivor takes every shard once the dead one's leases lapse, and finishes.
+    wait_for_balance(&mut second.client, &["coordinator-b"], SHARDS as usize).await;
+    let done = wait_for(&mut second.client, &id, "the end on the survivor", terminal).await;
     assert_eq!(
         ExecutionState::try_from(done.state),
         Ok(ExecutionState::Completed),
         "{}",
         done.reason
     );
-    check_tree(&mut standby.client, &id, FANOUT_INSTANCES).await;
-    standby.token.cancel();
+    check_tree(&mut second.client, &id, FANOUT_INSTANCES).await;
+    second.token.cancel();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

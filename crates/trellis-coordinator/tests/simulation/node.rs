@@ -27,13 +27,35 @@ impl World {
         if self.rng.percent(50) {
             self.keep_leases(idx);
             self.take_results(idx);
-            self.turn(idx)
+            self.turn(idx)?;
         } else {
             self.take_results(idx);
             self.turn(idx)?;
             self.keep_leases(idx);
-            Ok(())
         }
+        self.hand_over(idx)
+    }
+
+    /// Hands over the shards the lease keeper gave up, in a turn of their own after a whole one,
+    /// as the executor does; their leases are deleted once that turn's effects are carried out.
+    fn hand_over(&mut self, idx: usize) -> Result<(), String> {
+        let node = &mut self.nodes[idx];
+        if node.turn.is_none() || node.suspended.is_some() || node.releasing.is_empty() {
+            return Ok(());
+        }
+        node.released = std::mem::take(&mut node.releasing);
+        let inputs = node
+            .released
+            .iter()
+            .map(|(shard, _)| Input::LeaseReleased(*shard))
+            .collect();
+        if verbose() {
+            eprintln!(
+                "{}: coordinator {idx} hands over {:?}",
+                self.now, node.released
+            );
+        }
+        self.turn_with(idx, inputs)
     }
 
     /// The lease keeper: renews held leases, takes free ones.
@@ -44,6 +66,15 @@ impl World {
             return;
         }
         node.last_renewal = now;
+        // The fair share: the live processes as the membership bucket would list them.
+        let live = self.nodes.iter().filter(|n| n.turn.is_some()).count();
+        let share = (SHARDS as usize).div_ceil(live.max(1));
+        let wanting = self
+            .nodes
+            .iter()
+            .enumerate()
+            .any(|(other, n)| other != idx && n.turn.is_some() && n.leases.len() < share);
+        let node = &mut self.nodes[idx];
         for shard in 0..SHARDS {
             match node.leases.get(&shard) {
                 Some(&revision) => match self.nats.leases.renew(shard, revision, now, LEASE_TTL) {
@@ -58,6 +89,9 @@ impl World {
                         node.inbox.push(Input::LeaseLost(shard));
                     }
                 },
+                None if node.leases.len() >= share
+                    || node.releasing.iter().any(|(s, _)| *s == shard)
+                    || node.released.iter().any(|(s, _)| *s == shard) => {}
                 None => {
                     if let Some(revision) = self.nats.leases.acquire(shard, idx, now, LEASE_TTL) {
                         if verbose() {
@@ -66,6 +100,16 @@ impl World {
                         node.leases.insert(shard, revision);
                         node.inbox.push(Input::LeaseAcquired(shard));
                     }
+                }
+            }
+        }
+        // The surplus is handed over when another process can take it; the highest first.
+        if node.leases.len() > share && wanting {
+            let surplus = node.leases.len() - share;
+            let give: Vec<u32> = node.leases.keys().rev().take(surplus).copied().collect();
+            for shard in give {
+                if let Some(revision) = node.leases.remove(&shard) {
+                    node.releasing.push((shard, revision));
                 }
             }
         }
@@ -129,6 +173,13 @@ impl World {
             node.last_tick = now;
             inputs.push(Input::Tick);
         }
+        self.turn_with(idx, inputs)
+    }
+
+    /// A turn of these inputs.
+    fn turn_with(&mut self, idx: usize, inputs: Vec<Input>) -> Result<(), String> {
+        let now = self.now;
+        let node = &mut self.nodes[idx];
         let consumed: Vec<Token> = inputs
             .iter()
             .filter_map(|input| match input {
@@ -276,6 +327,7 @@ impl World {
             acks,
             replies,
             checkpoints,
+            handover,
             load,
             consume,
         } = effects;
@@ -334,6 +386,20 @@ impl World {
             };
             let delay = self.rng.between(1, 30);
             self.schedule(idx, delay, input);
+        }
+        for job in handover {
+            // Stored before the lease is deleted; a store that is down only makes the next
+            // owner's recovery longer.
+            if !(self.faults && self.rng.one_in(10)) {
+                let _ = self.store.create(job);
+            }
+        }
+        for (shard, revision) in std::mem::take(&mut self.nodes[idx].released) {
+            if verbose() {
+                eprintln!("{now}: coordinator {idx} releases the lease of shard {shard}");
+            }
+            self.nats.leases.release(shard, revision);
+            HANDOVERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         for shard in consume {
             if verbose() {

@@ -25,7 +25,7 @@ use crate::rng::Rng;
 use crate::worker::Worker;
 use crate::{Bug, plans};
 
-pub(crate) const SHARDS: u32 = 4;
+pub(crate) const SHARDS: u32 = 6;
 pub(crate) const N_COORDINATORS: usize = 3;
 pub(crate) const N_WORKERS: usize = 3;
 pub(crate) const LEASE_TTL: u64 = 300;
@@ -85,6 +85,11 @@ pub(crate) struct Node {
     pub(crate) next_reply: ReplyTo,
     /// The appends of a turn frozen before it wrote them.
     pub(crate) suspended: Option<Vec<Append>>,
+    /// Shards to hand over (no longer renewed), with the revision of their lease.
+    pub(crate) releasing: Vec<(u32, u64)>,
+    /// Shards handed over in the turn under way: their leases are deleted once its effects are
+    /// carried out.
+    pub(crate) released: Vec<(u32, u64)>,
 }
 
 /// Work reported back to a coordinator later: recoveries take time.
@@ -97,6 +102,8 @@ pub(crate) struct Later {
 
 /// Appends refused for not following the log, over every run of the process.
 pub static FENCED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Shards handed over gracefully (their lease deleted after the handover turn), over every run.
+pub static HANDOVERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Recoveries that started from a checkpoint, over every run of the process.
 pub static RESTORED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -164,6 +171,8 @@ impl World {
                 calls: BTreeMap::new(),
                 next_reply: 0,
                 suspended: None,
+                releasing: Vec::new(),
+                released: Vec::new(),
             })
             .collect();
         Self {
@@ -421,6 +430,8 @@ impl World {
         let node = &mut self.nodes[idx];
         node.turn = None;
         node.suspended = None;
+        node.releasing.clear();
+        node.released.clear();
         node.inbox.clear();
         node.tokens.clear();
         node.leases.clear();
@@ -497,6 +508,7 @@ pub(crate) fn coordinator(seed: u64, idx: usize, incarnation: u64) -> Coordinato
             max_message_bytes: 8 * 1024 * 1024,
             index_scan_every_ms: 500,
             seed: seed ^ ((idx as u64) << 40) ^ (incarnation << 20),
+            keep_finished_ms: 300,
         },
         &trellis_telemetry::Registry::default(),
     )
