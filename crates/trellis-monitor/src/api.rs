@@ -218,6 +218,7 @@ pub fn router(app: App) -> Router {
         .route("/api/executions/{id}/checkpoints", get(checkpoints))
         .route("/api/executions/{id}/live", get(live))
         .route("/api/workers", get(workers))
+        .route("/api/cluster", get(cluster))
         .route("/api/executions/{id}/{action}", post(control))
         .route(
             "/api/executions/{id}/questions/{question}/answer",
@@ -447,6 +448,36 @@ async fn workers(State(mut app): State<App>, caller: Caller) -> ApiResult {
         .map(WorkerView::from_proto)
         .collect();
     Ok(json(&json!({ "workers": workers })))
+}
+
+/// The coordinators, as `GetCluster` through the configured coordinator reports them.
+async fn cluster(State(mut app): State<App>, caller: Caller) -> ApiResult {
+    let response = app
+        .coordinator
+        .get_cluster(caller.request(v1::GetClusterRequest {})?)
+        .await?
+        .into_inner();
+    let coordinators: Vec<Value> = response
+        .coordinators
+        .iter()
+        .map(|c| {
+            json!({
+                "id": c.coordinator_id,
+                "address": c.address,
+                "shards": c.shards,
+                "executions_in_memory": c.executions_in_memory,
+                "lag": c.lag,
+                "reported_at_ms": c.reported_at_unix_ms,
+                "started_at_ms": c.started_at_unix_ms,
+            })
+        })
+        .collect();
+    Ok(json(&json!({
+        "shards": response.shards,
+        "coordinators": coordinators,
+        "unowned_shards": response.unowned_shards,
+        "answered_by": response.answered_by,
+    })))
 }
 
 #[derive(Debug, Deserialize)]

@@ -107,6 +107,17 @@ async fn api_streams_an_execution_and_guards_its_controls() {
     let (status, config) = get(&format!("{base}/config")).await;
     assert_eq!((status, &config["controls"]), (200, &json!(true)));
 
+    // One coordinator, holding the one shard of `trellis dev`.
+    let (status, cluster) = get(&format!("{base}/cluster")).await;
+    assert_eq!(status, 200, "{cluster}");
+    assert_eq!(cluster["shards"], json!(1), "{cluster}");
+    assert_eq!(
+        cluster["coordinators"][0]["shards"],
+        json!([0]),
+        "{cluster}"
+    );
+    assert_eq!(cluster["unowned_shards"], json!([]), "{cluster}");
+
     let id = dev.start(QUESTION_PLAN).await;
     let execution = format!("{base}/executions/{id}");
 

@@ -341,6 +341,28 @@ async fn browser_watches_controls_and_answers() {
     .await;
     screenshot(&client, "8-workers").await;
     client
+        .goto(&format!("{}/#/cluster", dev.monitor))
+        .await
+        .expect("the cluster page opens");
+    wait_page(
+        &client,
+        "the coordinator is listed with its shards",
+        Duration::from_secs(10),
+        || async {
+            match client
+                .find(Locator::Css("#cluster-table tr[data-coordinator-id]"))
+                .await
+            {
+                Ok(row) => row
+                    .text()
+                    .await
+                    .is_ok_and(|text| text.contains("(1)") || text.contains("shards")),
+                Err(_) => false,
+            }
+        },
+    )
+    .await;
+    client
         .goto(&format!("{}/#/", dev.monitor))
         .await
         .expect("the executions list opens");
