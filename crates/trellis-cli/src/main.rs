@@ -10,6 +10,11 @@
 mod client;
 mod commands;
 mod local;
+
+/// mimalloc hands memory back to the system once freed: a coordinator (or `trellis dev`) shrinks
+/// again after finished executions leave its memory.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod render;
 
 use std::process::ExitCode;

@@ -39,6 +39,9 @@ const SCALE_SHARDS: u32 = 6;
 const SOAK_TASKS: usize = 100;
 /// The soak coordinator's `--keep-finished`.
 const SOAK_KEEP_FINISHED: Duration = Duration::from_secs(10);
+/// The soak's last reading of the coordinator's memory comes this long after the one after
+/// `--keep-finished`.
+const SOAK_LATER: Duration = Duration::from_secs(30);
 
 /// Measure Trellis on the scenarios of docs/bench.md.
 #[derive(Debug, Args)]
@@ -329,8 +332,8 @@ async fn recovery(args: &BenchArgs, n: usize) -> Result<Fields, String> {
 /// A coordinator in a child process (`trellis coordinator`), so it can be killed for real.
 /// `n` executions of [`SOAK_TASKS`] tasks each through one coordinator process started with
 /// `--keep-finished` [`SOAK_KEEP_FINISHED`]: its resident memory before, at the peak (sampled
-/// every 100 ms), at the end of the work, and once `--keep-finished` has passed; and how many
-/// executions it still holds then, as it reports in `GetCluster`.
+/// every 100 ms), at the end of the work, once `--keep-finished` has passed and 30 s after that;
+/// and how many executions it still holds then, as it reports in `GetCluster`.
 async fn soak(args: &BenchArgs, n: usize) -> Result<Fields, String> {
     let local = local::start(local::Options {
         nats_url: None,
@@ -405,6 +408,8 @@ async fn soak(args: &BenchArgs, n: usize) -> Result<Fields, String> {
     eprintln!("bench: soak: waiting {keep} (--keep-finished) and a few seconds more");
     tokio::time::sleep(SOAK_KEEP_FINISHED + Duration::from_secs(5)).await;
     let after = rss_bytes(pid)?;
+    tokio::time::sleep(SOAK_LATER).await;
+    let later = rss_bytes(pid)?;
     let in_memory = coordinator
         .client
         .clone()
@@ -434,6 +439,7 @@ async fn soak(args: &BenchArgs, n: usize) -> Result<Fields, String> {
         ),
         ("rss_at_end_mb", json!(mb(at_end))),
         ("rss_after_mb", json!(mb(after))),
+        ("rss_30s_later_mb", json!(mb(later))),
         ("executions_in_memory_after", json!(in_memory)),
     ])
 }

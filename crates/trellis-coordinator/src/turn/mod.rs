@@ -358,6 +358,10 @@ impl Coordinator {
         for id in &gone {
             self.executions.remove(id);
         }
+        // A burst of executions leaves a table sized for it: give the room back.
+        if self.executions.capacity() > 4 * self.executions.len() + 1024 {
+            self.executions.shrink_to(2 * self.executions.len());
+        }
         // Idempotency keys stay: a start repeated with the key still finds its execution,
         // which is loaded from its log when asked about.
         tracing::debug!(executions = gone.len(), "finished executions left memory");
