@@ -88,12 +88,11 @@ impl Coordinator {
         panic!("coordinator {id} did not come up at {url}");
     }
 
-    /// Stops it the hard way for an in-process service: its tasks are aborted, nothing is
-    /// released (leases lapse on their own).
+    /// Stops it while it works: its gRPC task is aborted and its executor and lease keeper see
+    /// the token cancelled, so its leases are released as on SIGTERM (the system tests SIGKILL
+    /// coordinator processes for the other case).
     fn crash(self) {
         self.task.abort();
-        // The engine and lease tasks were spawned by `run`; cancelling the token stops them
-        // without the graceful release a SIGTERM would do, because `run` is already gone.
         self.token.cancel();
     }
 }
@@ -200,6 +199,12 @@ const FANOUT_PLAN: &str = "name: fan\ntasks:\n\
 - {id: p8, type: fanout, input: {count: 250, child: {type: sleep, input: {ms: 2}}}}\n";
 const FANOUT_INSTANCES: usize = 1 + 8 + 8 * 250 + 8;
 
+/// The same fan-out, each subtask sleeping 300 ms: about five seconds of work for two workers of
+/// 64 slots, long enough to run through a coordinator joining and another stopping.
+fn slow_fanout_plan() -> String {
+    FANOUT_PLAN.replace("ms: 2}", "ms: 300}")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_coordinator_recovers_its_executions_from_the_log() {
     let nats =
@@ -241,6 +246,34 @@ async fn a_restarted_coordinator_recovers_its_executions_from_the_log() {
     second.token.cancel();
 }
 
+/// Observes an execution to its `ExecutionFinished`, reopening the stream from the next sequence
+/// whenever it breaks (as `trellis events --follow` does); returns the sequences received and how
+/// many times the stream was reopened.
+async fn follow(mut client: CoordinatorClient<Channel>, id: String) -> (Vec<u64>, usize) {
+    let mut sequences = Vec::new();
+    let mut reopened = 0;
+    loop {
+        let from = sequences.last().map_or(1, |last| last + 1);
+        let request = v1::ObserveExecutionRequest {
+            execution_id: id.clone(),
+            from_sequence: from,
+        };
+        if let Ok(response) = client.observe_execution(request).await {
+            let mut stream = response.into_inner();
+            while let Ok(Some(item)) = stream.message().await {
+                let Some(event) = item.event else { continue };
+                sequences.push(event.sequence);
+                if matches!(event.kind, Some(v1::event::Kind::ExecutionFinished(_))) {
+                    return (sequences, reopened);
+                }
+            }
+        }
+        reopened += 1;
+        assert!(reopened < 100, "the stream of {id} broke 100 times");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Waits until `GetCluster` through `client` shows each coordinator of `ids` holding `each`
 /// shards and no shard unheld.
 async fn wait_for_balance(client: &mut CoordinatorClient<Channel>, ids: &[&str], each: usize) {
@@ -269,7 +302,7 @@ async fn wait_for_balance(client: &mut CoordinatorClient<Channel>, ids: &[&str],
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_second_coordinator_takes_half_the_shards_and_finishes_the_work_of_a_crashed_one() {
+async fn a_second_coordinator_takes_half_the_shards_answers_for_the_first_and_finishes_its_work() {
     let nats =
         NatsServer::start().expect("a nats-server for the test (apt-get install nats-server)");
     let shutdown = CancellationToken::new();
@@ -285,13 +318,28 @@ async fn a_second_coordinator_takes_half_the_shards_and_finishes_the_work_of_a_c
     let ttl = Duration::from_millis(1500);
     let mut first = Coordinator::start(&nats.url(), "coordinator-a", ttl).await;
     wait_for_balance(&mut first.client, &["coordinator-a"], SHARDS as usize).await;
-    let id = first
-        .client
-        .start_execution(plan_request(FANOUT_PLAN))
-        .await
-        .expect("execution starts")
-        .into_inner()
-        .execution_id;
+    // The fan-out runs on shard 0 or 1, which the first keeps when it hands its highest shards
+    // over: an observer through the second is then forwarded to the first until it crashes.
+    let id = loop {
+        let id = first
+            .client
+            .start_execution(plan_request(&slow_fanout_plan()))
+            .await
+            .expect("execution starts")
+            .into_inner()
+            .execution_id;
+        if trellis_proto::subjects::shard_of(&id, SHARDS) < SHARDS / 2 {
+            break id;
+        }
+        first
+            .client
+            .cancel_execution(v1::CancelExecutionRequest {
+                execution_id: id,
+                reason: "on a shard the first coordinator hands over".to_owned(),
+            })
+            .await
+            .expect("cancel");
+    };
     // A second coordinator joins while it runs: the first hands half its shards over.
     let mut second = Coordinator::start(&nats.url(), "coordinator-b", ttl).await;
     wait_for_balance(
@@ -300,6 +348,35 @@ async fn a_second_coordinator_takes_half_the_shards_and_finishes_the_work_of_a_c
         SHARDS as usize / 2,
     )
     .await;
+    // A start with an idempotency key lands on the key's shard, whichever coordinator is
+    // asked: the second ask finds the first's execution.
+    for key in ["key-1", "key-2", "key-3"] {
+        let mut keyed = plan_request("name: keyed\ntasks:\n- {id: t, type: noop}\n");
+        keyed.options = Some(v1::ExecutionOptions {
+            idempotency_key: key.to_owned(),
+            ..Default::default()
+        });
+        let once = first
+            .client
+            .start_execution(keyed.clone())
+            .await
+            .expect("a keyed start")
+            .into_inner();
+        let again = second
+            .client
+            .start_execution(keyed)
+            .await
+            .expect("the same keyed start elsewhere")
+            .into_inner();
+        assert!(
+            once.created && !again.created,
+            "{key}: {once:?} then {again:?}"
+        );
+        assert_eq!(once.execution_id, again.execution_id, "{key}");
+    }
+    // An observer through the second coordinator follows the fan-out to its end, through the
+    // crash below, resuming from the last sequence it saw whenever its stream breaks.
+    let observer = tokio::spawn(follow(second.client.clone(), id.clone()));
     // Either coordinator answers for any execution: started through the second one, read
     // through the first, whichever holds its shard.
     let mut through_second = Vec::new();
@@ -328,13 +405,17 @@ async fn a_second_coordinator_takes_half_the_shards_and_finishes_the_work_of_a_c
             Ok(ExecutionState::Completed)
         );
     }
-    wait_for(&mut second.client, &id, "a third of the work", |e| {
+    let running = wait_for(&mut second.client, &id, "a third of the work", |e| {
         completed_count(e) > (FANOUT_INSTANCES / 3) as u64
     })
     .await;
+    assert!(
+        !terminal(&running),
+        "the fan-out ended before the first coordinator stopped; make its subtasks slower"
+    );
     first.crash();
 
-    // The survivor takes every shard once the dead one's leases lapse, and finishes.
+    // The survivor takes every shard once the stopped one released them, and finishes.
     wait_for_balance(&mut second.client, &["coordinator-b"], SHARDS as usize).await;
     let done = wait_for(&mut second.client, &id, "the end on the survivor", terminal).await;
     assert_eq!(
@@ -344,6 +425,24 @@ async fn a_second_coordinator_takes_half_the_shards_and_finishes_the_work_of_a_c
         done.reason
     );
     check_tree(&mut second.client, &id, FANOUT_INSTANCES).await;
+    let (sequences, reopened) = tokio::time::timeout(Duration::from_secs(60), observer)
+        .await
+        .expect("the observer reaches the end")
+        .expect("the observer task");
+    assert!(
+        reopened > 0,
+        "the observer's stream went through the first coordinator, which stopped: it must have \
+         been reopened"
+    );
+    let expected: Vec<u64> = (1..=done.last_sequence).collect();
+    assert_eq!(
+        sequences, expected,
+        "the observer saw every event once, in order ({reopened} reopenings)"
+    );
+    eprintln!(
+        "the observer saw {} events, reopening its stream {reopened} times",
+        sequences.len()
+    );
     second.token.cancel();
 }
 
