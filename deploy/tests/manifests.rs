@@ -90,6 +90,8 @@ const INTERFACE_ENV: &[(&str, &[&str])] = &[
     ("TRELLIS_KEEP_FINISHED", &[COORDINATOR]),
     ("TRELLIS_COORDINATOR_ADVERTISE", &[COORDINATOR]),
     ("TRELLIS_DATABASE_URL", &[CHECKPOINT_STORE]),
+    ("TRELLIS_CHECKPOINT_STORE_ID", &[CHECKPOINT_STORE]),
+    ("TRELLIS_INGEST_LEASE_TTL", &[CHECKPOINT_STORE]),
     ("TRELLIS_PLAN_MAX_TASKS", &[PLANNER]),
     ("TRELLIS_PLAN_MAX_BYTES", &[PLANNER]),
     ("TRELLIS_QUEUES", &[WORKER]),
@@ -210,10 +212,21 @@ const OTHER_CREDENTIALS: &[&str] = &[
 
 /// Services that must never run two pods at once, and why: one replica, and a Recreate rollout
 /// (a rolling update runs the old and the new pod together).
+///
+/// The checkpoint-store is one only when its database is an SQLite file inside the pod (an
+/// `emptyDir` volume, the dev overlay): replicas on PostgreSQL share the database and elect the
+/// one that writes the read model.
 const SINGLETONS: &[(&str, &str)] = &[(
     CHECKPOINT_STORE,
-    "the read model has one writer: two pods would split the event log between them",
+    "its SQLite database is a file in the pod: a second pod would have a database of its own",
 )];
+
+/// Returns whether a Deployment keeps data in an `emptyDir` volume (an SQLite database).
+fn keeps_data_in_the_pod(doc: &Value) -> bool {
+    array_at(doc, "/spec/template/spec/volumes")
+        .iter()
+        .any(|volume| str_at(volume, "/name") == "data" && volume.pointer("/emptyDir").is_some())
+}
 
 /// Deployments that have no PodDisruptionBudget, and why (every one has one now).
 const NO_PDB: &[(&str, &str)] = &[];
@@ -885,6 +898,7 @@ fn check_deployments(rendered: &Rendered, report: &mut Report) {
         if let Some((_, why)) = SINGLETONS
             .iter()
             .find(|(service, _)| Some(*service) == workload.service)
+            .filter(|_| keeps_data_in_the_pod(doc))
         {
             let replicas = doc.pointer("/spec/replicas").and_then(Value::as_u64);
             let strategy = str_at(doc, "/spec/strategy/type");
@@ -2721,8 +2735,10 @@ fn a_coordinator_rollout_that_stops_them_all_is_reported() {
 }
 
 #[test]
-fn a_second_checkpoint_store_is_reported() {
-    assert_reported(
+fn a_second_checkpoint_store_on_sqlite_is_reported() {
+    // The dev overlay keeps the store's SQLite file in the pod: one pod, replaced by Recreate.
+    assert_reported_in(
+        "dev",
         |docs| {
             set(
                 doc_mut(docs, "Deployment", CHECKPOINT_STORE),
@@ -2735,7 +2751,8 @@ fn a_second_checkpoint_store_is_reported() {
             "must run one pod with strategy Recreate",
         ],
     );
-    assert_reported(
+    assert_reported_in(
+        "dev",
         |docs| {
             set(
                 doc_mut(docs, "Deployment", CHECKPOINT_STORE),
@@ -2747,6 +2764,13 @@ fn a_second_checkpoint_store_is_reported() {
             "Deployment/trellis-checkpoint-store",
             "must run one pod with strategy Recreate",
         ],
+    );
+    // On PostgreSQL (prod) replicas share the database and elect the one that ingests.
+    let prod = rendered_overlay("prod");
+    let store = find(&prod.docs, "Deployment", CHECKPOINT_STORE).expect("the store");
+    assert_eq!(
+        store.pointer("/spec/replicas").and_then(Value::as_u64),
+        Some(2)
     );
 }
 

@@ -2,6 +2,7 @@
 //! which streams and key-value buckets exist with which retention, and how the durable consumers
 //! are configured, so the coordinator and the workers can start in any order and agree.
 
+mod leases;
 mod options;
 mod steps;
 
@@ -10,6 +11,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, consumer, stream};
 use trellis_proto::subjects;
 
+pub use leases::{host_identity, lease_bucket, take_lease};
 pub use options::{NatsArgs, NatsAuth, NatsOptions, NatsTls};
 pub use steps::{STEPS_MAX_AGE, ensure_steps_bucket, steps_bucket};
 

@@ -19,6 +19,7 @@ pub mod fuzzing;
 pub mod grpc;
 mod heartbeats;
 mod ingest;
+mod leader;
 mod metrics;
 pub mod store;
 
@@ -49,8 +50,13 @@ pub const DEFAULT_ADDR: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
     7500,
 ));
 
-/// The name of the store's durable consumer of the event log.
+/// The name of the store's durable consumers of the event log (with `-<term>` appended).
 pub const EVENTS_CONSUMER: &str = ingest::CONSUMER_NAME;
+/// The KV bucket whose lease decides which replica ingests the event log.
+pub const LEADER_BUCKET: &str = leader::LEADER_BUCKET;
+
+/// The ingest lease's default TTL.
+pub const DEFAULT_INGEST_LEASE_TTL: Duration = Duration::from_secs(5);
 
 /// How long the background work may take to finish after shutdown is asked.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -68,6 +74,12 @@ pub struct Config {
     pub security: ServerSecurity,
     /// Metrics and readiness ("checkpoint-store").
     pub telemetry: Telemetry,
+    /// This replica's identity in the ingest lease (default: the host name): unique among
+    /// running replicas, stable across restarts.
+    pub id: String,
+    /// The ingest lease lapses this long after its holder stopped renewing it; another replica
+    /// then ingests the event log.
+    pub ingest_lease_ttl: Duration,
 }
 
 impl Config {
@@ -76,6 +88,8 @@ impl Config {
         Self {
             database_url: database_url.into(),
             nats: NatsOptions::new(nats_url),
+            id: trellis_bus::host_identity("checkpoint-store"),
+            ingest_lease_ttl: DEFAULT_INGEST_LEASE_TTL,
             ..Self::default()
         }
     }
@@ -109,7 +123,24 @@ pub async fn run(
     let addr = listener.local_addr().map_err(Error::Listener)?;
     let metrics = metrics::Metrics::new(&config.telemetry.registry);
     let background = TaskTracker::new();
-    background.spawn(ingest::Ingest::run(
+    // The holder is the id and a token of this process: two replicas given the same id (or none)
+    // never both believe they hold the lease; a restarted one waits for its old lease to lapse.
+    let id = if config.id.is_empty() {
+        trellis_bus::host_identity("checkpoint-store")
+    } else {
+        config.id.clone()
+    };
+    let lease = leader::Lease {
+        holder: format!("{id}#{}", &uuid::Uuid::new_v4().simple().to_string()[..8]),
+        ttl: if config.ingest_lease_ttl.is_zero() {
+            DEFAULT_INGEST_LEASE_TTL
+        } else {
+            config.ingest_lease_ttl
+        },
+        replicas: config.nats.replicas,
+    };
+    background.spawn(leader::run(
+        lease,
         store.clone(),
         nats.clone(),
         metrics,
@@ -191,6 +222,15 @@ struct Args {
         default_value = "127.0.0.1:7500"
     )]
     listen: SocketAddr,
+    /// This replica's identity in the ingest lease: every replica serves reads, the one
+    /// holding the lease also writes the read model from the event log (default: the host
+    /// name).
+    #[arg(long, env = "TRELLIS_CHECKPOINT_STORE_ID")]
+    id: Option<String>,
+    /// The ingest lease lapses this long after its holder stopped renewing it; another replica
+    /// then takes the event log over (e.g. `5s`).
+    #[arg(long, env = "TRELLIS_INGEST_LEASE_TTL", default_value = "5s", value_parser = humantime::parse_duration)]
+    ingest_lease_ttl: Duration,
     #[command(flatten)]
     server: trellis_grpc::ServerArgs,
     #[command(flatten)]
@@ -248,6 +288,10 @@ pub fn main_from(args: impl IntoIterator<Item = OsString>) -> ExitCode {
             nats,
             security,
             telemetry,
+            id: args
+                .id
+                .unwrap_or_else(|| trellis_bus::host_identity("checkpoint-store")),
+            ingest_lease_ttl: args.ingest_lease_ttl,
         };
         let outcome = run(config, listener, shutdown).await;
         trellis_telemetry::exit_code("trellis-checkpoint-store", outcome)

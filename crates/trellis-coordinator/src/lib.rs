@@ -97,19 +97,9 @@ impl Default for Config {
     }
 }
 
-/// `<hostname>`, which Kubernetes StatefulSets keep stable across restarts; `coordinator` when
-/// the host has no name.
+/// `<hostname>`, which Kubernetes keeps stable per pod; `coordinator` when the host has no name.
 pub fn default_id() -> String {
-    std::env::var("HOSTNAME")
-        .ok()
-        .filter(|name| !name.is_empty())
-        .or_else(|| {
-            std::fs::read_to_string("/etc/hostname")
-                .ok()
-                .map(|name| name.trim().to_owned())
-                .filter(|name| !name.is_empty())
-        })
-        .unwrap_or_else(|| "coordinator".to_owned())
+    trellis_bus::host_identity("coordinator")
 }
 
 /// The address other coordinators reach this one at: the listen address, or the host name with

@@ -38,7 +38,8 @@ use apply::{Applier, LogMessage, Run, decode_message};
 #[cfg(feature = "fuzzing")]
 pub(crate) use apply::fuzzing;
 
-/// Name of the store's durable consumer of `TRELLIS_EVENTS`.
+/// Name of the store's durable consumers of `TRELLIS_EVENTS`: one per leadership term,
+/// `checkpoint-store-<term>` (`crate::leader`).
 pub const CONSUMER_NAME: &str = "checkpoint-store";
 
 /// Most messages written in one transaction.
@@ -59,6 +60,8 @@ pub(crate) struct Ingest {
     events: jetstream::stream::Stream,
     applier: Applier,
     metrics: crate::metrics::Metrics,
+    /// The leadership term this ingest runs in: it names the consumer.
+    term: u64,
 }
 
 impl Ingest {
@@ -68,6 +71,7 @@ impl Ingest {
         store: Arc<dyn Store>,
         nats: async_nats::Client,
         metrics: crate::metrics::Metrics,
+        term: u64,
         shutdown: CancellationToken,
     ) {
         let js = jetstream::new(nats);
@@ -86,6 +90,7 @@ impl Ingest {
             events: streams.events,
             applier: Applier::default(),
             metrics,
+            term,
         };
         let mut delay = Duration::from_millis(100);
         loop {
@@ -104,31 +109,34 @@ impl Ingest {
     }
 
     async fn consume(&mut self, shutdown: &CancellationToken) -> Result<(), String> {
-        let consumer: consumer::PullConsumer = self
-            .events
-            .get_or_create_consumer(
-                CONSUMER_NAME,
-                consumer::pull::Config {
-                    durable_name: Some(CONSUMER_NAME.to_owned()),
-                    filter_subject: subjects::EVENTS_WILDCARD.to_owned(),
-                    deliver_policy: consumer::DeliverPolicy::All,
-                    // A run of messages is acknowledged by its last one, once written.
-                    ack_policy: consumer::AckPolicy::All,
-                    ack_wait: ACK_WAIT,
-                    max_ack_pending: 100_000,
-                    max_deliver: -1,
-                    ..Default::default()
-                },
-            )
-            .await
-            .map_err(|err| format!("cannot create consumer {CONSUMER_NAME}: {err}"))?;
+        let name = format!("{CONSUMER_NAME}-{}", self.term);
+        let consumer: consumer::PullConsumer = match self.events.get_consumer(&name).await {
+            Ok(consumer) => consumer,
+            Err(_) => {
+                let start = self.take_over(&name).await?;
+                self.events
+                    .create_consumer(consumer::pull::Config {
+                        durable_name: Some(name.clone()),
+                        filter_subject: subjects::EVENTS_WILDCARD.to_owned(),
+                        deliver_policy: start,
+                        // A run of messages is acknowledged by its last one, once written.
+                        ack_policy: consumer::AckPolicy::All,
+                        ack_wait: ACK_WAIT,
+                        max_ack_pending: 100_000,
+                        max_deliver: -1,
+                        ..Default::default()
+                    })
+                    .await
+                    .map_err(|err| format!("cannot create consumer {name}: {err}"))?
+            }
+        };
         let mut messages = consumer
             .stream()
             .max_messages_per_batch(1_000)
             .messages()
             .await
             .map_err(|err| format!("cannot consume the event log: {err}"))?;
-        tracing::info!("read model consuming the event log");
+        tracing::info!(consumer = %name, "read model consuming the event log");
         loop {
             let first = tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
@@ -193,6 +201,45 @@ impl Ingest {
     /// Turns decoded messages into a batch: looks up unknown executions, rebuilds missing
     /// replicas from the log, applies the events.
     /// Returns `None` when shut down first.
+    /// Deletes the consumers of former terms and returns where this term's starts: right after
+    /// the furthest point any of them acknowledged (everything up to it is written), or at the
+    /// log's beginning when there was none.
+    async fn take_over(&self, name: &str) -> Result<consumer::DeliverPolicy, String> {
+        let mut names = self.events.consumer_names();
+        let mut former = Vec::new();
+        while let Some(found) = names.next().await {
+            let found =
+                found.map_err(|err| format!("cannot list the event log's consumers: {err}"))?;
+            let ours = found == CONSUMER_NAME || found.starts_with(&format!("{CONSUMER_NAME}-"));
+            if ours && found != name {
+                former.push(found);
+            }
+        }
+        let mut written = 0;
+        for old in &former {
+            let info = self
+                .events
+                .consumer_info(old)
+                .await
+                .map_err(|err| format!("cannot read consumer {old}: {err}"))?;
+            written = written.max(info.ack_floor.stream_sequence);
+        }
+        for old in &former {
+            self.events
+                .delete_consumer(old)
+                .await
+                .map_err(|err| format!("cannot delete consumer {old}: {err}"))?;
+        }
+        tracing::info!(consumer = %name, after = written, former = ?former, "read model takes the event log over");
+        Ok(if written == 0 {
+            consumer::DeliverPolicy::All
+        } else {
+            consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: written + 1,
+            }
+        })
+    }
+
     async fn take(
         &mut self,
         messages: Vec<LogMessage>,

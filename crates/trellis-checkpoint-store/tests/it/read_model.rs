@@ -418,3 +418,103 @@ async fn heartbeats_become_workers() -> anyhow::Result<()> {
     service.stop().await?;
     Ok(())
 }
+
+/// Returns the holder of the ingest lease (`<id>#<token>`), once one holds it.
+async fn ingest_leader(js: &async_nats::jetstream::Context) -> anyhow::Result<String> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(bucket) = js
+            .get_key_value(trellis_checkpoint_store::LEADER_BUCKET)
+            .await
+            && let Ok(Some(value)) = bucket.get("ingest").await
+        {
+            return Ok(String::from_utf8_lossy(&value).into_owned());
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "no replica took the ingest lease"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn two_replicas_ingest_through_one_and_the_other_takes_over_when_it_stops()
+-> anyhow::Result<()> {
+    let (server, js) = nats().await?;
+    let store = TestStore::postgres().await?;
+    let replica = |id: &str| Config {
+        id: id.to_owned(),
+        ingest_lease_ttl: Duration::from_secs(1),
+        ..Config::new(store.url.clone(), server.url())
+    };
+    let a = Service::start(replica("store-a")).await?;
+    let leader = ingest_leader(&js).await?;
+    anyhow::ensure!(
+        leader.starts_with("store-a#"),
+        "the first replica leads: {leader}"
+    );
+    let b = Service::start(replica("store-b")).await?;
+    let mut through_b = b.client().await?;
+
+    // Half the execution, ingested by the leader and read through the other replica.
+    let mut driver = Driver::start(SPEC, &[])?;
+    let execution_id = driver.id.to_string();
+    for _ in 0..3 {
+        driver.step()?;
+        if let Some(batch) = driver.take_batch() {
+            publish(&js, &batch, None).await?;
+        }
+    }
+    wait_for_sequence(&mut through_b, &execution_id, driver.sequence).await?;
+    anyhow::ensure!(
+        ingest_leader(&js).await?.starts_with("store-a#"),
+        "the leader stays while it lives"
+    );
+
+    // The leader stops; the rest arrives meanwhile and the other replica ingests it.
+    a.stop().await?;
+    let mut steps = 0;
+    while !driver.finished() {
+        driver.step()?;
+        if let Some(batch) = driver.take_batch() {
+            publish(&js, &batch, None).await?;
+        }
+        steps += 1;
+        anyhow::ensure!(steps < 50, "the execution did not finish");
+    }
+    let execution = wait_for_sequence(&mut through_b, &execution_id, driver.sequence).await?;
+    let leader = ingest_leader(&js).await?;
+    anyhow::ensure!(
+        leader.starts_with("store-b#"),
+        "the other replica leads: {leader}"
+    );
+    assert_eq!(execution.state, i32::from(v1::ExecutionState::Completed));
+    let all = all_instances(
+        &mut through_b,
+        v1::QueryTaskInstancesRequest {
+            execution_id,
+            ..Default::default()
+        },
+    )
+    .await?;
+    assert_eq!(all, driver.expected_records());
+    // Every event once; one consumer of the event log is left, the new leader's.
+    assert_eq!(store.count("events").await?, driver.sequence as i64);
+    let events = js.get_stream(subjects::EVENTS_STREAM).await?;
+    let mut names = events.consumer_names();
+    let mut consumers = Vec::new();
+    while let Some(name) = futures::StreamExt::next(&mut names).await {
+        // Ordered consumers rebuilding replicas have generated names and come and go.
+        let name = name?;
+        if name.starts_with("checkpoint-store") {
+            consumers.push(name);
+        }
+    }
+    anyhow::ensure!(
+        consumers.len() == 1 && consumers[0].starts_with("checkpoint-store-"),
+        "one consumer of the new term is left: {consumers:?}"
+    );
+    b.stop().await?;
+    Ok(())
+}
