@@ -34,6 +34,8 @@ pub(crate) struct Lease {
     pub(crate) holder: String,
     pub(crate) ttl: Duration,
     pub(crate) replicas: usize,
+    /// The event log's retention, which the ingesting replica enforces.
+    pub(crate) retention: Option<Duration>,
 }
 
 /// Takes part in the election until `shutdown`: while this replica holds the lease it ingests
@@ -81,9 +83,21 @@ pub(crate) async fn run(
             term,
             ingesting.clone(),
         ));
+        let purging = lease.retention.map(|retention| {
+            tokio::spawn(crate::retention::run(
+                store.clone(),
+                nats.clone(),
+                retention,
+                lease.replicas,
+                ingesting.clone(),
+            ))
+        });
         let (revision, lost) = hold(&bucket, &lease, term, every, &shutdown).await;
         ingesting.cancel();
         let _ = task.await;
+        if let Some(purging) = purging {
+            let _ = purging.await;
+        }
         if !lost {
             let _ = bucket.delete_expect_revision(KEY, Some(revision)).await;
             tracing::info!("ingest lease released");

@@ -21,6 +21,7 @@ mod heartbeats;
 mod ingest;
 mod leader;
 mod metrics;
+mod retention;
 pub mod store;
 
 use std::ffi::OsString;
@@ -54,6 +55,8 @@ pub const DEFAULT_ADDR: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
 pub const EVENTS_CONSUMER: &str = ingest::CONSUMER_NAME;
 /// The KV bucket whose lease decides which replica ingests the event log.
 pub const LEADER_BUCKET: &str = leader::LEADER_BUCKET;
+/// The KV bucket of the store's own state (how far the event log was purged).
+pub const STATE_BUCKET: &str = retention::STATE_BUCKET;
 
 /// The ingest lease's default TTL.
 pub const DEFAULT_INGEST_LEASE_TTL: Duration = Duration::from_secs(5);
@@ -80,6 +83,9 @@ pub struct Config {
     /// The ingest lease lapses this long after its holder stopped renewing it; another replica
     /// then ingests the event log.
     pub ingest_lease_ttl: Duration,
+    /// A finished execution's messages leave the event log this long after it ended (`None`:
+    /// the log keeps everything). Unfinished executions' messages are never removed.
+    pub events_retention: Option<Duration>,
 }
 
 impl Config {
@@ -138,6 +144,9 @@ pub async fn run(
             config.ingest_lease_ttl
         },
         replicas: config.nats.replicas,
+        retention: config
+            .events_retention
+            .filter(|retention| !retention.is_zero()),
     };
     background.spawn(leader::run(
         lease,
@@ -231,6 +240,11 @@ struct Args {
     /// then takes the event log over (e.g. `5s`).
     #[arg(long, env = "TRELLIS_INGEST_LEASE_TTL", default_value = "5s", value_parser = humantime::parse_duration)]
     ingest_lease_ttl: Duration,
+    /// Remove a finished execution's messages from the event log this long after it ended (e.g.
+    /// `30d`); its history stays in the read model, but a coordinator can no longer load or retry
+    /// it. Unfinished executions' messages are never removed. Default: keep everything.
+    #[arg(long, env = "TRELLIS_EVENTS_RETENTION", value_parser = humantime::parse_duration)]
+    events_retention: Option<Duration>,
     #[command(flatten)]
     server: trellis_grpc::ServerArgs,
     #[command(flatten)]
@@ -292,6 +306,7 @@ pub fn main_from(args: impl IntoIterator<Item = OsString>) -> ExitCode {
                 .id
                 .unwrap_or_else(|| trellis_bus::host_identity("checkpoint-store")),
             ingest_lease_ttl: args.ingest_lease_ttl,
+            events_retention: args.events_retention,
         };
         let outcome = run(config, listener, shutdown).await;
         trellis_telemetry::exit_code("trellis-checkpoint-store", outcome)

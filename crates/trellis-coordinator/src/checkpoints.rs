@@ -72,6 +72,25 @@ impl StoreClient {
             .ok_or_else(|| "the store answered without metadata".to_owned())
     }
 
+    /// Reads one execution from the read model (`None`: it has none).
+    pub(crate) async fn record(
+        &self,
+        id: ExecutionId,
+    ) -> Result<Option<v1::Execution>, tonic::Status> {
+        match self
+            .client
+            .clone()
+            .get_execution_record(v1::GetExecutionRecordRequest {
+                execution_id: id.to_string(),
+            })
+            .await
+        {
+            Ok(response) => Ok(response.into_inner().execution),
+            Err(status) if status.code() == tonic::Code::NotFound => Ok(None),
+            Err(status) => Err(status),
+        }
+    }
+
     /// Lists executions from the read model.
     pub(crate) async fn list(
         &self,

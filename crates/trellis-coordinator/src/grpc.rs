@@ -139,6 +139,31 @@ impl CoordinatorService {
         }
     }
 
+    /// Answers `GetExecution` of an execution no log holds from the read model, or with
+    /// `not_found` when it has none either (or the caller may not see it).
+    async fn from_read_model(
+        &self,
+        scope: &Scope,
+        id: ExecutionId,
+        not_found: Status,
+    ) -> Result<v1::GetExecutionResponse, Status> {
+        let Some(store) = &self.store else {
+            return Err(not_found);
+        };
+        match store.record(id).await {
+            Ok(Some(execution)) if scope.allows(&execution.namespace) => {
+                Ok(v1::GetExecutionResponse {
+                    execution: Some(execution),
+                })
+            }
+            Ok(_) => Err(not_found),
+            Err(status) => {
+                tracing::debug!(%id, %status, "the read model did not answer");
+                Err(not_found)
+            }
+        }
+    }
+
     /// The shard of the execution a request names.
     fn shard(&self, execution_id_field: &str) -> Result<(ExecutionId, u32), Status> {
         let id = execution_id("execution_id", execution_id_field)?;
@@ -523,7 +548,15 @@ impl Coordinator for CoordinatorService {
             Some(shard),
             move |principal, _| {
                 Box::pin(async move {
-                    let answer = self.on(principal.scope, id, Action::Get).await?;
+                    let scope = principal.scope.clone();
+                    let answer = match self.on(principal.scope, id, Action::Get).await {
+                        Err(status) if status.code() == tonic::Code::NotFound => {
+                            // Its messages may have left the event log (the store's retention):
+                            // the read model still has it.
+                            return self.from_read_model(&scope, id, status).await;
+                        }
+                        answer => answer?,
+                    };
                     let execution = expect!(answer, Answer::Execution(execution) => *execution)?;
                     Ok(v1::GetExecutionResponse {
                         execution: Some(execution),

@@ -200,7 +200,10 @@ impl Keeper {
         let every = (self.ttl / 3).max(Duration::from_millis(50));
         let mut held: BTreeMap<u32, Held> = BTreeMap::new();
         loop {
-            if !self.pass(&mut held).await {
+            // Only the first pass takes back leases that carry this coordinator's id: later, such
+            // a lease is one being handed over (its deletion may still be on its way).
+            let reclaim = first_pass.is_some();
+            if !self.pass(&mut held, reclaim).await {
                 return;
             }
             if let Some(done) = first_pass.take() {
@@ -223,7 +226,7 @@ impl Keeper {
 
     /// One pass: report, renew, read the others, then take or hand over shards towards the fair
     /// share. Returns false once the executor is gone.
-    async fn pass(&self, held: &mut BTreeMap<u32, Held>) -> bool {
+    async fn pass(&self, held: &mut BTreeMap<u32, Held>, reclaim: bool) -> bool {
         let info = trellis_proto::v1::CoordinatorInfo {
             coordinator_id: self.me.clone(),
             address: self.address.clone(),
@@ -277,7 +280,7 @@ impl Keeper {
             match self.leases.entry(&key).await {
                 Ok(Some(entry)) if entry.operation == kv::Operation::Put => {
                     let owner = String::from_utf8_lossy(&entry.value).into_owned();
-                    if owner == self.me {
+                    if owner == self.me && reclaim {
                         // Our own lease, from before a restart under the same id: taken back at
                         // once (a surplus is handed over on a later pass).
                         if let Ok(revision) = self

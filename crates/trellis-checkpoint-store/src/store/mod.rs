@@ -455,6 +455,16 @@ pub trait Store: Send + Sync + fmt::Debug {
 
     /// Returns the questions of an execution still waiting for an answer, oldest first.
     async fn open_questions(&self, execution_id: ExecutionId) -> Result<Vec<QuestionRow>, Error>;
+
+    /// Returns executions in a final state (completed, failed, cancelled) that ended after
+    /// `after_ms` and at or before `until_ms`, with when they ended, oldest first, at most
+    /// `limit`.
+    async fn finished_between(
+        &self,
+        after_ms: u64,
+        until_ms: u64,
+        limit: u32,
+    ) -> Result<Vec<(ExecutionId, u64)>, Error>;
 }
 
 /// Connects to the database named by `url` and applies the embedded migrations:

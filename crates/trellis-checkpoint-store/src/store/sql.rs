@@ -656,6 +656,33 @@ impl Store for StoreImpl {
         )))?;
         rows.iter().map(question_from_row).collect()
     }
+
+    async fn finished_between(
+        &self,
+        after_ms: u64,
+        until_ms: u64,
+        limit: u32,
+    ) -> Result<Vec<(ExecutionId, u64)>, Error> {
+        let rows = sqlx::query(
+            "SELECT execution_id, ended_at_unix_ms FROM executions \
+             WHERE state IN ('completed', 'failed', 'cancelled') \
+             AND ended_at_unix_ms > $1 AND ended_at_unix_ms <= $2 \
+             ORDER BY ended_at_unix_ms, execution_id LIMIT $3",
+        )
+        .bind(to_i64(after_ms))
+        .bind(to_i64(until_ms))
+        .bind(i64::from(limit))
+        .fetch_all(self.pool())
+        .await
+        .map_err(db_err("failed to list finished executions"))?;
+        rows.iter()
+            .map(|row| {
+                let id = ExecutionId(column(row, "execution_id")?);
+                let ended = column::<Option<i64>>(row, "ended_at_unix_ms")?.map_or(0, from_i64);
+                Ok((id, ended))
+            })
+            .collect()
+    }
 }
 
 /// Reads one checkpoint's metadata.

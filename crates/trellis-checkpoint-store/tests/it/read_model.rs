@@ -518,3 +518,82 @@ async fn two_replicas_ingest_through_one_and_the_other_takes_over_when_it_stops(
     b.stop().await?;
     Ok(())
 }
+
+/// Returns how many messages the event log holds for an execution.
+async fn logged(js: &async_nats::jetstream::Context, execution_id: &str) -> anyhow::Result<u64> {
+    let events = js.get_stream(subjects::EVENTS_STREAM).await?;
+    let mut info = events
+        .info_with_subjects(subjects::events(execution_id))
+        .await?;
+    let mut count = 0;
+    while let Some(entry) = futures::StreamExt::next(&mut info).await {
+        count += entry?.1 as u64;
+    }
+    Ok(count)
+}
+
+#[tokio::test]
+async fn finished_executions_leave_the_log_after_the_retention_and_stay_in_the_read_model()
+-> anyhow::Result<()> {
+    let (server, js) = nats().await?;
+    let store = TestStore::sqlite().await?;
+    let config = Config {
+        events_retention: Some(Duration::from_secs(1)),
+        ..Config::new(store.url.clone(), server.url())
+    };
+    let service = Service::start(config).await?;
+    let mut client = service.client().await?;
+    // One execution runs to its end, another stays unfinished.
+    let mut finished = Driver::start(SPEC, &[])?;
+    let mut steps = 0;
+    while !finished.finished() {
+        finished.step()?;
+        if let Some(batch) = finished.take_batch() {
+            publish(&js, &batch, None).await?;
+        }
+        steps += 1;
+        anyhow::ensure!(steps < 50, "the execution did not finish");
+    }
+    let mut unfinished = Driver::start(SPEC, &[])?;
+    for _ in 0..2 {
+        unfinished.step()?;
+        if let Some(batch) = unfinished.take_batch() {
+            publish(&js, &batch, None).await?;
+        }
+    }
+    let finished_id = finished.id.to_string();
+    let unfinished_id = unfinished.id.to_string();
+    wait_for_sequence(&mut client, &finished_id, finished.sequence).await?;
+    wait_for_sequence(&mut client, &unfinished_id, unfinished.sequence).await?;
+    anyhow::ensure!(
+        logged(&js, &finished_id).await? > 0,
+        "the log holds it at first"
+    );
+
+    // Gone from the log within a few sweeps of the retention; still whole in the read model.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while logged(&js, &finished_id).await? > 0 {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the finished execution's messages are still in the log"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let record = wait_for_sequence(&mut client, &finished_id, finished.sequence).await?;
+    assert_eq!(record.state, i32::from(v1::ExecutionState::Completed));
+    assert_eq!(record.last_sequence, finished.sequence);
+    // (The two drivers derive the same instance ids from the same spec and clock, so instances
+    // are not compared here; every event of both is.)
+    assert_eq!(
+        store.count("events").await?,
+        (finished.sequence + unfinished.sequence) as i64
+    );
+    // The unfinished one keeps every message, however old.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    anyhow::ensure!(
+        logged(&js, &unfinished_id).await? > 0,
+        "an unfinished execution's messages were removed"
+    );
+    service.stop().await?;
+    Ok(())
+}

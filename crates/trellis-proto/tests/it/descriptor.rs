@@ -44,6 +44,7 @@ fn services_have_their_rpcs() {
                 "AnswerQuestion",
                 "ListWorkers",
                 "CheckpointExecution",
+                "GetCluster",
             ],
         ),
         ("Planner", &["CompilePlan", "AnalyzePlan"]),
