@@ -141,7 +141,7 @@ impl CoordinatorService {
 
     /// Answers `GetExecution` of an execution no log holds from the read model, or with
     /// `not_found` when it has none either (or the caller may not see it).
-    async fn from_read_model(
+    async fn read_model_record(
         &self,
         scope: &Scope,
         id: ExecutionId,
@@ -553,7 +553,7 @@ impl Coordinator for CoordinatorService {
                         Err(status) if status.code() == tonic::Code::NotFound => {
                             // Its messages may have left the event log (the store's retention):
                             // the read model still has it.
-                            return self.from_read_model(&scope, id, status).await;
+                            return self.read_model_record(&scope, id, status).await;
                         }
                         answer => answer?,
                     };
