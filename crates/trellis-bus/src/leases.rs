@@ -18,12 +18,30 @@ pub async fn lease_bucket(
     ttl: Duration,
     replicas: usize,
 ) -> Result<kv::Store, Error> {
-    let config = stream::Config {
+    crate::ensure(js, kv_stream_config(bucket, description, ttl, replicas)).await?;
+    js.get_key_value(bucket)
+        .await
+        .map_err(|error| Error::Bucket {
+            bucket: bucket.to_owned(),
+            message: error.to_string(),
+        })
+}
+
+/// Returns the configuration of the stream `KV_<bucket>` behind a KV bucket: what async-nats's
+/// `create_key_value` would create (one revision per key, rollups, direct gets, deletes only
+/// through the KV API), file storage, entries gone `max_age` after their last write (zero: kept).
+pub(crate) fn kv_stream_config(
+    bucket: &str,
+    description: &str,
+    max_age: Duration,
+    replicas: usize,
+) -> stream::Config {
+    stream::Config {
         name: format!("KV_{bucket}"),
         description: Some(description.to_owned()),
         subjects: vec![format!("$KV.{bucket}.>")],
         max_messages_per_subject: 1,
-        max_age: ttl,
+        max_age,
         storage: stream::StorageType::File,
         allow_rollup: true,
         deny_delete: true,
@@ -31,14 +49,7 @@ pub async fn lease_bucket(
         discard: stream::DiscardPolicy::New,
         num_replicas: replicas.max(1),
         ..Default::default()
-    };
-    crate::ensure(js, config).await?;
-    js.get_key_value(bucket)
-        .await
-        .map_err(|error| Error::Bucket {
-            bucket: bucket.to_owned(),
-            message: error.to_string(),
-        })
+    }
 }
 
 /// Takes the lease `key` for `holder` when no one holds it, or back when `holder` already does (a

@@ -19,28 +19,21 @@ use crate::{Error, MAX_PAYLOAD};
 /// steps to every new attempt.
 pub const STEPS_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 
-/// Returns the configuration of the bucket's stream `KV_trellis_steps`: what async-nats's
-/// `create_key_value` would create (one revision per key, rollups, direct gets, deletes only
-/// through the KV API), file storage, values up to [`MAX_PAYLOAD`].
+/// Returns the configuration of the bucket's stream `KV_trellis_steps`: a KV bucket's stream
+/// (`crate::leases::kv_stream_config`) whose entries live [`STEPS_MAX_AGE`] and whose values
+/// may be as large as a NATS message ([`MAX_PAYLOAD`]).
 ///
 /// The stream is created directly because `create_key_value` first reads the account's API level,
 /// a field servers before 2.11 do not send, and fails there.
 fn stream_config(replicas: usize) -> stream::Config {
-    let bucket = subjects::STEPS_BUCKET;
     stream::Config {
-        name: format!("KV_{bucket}"),
-        description: Some("durable steps of running task instances, by instance id".to_owned()),
-        subjects: vec![format!("$KV.{bucket}.>")],
-        max_messages_per_subject: 1,
-        max_age: STEPS_MAX_AGE,
         max_message_size: MAX_PAYLOAD as i32,
-        storage: stream::StorageType::File,
-        allow_rollup: true,
-        deny_delete: true,
-        allow_direct: true,
-        discard: stream::DiscardPolicy::New,
-        num_replicas: replicas.max(1),
-        ..Default::default()
+        ..crate::leases::kv_stream_config(
+            subjects::STEPS_BUCKET,
+            "durable steps of running task instances, by instance id",
+            STEPS_MAX_AGE,
+            replicas,
+        )
     }
 }
 

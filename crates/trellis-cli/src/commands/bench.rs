@@ -215,19 +215,8 @@ async fn throughput(client: CoordinatorClient<Channel>, n: usize) -> Result<Fiel
 /// kill to the first task completed after the restart; `lost` counts plan tasks that never
 /// completed and `duplicate_resumes` groups that resumed their parent more than once.
 async fn recovery(args: &BenchArgs, n: usize) -> Result<Fields, String> {
-    let local = local::start(local::Options {
-        nats_url: None,
-        listen: "127.0.0.1:0".parse().map_err(|_| "bad listen address")?,
-        workers: args.workers,
-        slots: args.slots,
-        coordinator: false,
-        monitor: None,
-    })
-    .await
-    .map_err(|f| f.message)?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| format!("no free port: {e}"))?;
+    let local = workers_only(args).await?;
+    let port = free_port()?;
     let url = format!("http://{port}");
     let mut coordinator = ChildCoordinator::spawn(&local.nats_url, port).await?;
     let mut client = coordinator.client.clone();
@@ -329,25 +318,13 @@ async fn recovery(args: &BenchArgs, n: usize) -> Result<Fields, String> {
     ])
 }
 
-/// A coordinator in a child process (`trellis coordinator`), so it can be killed for real.
 /// `n` executions of [`SOAK_TASKS`] tasks each through one coordinator process started with
 /// `--keep-finished` [`SOAK_KEEP_FINISHED`]: its resident memory before, at the peak (sampled
 /// every 100 ms), at the end of the work, once `--keep-finished` has passed and 30 s after that;
 /// and how many executions it still holds then, as it reports in `GetCluster`.
 async fn soak(args: &BenchArgs, n: usize) -> Result<Fields, String> {
-    let local = local::start(local::Options {
-        nats_url: None,
-        listen: "127.0.0.1:0".parse().map_err(|_| "bad listen address")?,
-        workers: args.workers,
-        slots: args.slots,
-        coordinator: false,
-        monitor: None,
-    })
-    .await
-    .map_err(|f| f.message)?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| format!("no free port: {e}"))?;
+    let local = workers_only(args).await?;
+    let port = free_port()?;
     let keep = format!("{}s", SOAK_KEEP_FINISHED.as_secs());
     let coordinator = ChildCoordinator::spawn_with(
         &local.nats_url,
@@ -449,16 +426,7 @@ async fn soak(args: &BenchArgs, n: usize) -> Result<Fields, String> {
 /// [`SCALE_SHARDS`] shards, the workers in this process. On a machine with fewer cores than
 /// processes this shows what spreading costs, not a speed-up.
 async fn scale(args: &BenchArgs, n: usize) -> Result<Fields, String> {
-    let local = local::start(local::Options {
-        nats_url: None,
-        listen: "127.0.0.1:0".parse().map_err(|_| "bad listen address")?,
-        workers: args.workers,
-        slots: args.slots,
-        coordinator: false,
-        monitor: None,
-    })
-    .await
-    .map_err(|f| f.message)?;
+    let local = workers_only(args).await?;
     let shards = SCALE_SHARDS.to_string();
     let mut fields: Fields = Vec::new();
     let mut plan = String::with_capacity(n * 32);
@@ -469,9 +437,7 @@ async fn scale(args: &BenchArgs, n: usize) -> Result<Fields, String> {
     for count in 1..=3usize {
         let mut coordinators = Vec::new();
         for i in 0..count {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .map_err(|e| format!("no free port: {e}"))?;
+            let port = free_port()?;
             let id = format!("bench-scale-{count}-{i}");
             coordinators.push(
                 ChildCoordinator::spawn_with(&local.nats_url, port, &id, &["--shards", &shards])
@@ -557,6 +523,29 @@ fn rss_bytes(pid: u32) -> Result<u64, String> {
         .ok_or_else(|| format!("no VmRSS in /proc/{pid}/status"))
 }
 
+/// NATS and the workers in this process, without a coordinator: the scenarios that run their
+/// coordinators as child processes start them themselves.
+async fn workers_only(args: &BenchArgs) -> Result<local::Local, String> {
+    local::start(local::Options {
+        nats_url: None,
+        listen: "127.0.0.1:0".parse().map_err(|_| "bad listen address")?,
+        workers: args.workers,
+        slots: args.slots,
+        coordinator: false,
+        monitor: None,
+    })
+    .await
+    .map_err(|f| f.message)
+}
+
+/// A free loopback address for a child coordinator.
+fn free_port() -> Result<std::net::SocketAddr, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| format!("no free port: {e}"))
+}
+
+/// A coordinator in a child process (`trellis coordinator`), so it can be killed for real.
 struct ChildCoordinator {
     child: std::process::Child,
     client: CoordinatorClient<Channel>,
