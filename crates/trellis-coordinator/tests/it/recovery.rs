@@ -44,6 +44,16 @@ struct Coordinator {
 
 impl Coordinator {
     async fn start(nats_url: &str, id: &str, lease_ttl: Duration) -> Coordinator {
+        Self::start_with(nats_url, id, lease_ttl, |_| {}).await
+    }
+
+    /// A coordinator with settings of its own besides.
+    async fn start_with(
+        nats_url: &str,
+        id: &str,
+        lease_ttl: Duration,
+        adjust: impl FnOnce(&mut trellis_coordinator::Config),
+    ) -> Coordinator {
         let _ = tracing_subscriber::fmt()
             .with_test_writer()
             .with_env_filter(
@@ -53,13 +63,14 @@ impl Coordinator {
             .try_init();
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("a free port");
         let addr = listener.local_addr().expect("bound address");
-        let config = trellis_coordinator::Config {
+        let mut config = trellis_coordinator::Config {
             nats: trellis_bus::NatsOptions::new(nats_url),
             shards: SHARDS,
             id: id.to_owned(),
             lease_ttl,
             ..trellis_coordinator::Config::default()
         };
+        adjust(&mut config);
         let token = CancellationToken::new();
         let run_token = token.clone();
         let task = tokio::spawn(async move {
@@ -543,5 +554,100 @@ async fn retry_runs_again_only_what_did_not_complete() {
         .await
         .expect_err("nothing to retry");
     assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    coordinator.token.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_execution_whose_messages_left_the_event_log_is_read_from_the_read_model() {
+    let nats =
+        NatsServer::start().expect("a nats-server for the test (apt-get install nats-server)");
+    let shutdown = CancellationToken::new();
+    let _guard = shutdown.clone().drop_guard();
+    spawn_worker(
+        &nats.url(),
+        "worker-0",
+        HandlerRegistry::with_builtins(),
+        shutdown.child_token(),
+    );
+    // A store that removes a finished execution's messages a second after it ended.
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let database = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("store.db").display()
+    );
+    let store_listener = TcpListener::bind("127.0.0.1:0").await.expect("a free port");
+    let store_url = format!("http://{}", store_listener.local_addr().expect("bound"));
+    let store_config = trellis_checkpoint_store::Config {
+        events_retention: Some(Duration::from_secs(1)),
+        ..trellis_checkpoint_store::Config::new(database, nats.url())
+    };
+    let store_token = shutdown.child_token();
+    tokio::spawn(async move {
+        if let Err(err) =
+            trellis_checkpoint_store::run(store_config, store_listener, store_token).await
+        {
+            panic!("checkpoint-store failed: {err}");
+        }
+    });
+    // A coordinator that lets finished executions leave its memory at once.
+    let mut coordinator = Coordinator::start_with(
+        &nats.url(),
+        "coordinator-a",
+        Duration::from_secs(2),
+        |config| {
+            config.checkpoint_store = Some(store_url);
+            config.keep_finished = Duration::ZERO;
+        },
+    )
+    .await;
+    let id = coordinator
+        .client
+        .start_execution(plan_request(
+            "name: purged\ntasks:\n- {id: t, type: noop}\n",
+        ))
+        .await
+        .expect("execution starts")
+        .into_inner()
+        .execution_id;
+    wait_for(&mut coordinator.client, &id, "the end", terminal).await;
+
+    // Its messages leave the log...
+    let client = async_nats::connect(nats.url()).await.expect("NATS");
+    let events = async_nats::jetstream::new(client)
+        .get_stream(trellis_proto::subjects::EVENTS_STREAM)
+        .await
+        .expect("the event stream");
+    let subject = trellis_proto::subjects::events(&id);
+    let mut purged = false;
+    for _ in 0..200 {
+        let mut subjects = events
+            .info_with_subjects(&subject)
+            .await
+            .expect("stream info");
+        let mut messages = 0;
+        while let Some(entry) = futures::StreamExt::next(&mut subjects).await {
+            messages += entry.expect("a subject count").1;
+        }
+        if messages == 0 {
+            purged = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        purged,
+        "the finished execution's messages stayed in the log"
+    );
+    // ...and it has left the coordinator's memory (finished ones are swept every second): the
+    // read model answers for it.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let execution = get(&mut coordinator.client, &id)
+        .await
+        .expect("GetExecution answers from the read model");
+    assert_eq!(
+        ExecutionState::try_from(execution.state),
+        Ok(ExecutionState::Completed)
+    );
+    assert_eq!(execution.execution_id, id);
     coordinator.token.cancel();
 }
