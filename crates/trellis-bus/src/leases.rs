@@ -8,17 +8,18 @@ use async_nats::jetstream::{self, kv, stream};
 
 use crate::Error;
 
-/// Opens the lease bucket `bucket`, creating it with `replicas` copies if missing (idempotent,
-/// safe when several services start at once). Its stream is made directly, as a KV bucket's is,
+/// Opens the KV bucket `bucket` (entries gone `max_age` after their last write; zero: kept),
+/// creating it with `replicas` copies if missing (idempotent, safe when several services start
+/// at once). Its stream is made directly, as a KV bucket's is,
 /// because `create_key_value` reads an account field servers before 2.11 do not send.
-pub async fn lease_bucket(
+pub async fn kv_bucket(
     js: &jetstream::Context,
     bucket: &str,
     description: &str,
-    ttl: Duration,
+    max_age: Duration,
     replicas: usize,
 ) -> Result<kv::Store, Error> {
-    crate::ensure(js, kv_stream_config(bucket, description, ttl, replicas)).await?;
+    crate::ensure(js, kv_stream_config(bucket, description, max_age, replicas)).await?;
     js.get_key_value(bucket)
         .await
         .map_err(|error| Error::Bucket {

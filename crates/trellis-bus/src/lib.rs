@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, consumer, stream};
 use trellis_proto::subjects;
 
-pub use leases::{host_identity, lease_bucket, take_lease};
+pub use leases::{host_identity, kv_bucket, take_lease};
 pub use options::{NatsArgs, NatsAuth, NatsOptions, NatsTls};
 pub use steps::{STEPS_MAX_AGE, ensure_steps_bucket, steps_bucket};
 

@@ -50,7 +50,7 @@ pub(crate) async fn run(
     let js = jetstream::new(nats.clone());
     let every = (lease.ttl / 3).max(Duration::from_millis(50));
     let bucket = loop {
-        match trellis_bus::lease_bucket(
+        match trellis_bus::kv_bucket(
             &js,
             LEADER_BUCKET,
             "the checkpoint-store replica that ingests the event log (value: its id)",

@@ -42,7 +42,7 @@ pub(crate) async fn run(
             let streams = trellis_bus::wait_for_streams(&js, Duration::from_secs(60))
                 .await
                 .map_err(|err| err.to_string())?;
-            let state = trellis_bus::lease_bucket(
+            let state = trellis_bus::kv_bucket(
                 &js,
                 STATE_BUCKET,
                 "the checkpoint-store's own state (how far the event log was purged)",

@@ -143,20 +143,14 @@ pub(crate) async fn bucket(
     ttl: Duration,
     replicas: usize,
 ) -> Result<kv::Store, crate::Error> {
-    crate::shards::open_or_create(
+    Ok(trellis_bus::kv_bucket(
         js,
-        kv::Config {
-            bucket: MEMBERS_BUCKET.to_owned(),
-            description: "live coordinators (key: id; value: an encoded CoordinatorInfo)"
-                .to_owned(),
-            history: 1,
-            max_age: ttl,
-            storage: jetstream::stream::StorageType::File,
-            num_replicas: replicas,
-            ..Default::default()
-        },
+        MEMBERS_BUCKET,
+        "live coordinators (key: id; value: an encoded CoordinatorInfo)",
+        ttl,
+        replicas,
     )
-    .await
+    .await?)
 }
 
 /// Returns `id` when it can name a KV key (letters, digits, `-`, `_`, `=`, `.`, `/`), or says why

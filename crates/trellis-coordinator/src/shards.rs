@@ -55,74 +55,23 @@ pub(crate) async fn buckets(
     lease_ttl: Duration,
     replicas: usize,
 ) -> Result<(kv::Store, kv::Store), crate::Error> {
-    let leases = open_or_create(
+    let leases = trellis_bus::kv_bucket(
         js,
-        kv::Config {
-            bucket: LEASES_BUCKET.to_owned(),
-            description: "coordinator shard leases (value: the owner's id)".to_owned(),
-            history: 1,
-            max_age: lease_ttl,
-            storage: jetstream::stream::StorageType::File,
-            num_replicas: replicas,
-            ..Default::default()
-        },
+        LEASES_BUCKET,
+        "coordinator shard leases (value: the owner's id)",
+        lease_ttl,
+        replicas,
     )
     .await?;
-    let index = open_or_create(
+    let index = trellis_bus::kv_bucket(
         js,
-        kv::Config {
-            bucket: INDEX_BUCKET.to_owned(),
-            description: "unfinished executions per shard (key: <shard>.<execution id>)".to_owned(),
-            history: 1,
-            storage: jetstream::stream::StorageType::File,
-            num_replicas: replicas,
-            ..Default::default()
-        },
+        INDEX_BUCKET,
+        "unfinished executions per shard (key: <shard>.<execution id>)",
+        Duration::ZERO,
+        replicas,
     )
     .await?;
     Ok((leases, index))
-}
-
-/// Opens a bucket, creating its stream when missing. The stream is made here, with the settings
-/// a KV bucket has, rather than through `create_key_value`, which needs an account-info answer
-/// older NATS servers (2.9) do not give in the shape the client expects.
-pub(crate) async fn open_or_create(
-    js: &jetstream::Context,
-    config: kv::Config,
-) -> Result<kv::Store, crate::Error> {
-    let stream = jetstream::stream::Config {
-        name: format!("KV_{}", config.bucket),
-        description: Some(config.description.clone()),
-        subjects: vec![format!("$KV.{}.>", config.bucket)],
-        max_messages_per_subject: config.history.max(1),
-        max_age: config.max_age,
-        storage: config.storage,
-        allow_rollup: true,
-        deny_delete: true,
-        deny_purge: false,
-        allow_direct: true,
-        discard: jetstream::stream::DiscardPolicy::New,
-        num_replicas: config.num_replicas.max(1),
-        ..Default::default()
-    };
-    let mut attempts = 0u64;
-    loop {
-        let error = match js.get_or_create_stream(stream.clone()).await {
-            Ok(_) => match js.get_key_value(&config.bucket).await {
-                Ok(store) => return Ok(store),
-                Err(err) => err.to_string(),
-            },
-            Err(err) => err.to_string(),
-        };
-        attempts += 1;
-        if attempts >= 10 {
-            return Err(crate::Error::Bucket {
-                bucket: config.bucket.clone(),
-                message: error,
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(50 * attempts)).await;
-    }
 }
 
 /// Queues the deletion of an index key on the NATS connection, as `kv::Store::delete` would

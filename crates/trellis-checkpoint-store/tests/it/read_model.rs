@@ -42,6 +42,23 @@ async fn publish(
     Ok(())
 }
 
+/// Runs the driver's execution to its end, publishing each batch as the coordinator would.
+async fn publish_to_the_end(
+    js: &async_nats::jetstream::Context,
+    driver: &mut Driver,
+) -> anyhow::Result<()> {
+    let mut steps = 0;
+    while !driver.finished() {
+        driver.step()?;
+        if let Some(batch) = driver.take_batch() {
+            publish(js, &batch, None).await?;
+        }
+        steps += 1;
+        anyhow::ensure!(steps < 50, "the execution did not finish");
+    }
+    Ok(())
+}
+
 async fn nats() -> anyhow::Result<(NatsServer, async_nats::jetstream::Context)> {
     let server = NatsServer::start()?;
     let client = trellis_bus::connect(&server.url(), "read-model-test").await?;
@@ -216,15 +233,7 @@ async fn a_restarted_store_rebuilds_its_replica_from_the_log() -> anyhow::Result
     service.stop().await?;
 
     // The rest of the execution happens while the store is down.
-    let mut steps = 0;
-    while !driver.finished() {
-        driver.step()?;
-        if let Some(batch) = driver.take_batch() {
-            publish(&js, &batch, None).await?;
-        }
-        steps += 1;
-        anyhow::ensure!(steps < 50, "the execution did not finish");
-    }
+    publish_to_the_end(&js, &mut driver).await?;
 
     let service = Service::start(config).await?;
     let mut client = service.client().await?;
@@ -474,15 +483,7 @@ async fn two_replicas_ingest_through_one_and_the_other_takes_over_when_it_stops(
 
     // The leader stops; the rest arrives meanwhile and the other replica ingests it.
     a.stop().await?;
-    let mut steps = 0;
-    while !driver.finished() {
-        driver.step()?;
-        if let Some(batch) = driver.take_batch() {
-            publish(&js, &batch, None).await?;
-        }
-        steps += 1;
-        anyhow::ensure!(steps < 50, "the execution did not finish");
-    }
+    publish_to_the_end(&js, &mut driver).await?;
     let execution = wait_for_sequence(&mut through_b, &execution_id, driver.sequence).await?;
     let leader = ingest_leader(&js).await?;
     anyhow::ensure!(
@@ -545,15 +546,7 @@ async fn finished_executions_leave_the_log_after_the_retention_and_stay_in_the_r
     let mut client = service.client().await?;
     // One execution runs to its end, another stays unfinished.
     let mut finished = Driver::start(SPEC, &[])?;
-    let mut steps = 0;
-    while !finished.finished() {
-        finished.step()?;
-        if let Some(batch) = finished.take_batch() {
-            publish(&js, &batch, None).await?;
-        }
-        steps += 1;
-        anyhow::ensure!(steps < 50, "the execution did not finish");
-    }
+    publish_to_the_end(&js, &mut finished).await?;
     let mut unfinished = Driver::start(SPEC, &[])?;
     for _ in 0..2 {
         unfinished.step()?;

@@ -30,6 +30,13 @@ macro_rules! expect {
     };
 }
 
+/// The forwarding half of [`CoordinatorService::routed`]: the same call on the holder's client.
+macro_rules! forward {
+    ($method:ident) => {
+        |mut client: Client, request| Box::pin(async move { client.$method(request).await })
+    };
+}
+
 mod list;
 mod observe;
 
@@ -242,7 +249,7 @@ impl Coordinator for CoordinatorService {
                     created,
                 })
             }),
-            |mut client: Client, request| Box::pin(async move { client.start_execution(request).await }),
+            forward!(start_execution),
         )
         .await
     }
@@ -264,9 +271,7 @@ impl Coordinator for CoordinatorService {
                     Ok(v1::PauseExecutionResponse { state })
                 })
             },
-            |mut client: Client, request| {
-                Box::pin(async move { client.pause_execution(request).await })
-            },
+            forward!(pause_execution),
         )
         .await
     }
@@ -285,9 +290,7 @@ impl Coordinator for CoordinatorService {
                     Ok(v1::ResumeExecutionResponse { state })
                 })
             },
-            |mut client: Client, request| {
-                Box::pin(async move { client.resume_execution(request).await })
-            },
+            forward!(resume_execution),
         )
         .await
     }
@@ -309,9 +312,7 @@ impl Coordinator for CoordinatorService {
                     Ok(v1::CancelExecutionResponse { state })
                 })
             },
-            |mut client: Client, request| {
-                Box::pin(async move { client.cancel_execution(request).await })
-            },
+            forward!(cancel_execution),
         )
         .await
     }
@@ -331,9 +332,7 @@ impl Coordinator for CoordinatorService {
                     Ok(v1::RetryExecutionResponse { run_number })
                 })
             },
-            |mut client: Client, request| {
-                Box::pin(async move { client.retry_execution(request).await })
-            },
+            forward!(retry_execution),
         )
         .await
     }
@@ -355,9 +354,7 @@ impl Coordinator for CoordinatorService {
                     })
                 })
             },
-            |mut client: Client, request| {
-                Box::pin(async move { client.checkpoint_execution(request).await })
-            },
+            forward!(checkpoint_execution),
         )
         .await
     }
@@ -387,9 +384,7 @@ impl Coordinator for CoordinatorService {
                     })
                 })
             },
-            |mut client: Client, request| {
-                Box::pin(async move { client.get_execution(request).await })
-            },
+            forward!(get_execution),
         )
         .await
     }
@@ -485,9 +480,7 @@ impl Coordinator for CoordinatorService {
                     Ok(v1::GetExecutionGraphResponse { graph: Some(graph) })
                 })
             },
-            |mut client: Client, request| {
-                Box::pin(async move { client.get_execution_graph(request).await })
-            },
+            forward!(get_execution_graph),
         )
         .await
     }
@@ -523,9 +516,7 @@ impl Coordinator for CoordinatorService {
                     })
                 })
             },
-            |mut client: Client, request| {
-                Box::pin(async move { client.answer_question(request).await })
-            },
+            forward!(answer_question),
         )
         .await
     }
