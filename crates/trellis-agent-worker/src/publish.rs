@@ -272,6 +272,9 @@ pub(crate) fn outcome_to_proto(outcome: Outcome) -> task_result::Outcome {
                 default_answer: question.default_answer,
             }),
         }),
+        Outcome::Preempted { step } => {
+            task_result::Outcome::Preempted(task_result::Preempted { step })
+        }
     }
 }
 

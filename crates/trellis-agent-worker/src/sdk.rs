@@ -64,6 +64,10 @@ pub enum Outcome {
     /// Ended its turn by asking a human; the task is resumed as a new instance with the answer
     /// ([`TaskContext::answer`]).
     Ask(Question),
+    /// Stopped before durable step `step` because a pause in `preempt` mode asked it to
+    /// ([`TaskContext::step`] returns [`StepError::Preempted`]); the task runs again from that
+    /// step once resumed. Uses no retry.
+    Preempted { step: String },
 }
 
 impl Outcome {
@@ -82,6 +86,7 @@ impl Outcome {
             Outcome::Failed { .. } => "failed",
             Outcome::Spawn { .. } => "spawned",
             Outcome::Ask(_) => "question",
+            Outcome::Preempted { .. } => "preempted",
         }
     }
 }
@@ -230,6 +235,8 @@ pub(crate) struct Running {
     pub(crate) current_step: Mutex<String>,
     pub(crate) cancel: CancellationToken,
     pub(crate) cancel_reason: Mutex<String>,
+    /// A pause in `preempt` mode asked the attempt to stop before its next durable step.
+    pub(crate) preempt: AtomicBool,
     pub(crate) usage: Mutex<v1::Usage>,
     /// The task message's reply subject, where `AckProgress` goes while the handler runs.
     pub(crate) progress_subject: Option<async_nats::Subject>,
@@ -261,6 +268,7 @@ impl Running {
             current_step: Mutex::new(String::new()),
             cancel: CancellationToken::new(),
             cancel_reason: Mutex::new(String::new()),
+            preempt: AtomicBool::new(false),
             usage: Mutex::new(v1::Usage::default()),
             progress_subject,
             results_subject,
@@ -290,12 +298,19 @@ pub enum StepError {
     /// The step ran but its checkpoint was not accepted by JetStream.
     #[error("failed to checkpoint step {step}: {message}")]
     Checkpoint { step: String, message: String },
+    /// The step did not start: a pause in `preempt` mode asked the task to stop here.
+    #[error("preempted before step {step}")]
+    Preempted { step: String },
 }
 
 impl From<StepError> for Outcome {
-    /// A failed step is retryable: running the task again resumes at that step.
+    /// A failed step is retryable: running the task again resumes at that step. A preempted one
+    /// reports [`Outcome::Preempted`].
     fn from(error: StepError) -> Outcome {
-        Outcome::failed(error, true)
+        match error {
+            StepError::Preempted { step } => Outcome::Preempted { step },
+            error => Outcome::failed(error, true),
+        }
     }
 }
 
@@ -511,6 +526,9 @@ impl TaskContext {
     /// Runs durable step `name` (seed 002).
     ///
     /// A step recorded before this attempt is skipped and the recorded merged state is returned.
+    /// A step not recorded yet does not start when a pause in `preempt` mode asked the attempt to
+    /// stop: it returns [`StepError::Preempted`], which the handler returns as its outcome
+    /// (`?` or `.into()`), and the task runs again from this step once resumed.
     /// Otherwise `f` gets the merged state so far and returns its update, which is merged in
     /// (maps merge, `messages` and `trace` lists append, other fields replace); the worker then
     /// checkpoints the step (a `step_checkpoint` result accepted by JetStream) before returning
@@ -529,6 +547,11 @@ impl TaskContext {
             }
             step_log.state.clone()
         };
+        if self.running.preempt.load(Ordering::Acquire) {
+            return Err(StepError::Preempted {
+                step: name.to_owned(),
+            });
+        }
         *lock(&self.running.current_step) = name.to_owned();
         let update = f(state).await.map_err(|error| StepError::Failed {
             step: name.to_owned(),

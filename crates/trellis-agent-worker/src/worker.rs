@@ -2,7 +2,7 @@
 //! the heartbeat loop and the cancel listener, and the order they stop in.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -87,6 +87,27 @@ pub(crate) async fn run(
             source,
         })?;
 
+    // A `DrainWorker` for this worker: stop taking tasks, finish the running ones, then return.
+    let drain_subject = subjects::drain(&worker_id);
+    let mut drain_sub = client
+        .subscribe(drain_subject.clone())
+        .await
+        .map_err(|source| Error::Subscribe {
+            subject: drain_subject,
+            source,
+        })?;
+    let drain = CancellationToken::new();
+    let drain_requested = drain.clone();
+    let drain_listener = tokio::spawn(async move {
+        if let Some(message) = drain_sub.next().await {
+            let reason = v1::DrainWorker::decode(message.payload.as_ref())
+                .map(|request| request.reason)
+                .unwrap_or_else(|_| "drain requested".to_owned());
+            tracing::info!(%reason, "draining: taking no new task, exiting once idle");
+            drain_requested.cancel();
+        }
+    });
+
     // Fires when this future is dropped: every task it spawned stops at once without
     // acknowledging anything, as if the process had died.
     let abandon = CancellationToken::new();
@@ -108,6 +129,7 @@ pub(crate) async fn run(
         hand_back: CancellationToken::new(),
         abandon: abandon.clone(),
         metrics: metrics.clone(),
+        draining: AtomicBool::new(false),
     });
     metrics.slots.inc_by(config.slots as i64);
     tracing::info!(%worker_id, queues = ?config.queues, slots = config.slots, nats = %config.nats.shown_url(), "worker started");
@@ -143,15 +165,31 @@ pub(crate) async fn run(
     drop(finished_tx);
     readiness.set(true);
 
-    // Stop taking work, let running handlers finish within the grace period, then hand the rest back.
-    shutdown.cancelled().await;
+    // Stop taking work, let running handlers finish within the grace period, then hand the rest
+    // back. A drain waits for them as long as they take, unless a shutdown comes meanwhile.
+    let drained = tokio::select! {
+        () = shutdown.cancelled() => false,
+        () = drain.cancelled() => true,
+    };
     readiness.set(false);
-    tracing::info!(%worker_id, "worker stopping");
+    worker.draining.store(true, Ordering::Release);
+    tracing::info!(%worker_id, drained, "worker stopping");
     stop_fetching.cancel();
+    drain_listener.abort();
     for fetcher in fetchers {
         let _ = fetcher.await;
     }
     worker.handlers.close();
+    if drained {
+        // Tell the coordinators at once that nothing new is taken here.
+        worker
+            .beat(&config, &mut CpuMeter::new(), v1::WorkerState::Draining)
+            .await;
+        tokio::select! {
+            () = worker.handlers.wait() => {}
+            () = shutdown.cancelled() => {}
+        }
+    }
     let grace = Duration::from_millis(config.shutdown_grace_ms);
     if tokio::time::timeout(grace, worker.handlers.wait())
         .await
@@ -186,6 +224,8 @@ struct Worker {
     hand_back: CancellationToken,
     abandon: CancellationToken,
     metrics: Metrics,
+    /// Stopping: no new task is taken; heartbeats say `draining`.
+    draining: AtomicBool,
 }
 
 /// How a handler task ended.
@@ -508,6 +548,7 @@ impl Worker {
             Ending::Done(Outcome::Failed { .. }) => "failed",
             Ending::Done(Outcome::Spawn { .. }) => "spawned",
             Ending::Done(Outcome::Ask(_)) => "asked",
+            Ending::Done(Outcome::Preempted { .. }) => "preempted",
             Ending::HandBack => {
                 self.metrics.handed_back.inc();
                 return;
@@ -590,7 +631,9 @@ impl Worker {
                     .await;
             }
         }
-        let state = if state == v1::WorkerState::Idle && !running.is_empty() {
+        let state = if state == v1::WorkerState::Idle && self.draining.load(Ordering::Acquire) {
+            v1::WorkerState::Draining
+        } else if state == v1::WorkerState::Idle && !running.is_empty() {
             v1::WorkerState::Running
         } else {
             state
@@ -683,6 +726,11 @@ async fn cancel_loop(
         {
             continue;
         }
+        if request.preempt {
+            tracing::info!(task_instance_id = %request.task_instance_id, attempt = running.attempt, reason = %request.reason, "preempting task at its next step");
+            running.preempt.store(true, Ordering::Release);
+            continue;
+        }
         tracing::info!(task_instance_id = %request.task_instance_id, attempt = running.attempt, reason = %request.reason, "cancelling task");
         *lock(&running.cancel_reason) = request.reason;
         running.cancel.cancel();
@@ -718,6 +766,8 @@ pub(crate) struct CancelRequest {
     pub(crate) attempt: Option<u32>,
     /// Why, as the failed attempt reports it; never empty.
     pub(crate) reason: String,
+    /// Stop at the next durable step instead (a pause in `preempt` mode).
+    pub(crate) preempt: bool,
 }
 
 /// Reads a `CancelTask` received on `subject`.
@@ -739,5 +789,6 @@ pub(crate) fn cancel_request(
         } else {
             request.reason
         },
+        preempt: request.preempt,
     })
 }

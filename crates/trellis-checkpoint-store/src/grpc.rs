@@ -173,6 +173,8 @@ pub fn execution_to_proto(row: &ExecutionRow, open_questions: &[QuestionRow]) ->
         reason: row.reason.clone(),
         last_sequence: row.last_sequence,
         namespace: row.namespace.clone(),
+        // The read model keeps no pauses of tasks or groups: it answers for finished executions.
+        holds: Vec::new(),
         labels: row
             .labels
             .iter()

@@ -34,6 +34,7 @@ fn worker_state(state: i32) -> &'static str {
         Ok(v1::WorkerState::Spawning) => "spawning",
         Ok(v1::WorkerState::Idle) => "idle",
         Ok(v1::WorkerState::Running) => "running",
+        Ok(v1::WorkerState::Draining) => "draining",
         Ok(v1::WorkerState::Terminated) => "terminated",
         Ok(v1::WorkerState::Unspecified) | Err(_) => "unspecified",
     }

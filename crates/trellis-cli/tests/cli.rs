@@ -3,7 +3,9 @@
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
+
 use std::sync::atomic::{AtomicUsize, Ordering};
+use trellis_proto::v1::PauseMode;
 
 const TRELLIS: &str = env!("CARGO_BIN_EXE_trellis");
 
@@ -546,6 +548,9 @@ mod fake {
         pub n_get_execution: AtomicUsize,
         /// Whether the first event stream was already broken on purpose.
         broke_once: AtomicBool,
+        /// The last `PauseExecution` and `PauseFleet` requests.
+        pub paused: Mutex<Option<PauseExecutionRequest>>,
+        pub fleet_paused: Mutex<Option<PauseFleetRequest>>,
     }
 
     /// Sequences are `1..`, timestamps `START_MS + sequence * 100`.
@@ -737,9 +742,64 @@ mod fake {
 
         async fn pause_execution(
             &self,
-            _: Request<PauseExecutionRequest>,
+            request: Request<PauseExecutionRequest>,
         ) -> Result<Response<PauseExecutionResponse>, Status> {
-            Err(Status::failed_precondition("execution is completed"))
+            let request = request.into_inner();
+            if request.task_id.is_empty() && request.group_id.is_empty() {
+                return Err(Status::failed_precondition("execution is completed"));
+            }
+            *self.paused.lock().expect("lock") = Some(request);
+            Ok(Response::new(PauseExecutionResponse {
+                state: ExecutionState::Running as i32,
+            }))
+        }
+
+        async fn pause_fleet(
+            &self,
+            request: Request<PauseFleetRequest>,
+        ) -> Result<Response<PauseFleetResponse>, Status> {
+            *self.fleet_paused.lock().expect("lock") = Some(request.into_inner());
+            Ok(Response::new(PauseFleetResponse { pause: None }))
+        }
+
+        async fn resume_fleet(
+            &self,
+            request: Request<ResumeFleetRequest>,
+        ) -> Result<Response<ResumeFleetResponse>, Status> {
+            let gpu = PauseTarget {
+                target: Some(pause_target::Target::Queue("gpu".to_owned())),
+            };
+            Ok(Response::new(ResumeFleetResponse {
+                resumed: request.into_inner().target == Some(gpu),
+            }))
+        }
+
+        async fn list_pauses(
+            &self,
+            _: Request<ListPausesRequest>,
+        ) -> Result<Response<ListPausesResponse>, Status> {
+            Ok(Response::new(ListPausesResponse {
+                pauses: vec![FleetPause {
+                    target: Some(PauseTarget {
+                        target: Some(pause_target::Target::Queue("gpu".to_owned())),
+                    }),
+                    mode: PauseMode::Preempt as i32,
+                    reason: "driver upgrade".to_owned(),
+                    since_unix_ms: START_MS,
+                    by: "ops".to_owned(),
+                }],
+            }))
+        }
+
+        async fn drain_worker(
+            &self,
+            request: Request<DrainWorkerRequest>,
+        ) -> Result<Response<DrainWorkerResponse>, Status> {
+            if request.get_ref().worker_id == "w-1" {
+                Ok(Response::new(DrainWorkerResponse {}))
+            } else {
+                Err(Status::not_found("no live worker"))
+            }
         }
 
         async fn resume_execution(
@@ -1378,4 +1438,110 @@ fn cluster_shows_each_coordinator_its_shards_and_the_unheld_ones() {
     let json: serde_json::Value = serde_json::from_str(&stdout(&output)).expect("one JSON object");
     assert_eq!(json["coordinators"][1]["shards"], serde_json::json!([3]));
     assert_eq!(json["unowned_shards"], serde_json::json!([2]));
+}
+
+#[test]
+fn pause_reaches_a_task_a_queue_or_the_fleet_and_says_what_it_does() {
+    let (url, fake) = fake::start();
+    let output = run(&[
+        "--coordinator",
+        &url,
+        "pause",
+        "--task",
+        "build",
+        "--mode",
+        "preempt",
+        fake::EXECUTION_ID,
+    ]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(
+        stdout(&output).starts_with(&format!(
+            "paused task build of execution {}: nothing new starts; running tasks stop",
+            fake::EXECUTION_ID
+        )),
+        "{}",
+        stdout(&output)
+    );
+    let sent = fake.paused.lock().expect("lock").take().expect("a pause");
+    assert_eq!(
+        (sent.task_id.as_str(), sent.mode),
+        ("build", PauseMode::Preempt as i32)
+    );
+
+    let output = run(&["--coordinator", &url, "pause", "--queue", "gpu"]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(
+        stdout(&output)
+            .contains("paused queue gpu: nothing new starts; running tasks finish (drain)")
+    );
+    let sent = fake
+        .fleet_paused
+        .lock()
+        .expect("lock")
+        .take()
+        .expect("a fleet pause");
+    assert_eq!(sent.mode, PauseMode::Drain as i32);
+
+    let output = run(&["--coordinator", &url, "resume", "--queue", "gpu"]);
+    assert!(
+        stdout(&output).contains("resumed queue gpu"),
+        "{}",
+        stdout(&output)
+    );
+    let output = run(&["--coordinator", &url, "resume", "--all"]);
+    assert!(
+        stdout(&output).contains("the whole fleet was not paused"),
+        "{}",
+        stdout(&output)
+    );
+
+    let output = run(&["--coordinator", &url, "pauses"]);
+    let out = stdout(&output);
+    assert!(out.starts_with("TARGET"), "{out}");
+    assert!(
+        out.contains("queue      gpu") && out.contains("preempt") && out.contains("driver upgrade"),
+        "{out}"
+    );
+    let output = run(&["--coordinator", &url, "pauses", "--json"]);
+    let json: serde_json::Value = serde_json::from_str(stdout(&output).trim()).expect("JSON");
+    assert_eq!(json["name"], "gpu");
+
+    let output = run(&["--coordinator", &url, "drain", "w-1"]);
+    assert!(
+        stdout(&output).contains("worker w-1 is draining"),
+        "{}",
+        stdout(&output)
+    );
+    let output = run(&["--coordinator", &url, "drain", "w-9"]);
+    assert_ne!(output.status.code(), Some(0));
+}
+
+#[test]
+fn a_pause_without_a_target_or_with_two_is_refused_before_any_call() {
+    for args in [
+        vec!["pause"],
+        vec!["pause", "--task", "build"],
+        vec!["pause", "--queue", "gpu", "--all"],
+        vec![
+            "pause",
+            "--namespace",
+            "a",
+            "0190a5c4-7d1e-7000-8000-000000000001",
+        ],
+        vec!["pause", "--all", "--mode", "sideways"],
+    ] {
+        let mut full = vec!["--coordinator", "http://127.0.0.1:1"];
+        full.extend(args.iter().copied());
+        let output = run(&full);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        assert!(
+            stdout(&output).is_empty() || stderr(&output).contains("error"),
+            "{args:?}"
+        );
+    }
 }

@@ -16,6 +16,7 @@ mod executor;
 mod forward;
 mod grpc;
 mod metrics;
+mod pauses;
 pub mod recovery;
 mod shards;
 pub mod turn;
@@ -222,6 +223,8 @@ pub async fn run(
         shutdown.clone(),
     );
     executor::receive_heartbeats(&nats, inputs.clone(), shutdown.clone()).await?;
+    let pause_bucket = pauses::bucket(&async_nats::jetstream::new(nats.clone()), replicas).await?;
+    pauses::watch(pause_bucket.clone(), inputs.clone(), shutdown.clone()).await?;
     let addr = listener.local_addr().map_err(Error::Listener)?;
     let advertise = config
         .advertise
@@ -265,7 +268,7 @@ pub async fn run(
         config.store_client.clone(),
         config.lease_ttl,
     );
-    let service = grpc::CoordinatorService::new(handle, events, router, store);
+    let service = grpc::CoordinatorService::new(handle, events, router, store, pause_bucket, nats);
     let authenticate =
         Authenticate::new(config.security.access.clone(), &config.telemetry.registry);
     let routes = tonic::service::Routes::new(InterceptedService::new(

@@ -632,6 +632,7 @@ async fn control(
                 .pause_execution(caller.request(v1::PauseExecutionRequest {
                     execution_id,
                     reason,
+                    ..Default::default()
                 })?)
                 .await?;
             state_of(r.into_inner().state)
@@ -642,6 +643,7 @@ async fn control(
                 .resume_execution(caller.request(v1::ResumeExecutionRequest {
                     execution_id,
                     reason,
+                    ..Default::default()
                 })?)
                 .await?;
             state_of(r.into_inner().state)

@@ -611,7 +611,7 @@ mod tests {
         assert_eq!(*hub.readiness.borrow(), Readiness::Ready);
         let resume = Event {
             at_ms: 2,
-            body: EventBody::ResumeRequested,
+            body: EventBody::resume(),
         };
         hub.ingest(
             &event_batch_to_proto(id, 3, &[resume]).encode_to_vec(),

@@ -335,6 +335,12 @@ impl EventView {
                 e.attempt,
                 "its worker stopped answering".to_owned(),
             ),
+            Some(Kind::TaskPreempted(e)) => on(
+                "task_preempted",
+                &e.task_instance_id,
+                e.attempt,
+                "stopped at a step boundary by a pause; continues after the resume".to_owned(),
+            ),
             Some(Kind::TaskTimedOut(e)) => on(
                 "task_timed_out",
                 &e.task_instance_id,
@@ -347,8 +353,14 @@ impl EventView {
                         "execution_started",
                         format!("plan {}, run {}", e.plan_name, e.run_number),
                     ),
-                    Kind::PauseRequested(e) => ("pause_requested", e.reason.clone()),
-                    Kind::ResumeRequested(_) => ("resume_requested", String::new()),
+                    Kind::PauseRequested(e) => (
+                        "pause_requested",
+                        pause_detail(&e.task_id, &e.group_id, e.mode, &e.reason),
+                    ),
+                    Kind::ResumeRequested(e) => (
+                        "resume_requested",
+                        pause_detail(&e.task_id, &e.group_id, -1, ""),
+                    ),
                     Kind::CancelRequested(e) => ("cancel_requested", e.reason.clone()),
                     Kind::QuestionAnswered(e) => (
                         "question_answered",
@@ -503,6 +515,38 @@ impl CheckpointView {
     }
 }
 
+/// What a pause or resume event covers, how, and why: `task build, preempt: gpu upgrade`; the
+/// execution's own pause shows its reason only. `mode` -1: a resume, which has none.
+fn pause_detail(task_id: &str, group_id: &str, mode: i32, reason: &str) -> String {
+    let scope = match (task_id, group_id) {
+        ("", "") => String::new(),
+        (task, "") => format!("task {task}"),
+        (_, group) => format!("group {}", short(group)),
+    };
+    let mode = match v1::PauseMode::try_from(mode) {
+        Ok(v1::PauseMode::Preempt) => "preempt",
+        Ok(_) => "drain",
+        Err(_) => "",
+    };
+    let head = [
+        scope.as_str(),
+        if scope.is_empty() && mode == "drain" {
+            ""
+        } else {
+            mode
+        },
+    ]
+    .into_iter()
+    .filter(|part| !part.is_empty())
+    .collect::<Vec<_>>()
+    .join(", ");
+    match (head.is_empty(), reason.is_empty()) {
+        (true, _) => reason.to_owned(),
+        (false, true) => head,
+        (false, false) => format!("{head}: {reason}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -534,6 +578,7 @@ mod tests {
         let event = v1::Event {
             kind: Some(v1::event::Kind::PauseRequested(v1::PauseRequested {
                 reason: "deploy freeze".to_owned(),
+                ..v1::PauseRequested::default()
             })),
             ..v1::Event::default()
         };

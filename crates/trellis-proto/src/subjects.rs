@@ -27,6 +27,8 @@ pub const PROGRESS_PREFIX: &str = "trellis.progress";
 pub const HEARTBEAT_PREFIX: &str = "trellis.workers.heartbeat";
 /// Prefix of cancel subjects; an instance's subject is `trellis.cancel.<task_instance_id>`.
 pub const CANCEL_PREFIX: &str = "trellis.cancel";
+/// Prefix of the drain requests to one worker (`DrainWorker`, core NATS).
+pub const DRAIN_PREFIX: &str = "trellis.workers.drain";
 
 /// Subjects captured by [`TASKS_STREAM`].
 pub const TASKS_WILDCARD: &str = "trellis.tasks.>";
@@ -43,6 +45,11 @@ pub const HEARTBEAT_WILDCARD: &str = "trellis.workers.heartbeat.>";
 pub const MSG_ID_HEADER: &str = "Nats-Msg-Id";
 /// W3C trace-context header carried on every message so one execution is one trace.
 pub const TRACEPARENT_HEADER: &str = "traceparent";
+
+/// Returns the subject a worker hears drain requests on.
+pub fn drain(worker_id: impl std::fmt::Display) -> String {
+    format!("{DRAIN_PREFIX}.{worker_id}")
+}
 
 /// Returns the subject a `TaskAssignment` for `queue` is published on: `trellis.tasks.<queue>`.
 pub fn tasks(queue: &str) -> String {

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use prost::Message;
 use trellis_core::ids::{ExecutionId, TaskInstanceId, WorkerId};
-use trellis_core::machine::{Event, EventBody, Outcome};
+use trellis_core::machine::{Event, EventBody, Outcome, PauseMode, PauseScope};
 use trellis_proto::v1;
 
 use crate::common::{
@@ -223,10 +223,27 @@ fn event_body_to_proto(body: &EventBody) -> v1::event::Kind {
             task_instance_id: id(instance),
             attempt: *attempt,
         }),
-        EventBody::PauseRequested { reason } => Kind::PauseRequested(v1::PauseRequested {
-            reason: reason.clone(),
+        EventBody::TaskPreempted { instance, attempt } => Kind::TaskPreempted(v1::TaskPreempted {
+            task_instance_id: id(instance),
+            attempt: *attempt,
         }),
-        EventBody::ResumeRequested => Kind::ResumeRequested(v1::ResumeRequested {}),
+        EventBody::PauseRequested {
+            reason,
+            scope,
+            mode,
+        } => {
+            let (task_id, group_id) = scope_to_proto(scope);
+            Kind::PauseRequested(v1::PauseRequested {
+                reason: reason.clone(),
+                task_id,
+                group_id,
+                mode: pause_mode_to_proto(*mode) as i32,
+            })
+        }
+        EventBody::ResumeRequested { scope } => {
+            let (task_id, group_id) = scope_to_proto(scope);
+            Kind::ResumeRequested(v1::ResumeRequested { task_id, group_id })
+        }
         EventBody::CancelRequested { reason } => Kind::CancelRequested(v1::CancelRequested {
             reason: reason.clone(),
         }),
@@ -378,10 +395,29 @@ fn decode_event(at: &At<'_>, event: &v1::Event) -> Result<LogEntry, ConvertError
             )?,
             attempt: lost.attempt,
         },
+        v1::event::Kind::TaskPreempted(preempted) => EventBody::TaskPreempted {
+            instance: parse_id(
+                &at.field("task_preempted").field("task_instance_id"),
+                &preempted.task_instance_id,
+            )?,
+            attempt: preempted.attempt,
+        },
         v1::event::Kind::PauseRequested(pause) => EventBody::PauseRequested {
             reason: pause.reason.clone(),
+            scope: scope_from_proto(
+                &at.field("pause_requested"),
+                &pause.task_id,
+                &pause.group_id,
+            )?,
+            mode: pause_mode_from_proto(pause.mode),
         },
-        v1::event::Kind::ResumeRequested(v1::ResumeRequested {}) => EventBody::ResumeRequested,
+        v1::event::Kind::ResumeRequested(resume) => EventBody::ResumeRequested {
+            scope: scope_from_proto(
+                &at.field("resume_requested"),
+                &resume.task_id,
+                &resume.group_id,
+            )?,
+        },
         v1::event::Kind::CancelRequested(cancel) => EventBody::CancelRequested {
             reason: cancel.reason.clone(),
         },
@@ -500,4 +536,50 @@ pub fn decode_event_batch(bytes: &[u8]) -> Result<DecodedBatch, ConvertError> {
         first_sequence: first.sequence,
         entries,
     })
+}
+
+/// Returns the `(task_id, group_id)` of a pause's scope (both empty: the execution).
+pub fn scope_to_proto(scope: &PauseScope) -> (String, String) {
+    match scope {
+        PauseScope::Execution => (String::new(), String::new()),
+        PauseScope::Task(task) => (task.clone(), String::new()),
+        PauseScope::Group(group) => (String::new(), group.to_string()),
+    }
+}
+
+/// Reads a pause's scope from its `task_id` and `group_id` (at most one set).
+pub(crate) fn scope_from_proto(
+    at: &At<'_>,
+    task_id: &str,
+    group_id: &str,
+) -> Result<PauseScope, ConvertError> {
+    match (task_id, group_id) {
+        ("", "") => Ok(PauseScope::Execution),
+        (task, "") => Ok(PauseScope::Task(task.to_owned())),
+        ("", group) => Ok(PauseScope::Group(parse_id(&at.field("group_id"), group)?)),
+        _ => Err(at.error(ConvertErrorKind::Inconsistent(
+            "names both a task and a group; a pause covers one of them",
+        ))),
+    }
+}
+
+/// Reads the scope of a pause or resume request: `task_id` and `group_id`, at most one set.
+pub fn pause_scope(task_id: &str, group_id: &str) -> Result<PauseScope, ConvertError> {
+    scope_from_proto(&At::root("request"), task_id, group_id)
+}
+
+/// Returns the wire form of a pause mode.
+pub fn pause_mode_to_proto(mode: PauseMode) -> v1::PauseMode {
+    match mode {
+        PauseMode::Drain => v1::PauseMode::Drain,
+        PauseMode::Preempt => v1::PauseMode::Preempt,
+    }
+}
+
+/// Reads a pause mode; unset or unknown values drain, the mode that stops nothing running.
+pub fn pause_mode_from_proto(mode: i32) -> PauseMode {
+    match v1::PauseMode::try_from(mode) {
+        Ok(v1::PauseMode::Preempt) => PauseMode::Preempt,
+        _ => PauseMode::Drain,
+    }
 }

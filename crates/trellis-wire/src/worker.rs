@@ -380,6 +380,7 @@ fn parse_result(
                 state: parse_json(&step_at.field("merged_state"), &step.merged_state)?,
             }
         }
+        Reported::Preempted(_) => EventBody::TaskPreempted { instance, attempt },
     };
     Ok((execution_id, Event { at_ms, body }))
 }

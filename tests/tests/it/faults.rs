@@ -240,6 +240,7 @@ async fn coordinators_spread_the_shards_answer_for_each_other_and_survive_a_join
                 .pause_execution(v1::PauseExecutionRequest {
                     execution_id: ids[0].clone(),
                     reason: "paused through another coordinator".to_owned(),
+                    ..Default::default()
                 })
                 .await?
                 .into_inner()
@@ -253,6 +254,7 @@ async fn coordinators_spread_the_shards_answer_for_each_other_and_survive_a_join
                 .resume_execution(v1::ResumeExecutionRequest {
                     execution_id: ids[0].clone(),
                     reason: String::new(),
+                    ..Default::default()
                 })
                 .await?;
 

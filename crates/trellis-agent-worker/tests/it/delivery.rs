@@ -70,6 +70,7 @@ async fn cancel(harness: &Harness, task: &TaskAssignment) -> anyhow::Result<()> 
         task_instance_id: task.task_instance_id.clone(),
         attempt: task.attempt,
         reason: "execution cancelled".to_owned(),
+        preempt: false,
     };
     harness
         .client

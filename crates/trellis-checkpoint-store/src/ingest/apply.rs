@@ -108,6 +108,7 @@ fn describe(event: &v1::Event) -> (&'static str, Option<&str>) {
             Kind::QuestionAsked(e) => ("question_asked", Some(e.task_instance_id.as_str())),
             Kind::StepCheckpointed(e) => ("step_checkpointed", Some(e.task_instance_id.as_str())),
             Kind::TaskLost(e) => ("task_lost", Some(e.task_instance_id.as_str())),
+            Kind::TaskPreempted(e) => ("task_preempted", Some(e.task_instance_id.as_str())),
             Kind::PauseRequested(_) => ("pause_requested", None),
             Kind::ResumeRequested(_) => ("resume_requested", None),
             Kind::CancelRequested(_) => ("cancel_requested", None),
@@ -484,7 +485,9 @@ mod tests {
             execution_id: execution_id.to_owned(),
             sequence,
             timestamp_unix_ms: 1,
-            kind: Some(v1::event::Kind::ResumeRequested(v1::ResumeRequested {})),
+            kind: Some(v1::event::Kind::ResumeRequested(
+                v1::ResumeRequested::default(),
+            )),
         }
     }
 

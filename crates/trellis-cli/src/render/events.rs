@@ -50,6 +50,7 @@ pub fn kind_name(kind: Option<&Kind>) -> &'static str {
         Kind::QuestionAsked(_) => "question_asked",
         Kind::StepCheckpointed(_) => "step_checkpointed",
         Kind::TaskLost(_) => "task_lost",
+        Kind::TaskPreempted(_) => "task_preempted",
         Kind::PauseRequested(_) => "pause_requested",
         Kind::ResumeRequested(_) => "resume_requested",
         Kind::CancelRequested(_) => "cancel_requested",
@@ -158,8 +159,24 @@ pub fn describe(kind: Option<&Kind>) -> String {
             "{} lost: its worker stopped heartbeating",
             attempt(&e.task_instance_id, e.attempt)
         ),
-        Kind::PauseRequested(e) => with_reason("pause requested", &e.reason),
-        Kind::ResumeRequested(_) => "resume requested".to_owned(),
+        Kind::TaskPreempted(e) => format!(
+            "{} stopped at a step boundary, preempted by a pause; it continues after the resume",
+            attempt(&e.task_instance_id, e.attempt)
+        ),
+        Kind::PauseRequested(e) => with_reason(
+            &format!(
+                "pause of {} requested ({})",
+                pause_scope(&e.task_id, &e.group_id),
+                pause_mode_name(e.mode)
+            ),
+            &e.reason,
+        ),
+        Kind::ResumeRequested(e) => {
+            format!(
+                "resume of {} requested",
+                pause_scope(&e.task_id, &e.group_id)
+            )
+        }
         Kind::CancelRequested(e) => with_reason("cancel requested, execution cancelled", &e.reason),
         Kind::QuestionAnswered(e) => format!(
             "question {} answered {:?}",
@@ -258,8 +275,14 @@ pub fn fields(kind: Option<&Kind>) -> Vec<(&'static str, Value)> {
             res
         }
         Kind::TaskLost(e) => attempt(&e.task_instance_id, e.attempt),
+        Kind::TaskPreempted(e) => attempt(&e.task_instance_id, e.attempt),
         Kind::TaskTimedOut(e) => attempt(&e.task_instance_id, e.attempt),
-        Kind::PauseRequested(e) => vec![("reason", json!(e.reason))],
+        Kind::PauseRequested(e) => vec![
+            ("reason", json!(e.reason)),
+            ("task", json!(e.task_id)),
+            ("group", json!(e.group_id)),
+            ("mode", json!(pause_mode_name(e.mode))),
+        ],
         Kind::CancelRequested(e) => vec![("reason", json!(e.reason))],
         Kind::BudgetExhausted(e) => vec![("reason", json!(e.reason))],
         Kind::QuestionAnswered(e) => vec![
@@ -267,7 +290,8 @@ pub fn fields(kind: Option<&Kind>) -> Vec<(&'static str, Value)> {
             ("answer", json!(e.answer)),
         ],
         Kind::QuestionExpired(e) => vec![("question", json!(e.question_id))],
-        Kind::ResumeRequested(_) | Kind::ExecutionTimedOut(_) => Vec::new(),
+        Kind::ResumeRequested(e) => vec![("task", json!(e.task_id)), ("group", json!(e.group_id))],
+        Kind::ExecutionTimedOut(_) => Vec::new(),
         Kind::ExecutionFinished(e) => vec![("outcome", json!(outcome_name(e.outcome)))],
         Kind::RunStarted(e) => vec![("run_number", json!(e.run_number))],
         Kind::ExecutionClaimed(e) => vec![("coordinator", json!(e.coordinator))],
@@ -317,10 +341,14 @@ pub fn execution_change(kind: Option<&Kind>) -> Option<ExecutionChange> {
         reason: reason.to_owned(),
     };
     match kind? {
-        Kind::ExecutionStarted(_) | Kind::ResumeRequested(_) => {
+        Kind::ExecutionStarted(_) => Some(change(ExecutionState::Running, "")),
+        // A pause of one task or group leaves the execution as it was.
+        Kind::ResumeRequested(e) if e.task_id.is_empty() && e.group_id.is_empty() => {
             Some(change(ExecutionState::Running, ""))
         }
-        Kind::PauseRequested(e) => Some(change(ExecutionState::Paused, &e.reason)),
+        Kind::PauseRequested(e) if e.task_id.is_empty() && e.group_id.is_empty() => {
+            Some(change(ExecutionState::Paused, &e.reason))
+        }
         Kind::RunStarted(_) => Some(change(ExecutionState::Running, "")),
         Kind::CancelRequested(e) => Some(change(ExecutionState::Cancelled, &e.reason)),
         Kind::ExecutionTimedOut(_) => {
@@ -335,6 +363,23 @@ pub fn execution_change(kind: Option<&Kind>) -> Option<ExecutionChange> {
             }
         },
         _ => None,
+    }
+}
+
+/// Names what a pause or resume covers: `the execution`, `task build`, `group 0190…`.
+fn pause_scope(task_id: &str, group_id: &str) -> String {
+    match (task_id, group_id) {
+        ("", "") => "the execution".to_owned(),
+        (task, "") => format!("task {task}"),
+        (_, group) => format!("group {group}"),
+    }
+}
+
+/// Returns a pause mode's name.
+pub fn pause_mode_name(mode: i32) -> &'static str {
+    match trellis_proto::v1::PauseMode::try_from(mode) {
+        Ok(trellis_proto::v1::PauseMode::Preempt) => "preempt",
+        _ => "drain",
     }
 }
 
@@ -713,10 +758,8 @@ mod tests {
                 instance,
                 attempt: 1,
             },
-            EventBody::PauseRequested {
-                reason: "lunch".to_owned(),
-            },
-            EventBody::ResumeRequested,
+            EventBody::pause("lunch".to_owned()),
+            EventBody::resume(),
             EventBody::CancelRequested {
                 reason: "stop".to_owned(),
             },

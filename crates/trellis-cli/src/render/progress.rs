@@ -395,6 +395,7 @@ mod tests {
             2,
             Kind::PauseRequested(PauseRequested {
                 reason: "lunch".to_owned(),
+                ..PauseRequested::default()
             }),
             None,
         ));

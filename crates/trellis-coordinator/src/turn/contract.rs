@@ -7,6 +7,11 @@ use trellis_grpc::access::{Principal, Scope};
 use trellis_proto::v1;
 use trellis_telemetry::propagation::Context;
 
+use std::sync::Arc;
+
+use trellis_core::machine::{PauseMode, PauseScope};
+
+use super::pauses::FleetPauses;
 use super::{CheckpointJob, Error, Recovered, ReplyTo, Token};
 
 /// What a turn takes.
@@ -36,6 +41,9 @@ pub enum Input {
         /// Indexed executions whose log is empty or cannot be read back.
         missing: Vec<ExecutionId>,
     },
+    /// The pauses of queues, namespaces and the fleet, as the bucket `trellis_pauses` holds them
+    /// now (all of them, each time one changes).
+    Pauses(Arc<FleetPauses>),
     /// The indexed executions of a shard ([`Writes::scan`]).
     Indexed { shard: u32, ids: Vec<ExecutionId> },
     /// Executions loaded on demand (not in memory, or reloaded after a refused append).
@@ -94,8 +102,12 @@ pub enum Request {
 /// What to do with one execution.
 #[derive(Debug)]
 pub enum Action {
-    Pause(String),
-    Resume,
+    Pause {
+        reason: String,
+        scope: PauseScope,
+        mode: PauseMode,
+    },
+    Resume(PauseScope),
     Cancel(String),
     Retry,
     Checkpoint,

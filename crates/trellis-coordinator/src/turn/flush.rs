@@ -211,10 +211,24 @@ impl Coordinator {
                 task_instance_id: instance.to_string(),
                 attempt: live.machine.attempt(instance).unwrap_or(0),
                 reason: live.machine.reason().unwrap_or("cancelled").to_owned(),
+                preempt: false,
             };
             effects.cancels.push(Publish {
                 subject: subjects::cancel(instance),
                 payload: Bytes::from(cancel.encode_to_vec()),
+            });
+        }
+        for (instance, attempt, reason) in live.preempt.drain(..) {
+            let preempt = v1::CancelTask {
+                execution_id: id.to_string(),
+                task_instance_id: instance.to_string(),
+                attempt,
+                reason,
+                preempt: true,
+            };
+            effects.cancels.push(Publish {
+                subject: subjects::cancel(instance),
+                payload: Bytes::from(preempt.encode_to_vec()),
             });
         }
         let terminal = live.machine.state().is_terminal();

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use trellis_core::ids::{ExecutionId, TaskInstanceId};
-use trellis_core::machine::{Applied, ApplyError, Event, EventBody, Execution};
+use trellis_core::machine::{Applied, ApplyError, Event, EventBody, Execution, PauseMode};
 use trellis_core::record::TaskState;
 use trellis_proto::v1;
 use trellis_telemetry::propagation::{self, Context};
@@ -52,6 +52,9 @@ pub(super) struct Live {
     pub(super) dispatch: Vec<TaskInstanceId>,
     /// Attempts to stop once the turn's events are stored.
     pub(super) stop: Vec<TaskInstanceId>,
+    /// Attempts to ask to stop at their next durable step (a pause in `preempt` mode), with
+    /// why, once the turn's events are stored.
+    pub(super) preempt: Vec<(TaskInstanceId, u32, String)>,
     pub(super) last_progress_ms: u64,
     /// The state changed since the last progress snapshot was published.
     pub(super) progress_due: bool,
@@ -106,6 +109,7 @@ impl Live {
             appending: Vec::new(),
             dispatch: Vec::new(),
             stop: Vec::new(),
+            preempt: Vec::new(),
             last_progress_ms: 0,
             progress_due: true,
             dirty: false,
@@ -159,8 +163,19 @@ impl Live {
             self.seq += 1;
             self.pending.push(log::event_to_proto(id, self.seq, &event));
             self.stop.extend_from_slice(stop);
-            if let EventBody::TaskDispatched { instance, .. } = event.body {
-                self.dispatch.push(instance);
+            match &event.body {
+                EventBody::TaskDispatched { instance, .. } => self.dispatch.push(*instance),
+                EventBody::PauseRequested {
+                    reason,
+                    scope,
+                    mode: PauseMode::Preempt,
+                } => {
+                    let reason = format!("{scope} paused (preempt): {reason}");
+                    let running = self.machine.running_in(scope);
+                    self.preempt
+                        .extend(running.into_iter().map(|(i, a)| (i, a, reason.clone())));
+                }
+                _ => {}
             }
         }
         Ok(applied)
@@ -198,10 +213,17 @@ impl Live {
         ))
     }
 
-    /// Lets the machine decide until it has nothing more to do now.
-    pub(super) fn decide(&mut self, id: ExecutionId, now: u64, metrics: &Metrics) {
+    /// Lets the machine decide until it has nothing more to do now; nothing on a queue `held`
+    /// names is dispatched (a fleet pause).
+    pub(super) fn decide(
+        &mut self,
+        id: ExecutionId,
+        now: u64,
+        metrics: &Metrics,
+        held: &dyn Fn(&str) -> bool,
+    ) {
         for _ in 0..1_000 {
-            let commands = self.machine.decide(now);
+            let commands = self.machine.decide_holding(now, held);
             if commands.is_empty() {
                 return;
             }
@@ -250,6 +272,20 @@ impl Live {
                 })
                 .collect(),
             progress: Some(progress),
+            holds: self
+                .machine
+                .holds()
+                .map(|(scope, hold)| {
+                    let (task_id, group_id) = log::scope_to_proto(&scope);
+                    v1::Hold {
+                        task_id,
+                        group_id,
+                        mode: log::pause_mode_to_proto(hold.mode) as i32,
+                        reason: hold.reason.clone(),
+                        since_unix_ms: hold.since_ms as i64,
+                    }
+                })
+                .collect(),
         }
     }
 

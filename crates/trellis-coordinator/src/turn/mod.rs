@@ -28,6 +28,7 @@ mod contract;
 mod error;
 mod flush;
 mod live;
+pub mod pauses;
 mod requests;
 mod results;
 mod shards;
@@ -162,6 +163,8 @@ pub struct Coordinator {
     pending: Pending,
     /// Executions whose append this turn was refused.
     refused: BTreeSet<ExecutionId>,
+    /// The pauses of queues, namespaces and the fleet in force.
+    pauses: Arc<pauses::FleetPauses>,
 }
 
 /// What a turn collects before it returns.
@@ -216,6 +219,7 @@ impl Coordinator {
             now: 0,
             pending: Pending::default(),
             refused: BTreeSet::new(),
+            pauses: Arc::default(),
         }
     }
 
@@ -227,9 +231,12 @@ impl Coordinator {
         for input in inputs {
             self.input(input, now);
         }
+        let pauses = &self.pauses;
         for id in &self.dirty {
             if let Some(live) = self.executions.get_mut(id) {
-                live.decide(*id, now, &self.metrics);
+                let namespace = live.namespace.clone();
+                let held = |queue: &str| pauses.holds(&namespace, queue);
+                live.decide(*id, now, &self.metrics, &held);
             }
         }
         self.writes()
@@ -312,6 +319,7 @@ impl Coordinator {
                 }
             }
             Input::Indexed { shard, ids } => self.indexed(shard, ids),
+            Input::Pauses(pauses) => self.set_pauses(pauses),
             Input::LeaseAcquired(shard) => self.acquire(shard),
             Input::LeaseLost(shard) => self.lose(shard, now),
             Input::LeaseReleased(shard) => self.release(shard, now),

@@ -81,11 +81,23 @@ impl Coordinator {
     /// Carries out `action` on execution `id`, which is in memory and the caller may act on.
     fn on(&mut self, reply: ReplyTo, id: ExecutionId, action: Action, now: u64) {
         let write = match action {
-            Action::Pause(reason) => self
-                .control(id, EventBody::PauseRequested { reason }, now)
+            Action::Pause {
+                reason,
+                scope,
+                mode,
+            } => self
+                .control(
+                    id,
+                    EventBody::PauseRequested {
+                        reason,
+                        scope,
+                        mode,
+                    },
+                    now,
+                )
                 .map(Answer::State),
-            Action::Resume => self
-                .control(id, EventBody::ResumeRequested, now)
+            Action::Resume(scope) => self
+                .control(id, EventBody::ResumeRequested { scope }, now)
                 .map(Answer::State),
             Action::Cancel(reason) => self
                 .control(id, EventBody::CancelRequested { reason }, now)

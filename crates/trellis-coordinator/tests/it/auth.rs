@@ -140,6 +140,7 @@ async fn every_call(
                     .pause_execution(v1::PauseExecutionRequest {
                         execution_id: id.clone(),
                         reason: "intruder".to_owned(),
+                        ..Default::default()
                     })
                     .await
                     .map(drop),
@@ -152,6 +153,7 @@ async fn every_call(
                     .resume_execution(v1::ResumeExecutionRequest {
                         execution_id: id.clone(),
                         reason: String::new(),
+                        ..Default::default()
                     })
                     .await
                     .map(drop),

@@ -236,6 +236,7 @@ async fn pause_holds_dispatch_resume_continues_cancel_stops() {
     let pause = v1::PauseExecutionRequest {
         execution_id: id.clone(),
         reason: "hold on".into(),
+        ..Default::default()
     };
     cluster.client.pause_execution(pause).await.expect("pause");
     tokio::time::sleep(Duration::from_millis(800)).await;
@@ -259,6 +260,7 @@ async fn pause_holds_dispatch_resume_continues_cancel_stops() {
         .resume_execution(v1::ResumeExecutionRequest {
             execution_id: id.clone(),
             reason: String::new(),
+            ..Default::default()
         })
         .await
         .expect("resume");

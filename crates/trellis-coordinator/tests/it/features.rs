@@ -175,6 +175,7 @@ async fn an_escalation_chain_walks_retry_reassign_fallback_pause_then_abort() {
         .resume_execution(v1::ResumeExecutionRequest {
             execution_id: id.clone(),
             reason: String::new(),
+            ..Default::default()
         })
         .await
         .expect("resume");

@@ -51,6 +51,9 @@ impl Execution {
                 self.on_task_timed_out(*instance, *attempt, at)
             }
             EventBody::TaskLost { instance, attempt } => self.on_task_lost(*instance, *attempt, at),
+            EventBody::TaskPreempted { instance, attempt } => {
+                self.on_task_preempted(*instance, *attempt, at)
+            }
             EventBody::SubtasksSpawned {
                 instance,
                 attempt,
@@ -67,8 +70,12 @@ impl Execution {
                 self.on_question_answered(*question, answer, at)
             }
             EventBody::QuestionExpired { question } => self.on_question_expired(*question, at),
-            EventBody::PauseRequested { reason } => self.on_pause_requested(reason),
-            EventBody::ResumeRequested => self.on_resume_requested(),
+            EventBody::PauseRequested {
+                reason,
+                scope,
+                mode,
+            } => self.on_pause_requested(reason, scope, *mode, at),
+            EventBody::ResumeRequested { scope } => self.on_resume_requested(scope),
             EventBody::CancelRequested { reason } => self.on_cancel_requested(reason, at),
             EventBody::BudgetExhausted { reason } => self.on_budget_exhausted(reason, at),
             EventBody::ExecutionTimedOut => self.on_execution_timed_out(at),
@@ -203,6 +210,23 @@ impl Execution {
         self.end_turn(idx);
         let inst = &mut self.instances[idx as usize];
         inst.avoid_worker = inst.worker.take();
+        self.schedule_retry(idx, at);
+        Ok(Applied::Changed { stop: Vec::new() })
+    }
+
+    /// The attempt stopped at a step boundary because a pause asked it to: it runs again, with
+    /// its recorded steps, once nothing holds it; no retry of its escalation chain is used.
+    fn on_task_preempted(
+        &mut self,
+        instance: TaskInstanceId,
+        attempt: u32,
+        at: u64,
+    ) -> Result<Applied, ApplyError> {
+        let Ok(idx) = self.running_attempt(instance, attempt, "task_preempted")? else {
+            return Ok(Applied::Ignored(Ignored::Duplicate));
+        };
+        self.end_turn(idx);
+        self.instances[idx as usize].worker = None;
         self.schedule_retry(idx, at);
         Ok(Applied::Changed { stop: Vec::new() })
     }
@@ -350,6 +374,12 @@ impl Execution {
         }
         if self.state != ExecutionState::Running {
             return Err(invalid_execution(self.state, "task_dispatched"));
+        }
+        if let Some(scope) = self.held(idx) {
+            return Err(ApplyError::Held {
+                instance: inst.id,
+                scope,
+            });
         }
         if let Some(limit) = self.plan.options.max_concurrency
             && self.running >= limit

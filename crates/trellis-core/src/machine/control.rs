@@ -6,8 +6,9 @@
 use std::sync::Arc;
 
 use super::{
-    Applied, ApplyError, Execution, ExecutionState, Ignored, InstIdx, Next, Origin, Outcome,
-    ResumeContext, Slot, SlotStatus, TaskState, TimeoutAction, invalid_execution,
+    Applied, ApplyError, Execution, ExecutionState, Hold, Ignored, InstIdx, Next, Origin, Outcome,
+    PauseMode, PauseScope, ResumeContext, Slot, SlotStatus, TaskState, TimeoutAction,
+    invalid_execution,
 };
 use crate::ids::{QuestionId, TaskInstanceId, mix};
 use crate::plan::BudgetAction;
@@ -67,32 +68,87 @@ impl Execution {
         Ok(Applied::Changed { stop })
     }
 
-    pub(super) fn on_pause_requested(&mut self, reason: &str) -> Result<Applied, ApplyError> {
-        match self.state {
-            ExecutionState::Running | ExecutionState::WaitingForHuman => {}
-            ExecutionState::Paused => return Ok(Applied::Ignored(Ignored::Duplicate)),
-            state => return Err(invalid_execution(state, "pause_requested")),
+    pub(super) fn on_pause_requested(
+        &mut self,
+        reason: &str,
+        scope: &PauseScope,
+        mode: PauseMode,
+        at: u64,
+    ) -> Result<Applied, ApplyError> {
+        let hold = Hold {
+            reason: reason.to_owned(),
+            mode,
+            since_ms: at,
+        };
+        match scope {
+            PauseScope::Execution => {
+                match self.state {
+                    ExecutionState::Running | ExecutionState::WaitingForHuman => {}
+                    ExecutionState::Paused => return Ok(Applied::Ignored(Ignored::Duplicate)),
+                    state => return Err(invalid_execution(state, "pause_requested")),
+                }
+                self.state = ExecutionState::Paused;
+                self.reason = Some(reason.to_owned());
+            }
+            PauseScope::Task(task) => {
+                self.require_live("pause_requested")?;
+                if !self.plan.tasks.iter().any(|t| t.id == *task) {
+                    return Err(ApplyError::UnknownTask(task.clone()));
+                }
+                if self.holds.tasks.contains_key(task) {
+                    return Ok(Applied::Ignored(Ignored::Duplicate));
+                }
+                self.holds.tasks.insert(task.clone(), hold);
+            }
+            PauseScope::Group(group) => {
+                self.require_live("pause_requested")?;
+                if !self.group_by_id.contains_key(group) {
+                    return Err(ApplyError::UnknownGroup(*group));
+                }
+                if self.holds.groups.contains_key(group) {
+                    return Ok(Applied::Ignored(Ignored::Duplicate));
+                }
+                self.holds.groups.insert(*group, hold);
+            }
         }
-        self.state = ExecutionState::Paused;
-        self.reason = Some(reason.to_owned());
         Ok(Applied::Changed { stop: Vec::new() })
     }
 
-    pub(super) fn on_resume_requested(&mut self) -> Result<Applied, ApplyError> {
-        match self.state {
-            ExecutionState::Paused => {}
-            ExecutionState::Running | ExecutionState::WaitingForHuman => {
-                return Ok(Applied::Ignored(Ignored::Duplicate));
+    pub(super) fn on_resume_requested(
+        &mut self,
+        scope: &PauseScope,
+    ) -> Result<Applied, ApplyError> {
+        let released = match scope {
+            PauseScope::Execution => {
+                match self.state {
+                    ExecutionState::Paused => {}
+                    ExecutionState::Running | ExecutionState::WaitingForHuman => {
+                        return Ok(Applied::Ignored(Ignored::Duplicate));
+                    }
+                    state => return Err(invalid_execution(state, "resume_requested")),
+                }
+                self.reason = None;
+                self.state = if self.open_questions > 0 && self.plan.options.pause_on_human_review {
+                    ExecutionState::WaitingForHuman
+                } else {
+                    ExecutionState::Running
+                };
+                return Ok(Applied::Changed { stop: Vec::new() });
             }
-            state => return Err(invalid_execution(state, "resume_requested")),
-        }
-        self.reason = None;
-        self.state = if self.open_questions > 0 && self.plan.options.pause_on_human_review {
-            ExecutionState::WaitingForHuman
-        } else {
-            ExecutionState::Running
+            PauseScope::Task(task) => {
+                self.require_live("resume_requested")?;
+                self.holds.tasks.remove(task).is_some()
+            }
+            PauseScope::Group(group) => {
+                self.require_live("resume_requested")?;
+                self.holds.groups.remove(group).is_some()
+            }
         };
-        Ok(Applied::Changed { stop: Vec::new() })
+        Ok(if released {
+            Applied::Changed { stop: Vec::new() }
+        } else {
+            Applied::Ignored(Ignored::Duplicate)
+        })
     }
 
     pub(super) fn on_cancel_requested(
@@ -350,5 +406,6 @@ impl Execution {
         }
         self.deadlines.clear();
         self.expiries.clear();
+        self.holds = Default::default();
     }
 }

@@ -11,6 +11,13 @@ impl Execution {
     /// same commands. Dispatches respect `max_concurrency` and path locks, retries wait for their
     /// backoff, and nothing is dispatched while the execution is paused or waiting for a human.
     pub fn decide(&self, now_ms: u64) -> Vec<Command> {
+        self.decide_holding(now_ms, &|_| false)
+    }
+
+    /// [`Execution::decide`], holding back dispatches to the queues `held` names as well (a
+    /// pause of a queue, a namespace or the whole fleet, which lives outside the execution).
+    /// Plan tasks and subtask groups paused in the execution are always held back.
+    pub fn decide_holding(&self, now_ms: u64, held: &dyn Fn(&str) -> bool) -> Vec<Command> {
         let mut commands = Vec::new();
         if self.state.is_terminal() {
             return commands;
@@ -69,6 +76,9 @@ impl Execution {
         for idx in candidates {
             if free == 0 {
                 break;
+            }
+            if self.held(idx).is_some() || held(self.queue_of(&self.instances[idx as usize].work)) {
+                continue;
             }
             if let Some(lock) = self.lock_task_of(idx)
                 && !self.slots[lock].locked

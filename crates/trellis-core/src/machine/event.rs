@@ -66,12 +66,29 @@ pub enum EventBody {
         instance: TaskInstanceId,
         attempt: u32,
     },
+    /// The attempt stopped at a durable step because it was asked to (a pause in `preempt`
+    /// mode). No retry is used: the instance runs again, from its next step, once nothing holds
+    /// it.
+    TaskPreempted {
+        instance: TaskInstanceId,
+        attempt: u32,
+    },
 
     // ----- asked for by people and clients -----
+    /// Pause the execution, one of its plan tasks or one of its subtask groups: nothing in
+    /// `scope` is dispatched until the matching `ResumeRequested`. The mode says what becomes
+    /// of the attempts running then; the state machine records it, the coordinator acts on it.
     PauseRequested {
         reason: String,
+        #[serde(default)]
+        scope: PauseScope,
+        #[serde(default)]
+        mode: PauseMode,
     },
-    ResumeRequested,
+    ResumeRequested {
+        #[serde(default)]
+        scope: PauseScope,
+    },
     CancelRequested {
         reason: String,
     },
@@ -117,6 +134,22 @@ pub enum EventBody {
 }
 
 impl EventBody {
+    /// Returns a pause of the whole execution in `drain` mode.
+    pub fn pause(reason: impl Into<String>) -> Self {
+        Self::PauseRequested {
+            reason: reason.into(),
+            scope: PauseScope::Execution,
+            mode: PauseMode::Drain,
+        }
+    }
+
+    /// Returns the resume of the whole execution.
+    pub fn resume() -> Self {
+        Self::ResumeRequested {
+            scope: PauseScope::Execution,
+        }
+    }
+
     /// Returns the event's snake_case name.
     pub fn name(&self) -> &'static str {
         match self {
@@ -127,8 +160,9 @@ impl EventBody {
             Self::QuestionAsked { .. } => "question_asked",
             Self::StepCheckpointed { .. } => "step_checkpointed",
             Self::TaskLost { .. } => "task_lost",
+            Self::TaskPreempted { .. } => "task_preempted",
             Self::PauseRequested { .. } => "pause_requested",
-            Self::ResumeRequested => "resume_requested",
+            Self::ResumeRequested { .. } => "resume_requested",
             Self::CancelRequested { .. } => "cancel_requested",
             Self::QuestionAnswered { .. } => "question_answered",
             Self::TaskDispatched { .. } => "task_dispatched",
@@ -139,6 +173,53 @@ impl EventBody {
             Self::ExecutionFinished { .. } => "execution_finished",
             Self::RunStarted { .. } => "run_started",
             Self::ExecutionClaimed { .. } => "execution_claimed",
+        }
+    }
+}
+
+/// What a pause inside one execution covers.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PauseScope {
+    /// The whole execution (its state becomes `paused`).
+    #[default]
+    Execution,
+    /// Every instance of one plan task (by its id), its retries and resumptions included.
+    Task(String),
+    /// The members of one subtask group.
+    Group(GroupId),
+}
+
+impl std::fmt::Display for PauseScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Execution => f.write_str("execution"),
+            Self::Task(task) => write!(f, "task {task}"),
+            Self::Group(group) => write!(f, "group {group}"),
+        }
+    }
+}
+
+/// What a pause does to the work already running (dispatching stops in both modes).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum PauseMode {
+    /// Running attempts finish; nothing new starts.
+    #[default]
+    Drain,
+    /// Running attempts are asked to stop at their next durable step and run again, from that
+    /// step, after the resume; an attempt without steps finishes as in `drain`.
+    Preempt,
+}
+
+impl PauseMode {
+    /// Returns the snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Drain => "drain",
+            Self::Preempt => "preempt",
         }
     }
 }

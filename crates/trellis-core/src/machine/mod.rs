@@ -47,7 +47,8 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 pub use event::{
-    Command, Event, EventBody, GroupRule, Outcome, Question, SubtaskSpec, TimeoutAction, Usage,
+    Command, Event, EventBody, GroupRule, Outcome, PauseMode, PauseScope, Question, SubtaskSpec,
+    TimeoutAction, Usage,
 };
 pub use snapshot::{SNAPSHOT_FORMAT_VERSION, SnapshotError};
 pub use types::{
@@ -180,6 +181,22 @@ pub struct AskedQuestion<'a> {
     pub asked_at_ms: u64,
 }
 
+/// A pause of a plan task or a subtask group, as [`Execution::holds`] lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hold {
+    pub reason: String,
+    pub mode: PauseMode,
+    pub since_ms: u64,
+}
+
+/// The plan tasks and subtask groups paused on their own; the execution's own pause is its
+/// state.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Holds {
+    tasks: BTreeMap<String, Hold>,
+    groups: BTreeMap<GroupId, Hold>,
+}
+
 /// The live state of one execution.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Execution {
@@ -215,6 +232,7 @@ pub struct Execution {
     usage: Usage,
     budget_tripped: bool,
     settled_units: u64,
+    holds: Holds,
     /// Instances whose record changed since [`Execution::take_changed_records`] last ran.
     changed: Changed,
 }
@@ -283,6 +301,7 @@ impl Execution {
             usage: Usage::default(),
             budget_tripped: false,
             settled_units: 0,
+            holds: Holds::default(),
             changed: Changed::default(),
         };
         let mut fallback_only = Vec::new();
@@ -428,6 +447,86 @@ impl Execution {
             let parent = self.instances[g.parent as usize].id;
             (g.id, parent, g.settled, g.abandoned)
         })
+    }
+
+    /// Returns the plan tasks and subtask groups paused on their own, with why and how.
+    pub fn holds(&self) -> impl Iterator<Item = (PauseScope, &Hold)> + '_ {
+        let tasks = self
+            .holds
+            .tasks
+            .iter()
+            .map(|(task, hold)| (PauseScope::Task(task.clone()), hold));
+        let groups = self
+            .holds
+            .groups
+            .iter()
+            .map(|(group, hold)| (PauseScope::Group(*group), hold));
+        tasks.chain(groups)
+    }
+
+    /// Returns the running instances a pause of `scope` covers, with their attempts: those a
+    /// pause in `preempt` mode asks to stop.
+    pub fn running_in(&self, scope: &PauseScope) -> Vec<(TaskInstanceId, u32)> {
+        self.instances
+            .iter()
+            .enumerate()
+            .filter(|(idx, inst)| {
+                inst.state == TaskState::Running && self.in_scope(*idx as InstIdx, scope)
+            })
+            .map(|(_, inst)| (inst.id, inst.attempt))
+            .collect()
+    }
+
+    /// Returns the running instances whose queue `held` names, with their attempts.
+    pub fn running_on(&self, held: &dyn Fn(&str) -> bool) -> Vec<(TaskInstanceId, u32)> {
+        self.instances
+            .iter()
+            .filter(|inst| inst.state == TaskState::Running && held(self.queue_of(&inst.work)))
+            .map(|inst| (inst.id, inst.attempt))
+            .collect()
+    }
+
+    /// Returns true when a pause of `scope` covers the instance: the execution covers all; a
+    /// task, the instances of its chain; a group, the chains of its members.
+    fn in_scope(&self, idx: InstIdx, scope: &PauseScope) -> bool {
+        let head = &self.instances[self.instances[idx as usize].head as usize];
+        match scope {
+            PauseScope::Execution => true,
+            PauseScope::Task(task) => {
+                matches!(head.work, Work::Plan(t) if self.plan.tasks[t].id == *task)
+            }
+            PauseScope::Group(group) => {
+                matches!(head.origin, Origin::Member { group: g } if self.groups[g as usize].id == *group)
+            }
+        }
+    }
+
+    /// Returns the pause of a task or group that holds the instance, if one does.
+    fn held(&self, idx: InstIdx) -> Option<PauseScope> {
+        if self.holds.tasks.is_empty() && self.holds.groups.is_empty() {
+            return None;
+        }
+        let head = &self.instances[self.instances[idx as usize].head as usize];
+        if let Work::Plan(t) = head.work
+            && self.holds.tasks.contains_key(&self.plan.tasks[t].id)
+        {
+            return Some(PauseScope::Task(self.plan.tasks[t].id.clone()));
+        }
+        if let Origin::Member { group } = head.origin {
+            let id = self.groups[group as usize].id;
+            if self.holds.groups.contains_key(&id) {
+                return Some(PauseScope::Group(id));
+            }
+        }
+        None
+    }
+
+    /// Returns the queue an instance's work is published on.
+    fn queue_of<'a>(&'a self, work: &'a Work) -> &'a str {
+        match work {
+            Work::Plan(task_idx) => self.plan.tasks[*task_idx].queue.as_str(),
+            Work::Dynamic(spec) => spec.queue.as_deref().unwrap_or(&spec.task_type),
+        }
     }
 
     /// Returns the plan task whose path lock an instance's chain needs: the plan task its chain

@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use super::{
-    Changed, Execution, ExecutionState, Group, InstIdx, Instance, Next, OpenQuestion, Origin, Slot,
-    Usage, Work, waves_of,
+    Changed, Execution, ExecutionState, Group, Holds, InstIdx, Instance, Next, OpenQuestion,
+    Origin, Slot, Usage, Work, waves_of,
 };
 use crate::ids::{ExecutionId, QuestionId};
 use crate::plan::{Plan, TaskIdx};
@@ -65,6 +65,7 @@ struct Borrowed<'a> {
     usage: Usage,
     budget_tripped: bool,
     settled_units: u64,
+    holds: &'a Holds,
 }
 
 /// The same fields, owned for reading.
@@ -96,6 +97,9 @@ struct Owned {
     usage: Usage,
     budget_tripped: bool,
     settled_units: u64,
+    /// Added after format 1 was fixed: older snapshots end before it and hold nothing.
+    #[serde(default)]
+    holds: Holds,
 }
 
 impl Execution {
@@ -127,6 +131,7 @@ impl Execution {
             usage: self.usage,
             budget_tripped: self.budget_tripped,
             settled_units: self.settled_units,
+            holds: &self.holds,
         };
         // Encoding into a Vec cannot fail: every field is a plain value, map keys included.
         rmp_serde::to_vec(&borrowed).unwrap_or_default()
@@ -192,6 +197,7 @@ impl Execution {
             usage: owned.usage,
             budget_tripped: owned.budget_tripped,
             settled_units: owned.settled_units,
+            holds: owned.holds,
             changed: Changed::default(),
         })
     }

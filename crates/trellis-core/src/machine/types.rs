@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use super::event::{GroupRule, Outcome};
+use super::event::{GroupRule, Outcome, PauseScope};
 use crate::ids::{GroupId, QuestionId, TaskInstanceId, WorkerId};
 use crate::record::TaskState;
 
@@ -79,6 +79,15 @@ pub enum ApplyError {
     UnknownInstance(TaskInstanceId),
     #[error("unknown question {0}")]
     UnknownQuestion(QuestionId),
+    #[error("the plan has no task {0:?}")]
+    UnknownTask(String),
+    #[error("the execution has no subtask group {0}")]
+    UnknownGroup(GroupId),
+    #[error("task instance {instance} is held by the pause of its {scope}")]
+    Held {
+        instance: TaskInstanceId,
+        scope: PauseScope,
+    },
     #[error("task instance {instance} has no attempt {attempt} (current attempt is {current})")]
     AttemptNotDispatched {
         instance: TaskInstanceId,

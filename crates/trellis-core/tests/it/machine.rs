@@ -2,8 +2,8 @@
 
 use trellis_core::ids::{GroupId, QuestionId, TaskInstanceId, WorkerId};
 use trellis_core::machine::{
-    Applied, ApplyError, EventBody, ExecutionState, GroupRule, Ignored, Question, ResumeContext,
-    SubtaskSpec, TimeoutAction, Usage,
+    Applied, ApplyError, EventBody, ExecutionState, GroupRule, Ignored, PauseMode, PauseScope,
+    Question, ResumeContext, SubtaskSpec, TimeoutAction, Usage,
 };
 use trellis_core::policy::{Backoff, BackoffKind, FailureAction};
 use trellis_core::record::TaskState;
@@ -455,7 +455,7 @@ fn escalation_chain_walks_retry_reassign_fallback_pause_abort() {
         sim.exec.reason()
     );
     assert_eq!(sim.decide(), 0, "nothing dispatches while paused");
-    sim.apply(EventBody::ResumeRequested).expect("resume");
+    sim.apply(EventBody::resume()).expect("resume");
     sim.decide();
     fail(&mut sim, fallback, true);
     assert_eq!(sim.exec.state(), ExecutionState::Failed, "then abort");
@@ -538,10 +538,7 @@ fn pause_holds_dispatch_resume_continues_cancel_stops_running() {
         .build();
     let mut sim = Sim::new(plan);
     sim.decide();
-    sim.apply(EventBody::PauseRequested {
-        reason: "lunch".into(),
-    })
-    .expect("pause");
+    sim.apply(EventBody::pause("lunch")).expect("pause");
     let a = running(&sim)
         .into_iter()
         .find(|i| task_of(&sim, *i) == "a")
@@ -549,12 +546,10 @@ fn pause_holds_dispatch_resume_continues_cancel_stops_running() {
     complete(&mut sim, a);
     assert_eq!(sim.decide(), 0, "paused: b waits");
     assert_eq!(
-        sim.apply(EventBody::PauseRequested {
-            reason: "again".into()
-        }),
+        sim.apply(EventBody::pause("again")),
         Ok(Applied::Ignored(Ignored::Duplicate))
     );
-    sim.apply(EventBody::ResumeRequested).expect("resume");
+    sim.apply(EventBody::resume()).expect("resume");
     assert_eq!(sim.decide(), 1);
     let stopped = sim
         .apply(EventBody::CancelRequested {
@@ -566,7 +561,7 @@ fn pause_holds_dispatch_resume_continues_cancel_stops_running() {
     };
     assert_eq!(stop.len(), 2, "b and c were running");
     assert_eq!(sim.exec.state(), ExecutionState::Cancelled);
-    let refused = sim.apply(EventBody::ResumeRequested);
+    let refused = sim.apply(EventBody::resume());
     assert!(matches!(
         refused,
         Err(ApplyError::InvalidExecutionTransition { .. })
@@ -759,4 +754,172 @@ fn a_failed_task_skips_its_dependents_with_continue_on_partial_failure() {
         Some(TaskState::Completed),
         "independent work went on"
     );
+}
+
+fn running_task(sim: &Sim, task: &str) -> Option<TaskInstanceId> {
+    running(sim).into_iter().find(|i| task_of(sim, *i) == task)
+}
+
+#[test]
+fn a_paused_task_is_held_while_the_rest_runs_and_resumes_on_its_own() {
+    let plan = PlanBuilder::new()
+        .task("a", &[])
+        .task("b", &["a"])
+        .task("c", &[])
+        .build();
+    let mut sim = Sim::new(plan);
+    let hold = |task: &str| EventBody::PauseRequested {
+        reason: "flaky".into(),
+        scope: PauseScope::Task(task.into()),
+        mode: PauseMode::Drain,
+    };
+    sim.apply(hold("b")).expect("pause b");
+    assert_eq!(
+        sim.apply(hold("b")),
+        Ok(Applied::Ignored(Ignored::Duplicate))
+    );
+    assert_eq!(
+        sim.apply(hold("nope")),
+        Err(ApplyError::UnknownTask("nope".into()))
+    );
+    assert_eq!(sim.decide(), 2, "a and c start");
+    let a = running_task(&sim, "a").expect("a runs");
+    complete(&mut sim, a);
+    assert_eq!(sim.decide(), 0, "b is ready but held");
+    assert_eq!(sim.exec.state(), ExecutionState::Running);
+    let holds: Vec<_> = sim.exec.holds().map(|(scope, _)| scope).collect();
+    assert_eq!(holds, vec![PauseScope::Task("b".into())]);
+    // A dispatch of a held instance is refused, whoever decided it.
+    let b = sim
+        .exec
+        .instances_in(TaskState::Queued)
+        .next()
+        .expect("b queued");
+    assert!(matches!(
+        sim.apply(EventBody::TaskDispatched {
+            instance: b,
+            attempt: 1
+        }),
+        Err(ApplyError::Held { .. })
+    ));
+    sim.apply(EventBody::ResumeRequested {
+        scope: PauseScope::Task("b".into()),
+    })
+    .expect("resume b");
+    assert_eq!(sim.decide(), 1, "b starts");
+    assert_eq!(sim.replay(), sim.exec, "the log rebuilds the holds");
+}
+
+#[test]
+fn a_paused_group_holds_its_members_only() {
+    let plan = PlanBuilder::new().task("p", &[]).task("q", &[]).build();
+    let mut sim = Sim::new(plan);
+    sim.decide();
+    let p = running_task(&sim, "p").expect("p runs");
+    let group = spawn(&mut sim, p, 3, GroupRule::AllSettled, 11);
+    sim.apply(EventBody::PauseRequested {
+        reason: "rate limit".into(),
+        scope: PauseScope::Group(group),
+        mode: PauseMode::Drain,
+    })
+    .expect("pause group");
+    assert_eq!(sim.decide(), 0, "no member starts");
+    assert_eq!(running(&sim).len(), 1, "q still runs");
+    let unknown = GroupId::derived(sim.now, 99);
+    assert_eq!(
+        sim.apply(EventBody::PauseRequested {
+            reason: String::new(),
+            scope: PauseScope::Group(unknown),
+            mode: PauseMode::Drain,
+        }),
+        Err(ApplyError::UnknownGroup(unknown))
+    );
+    sim.apply(EventBody::ResumeRequested {
+        scope: PauseScope::Group(group),
+    })
+    .expect("resume group");
+    assert_eq!(sim.decide(), 3, "the members start");
+}
+
+#[test]
+fn a_preempted_attempt_runs_again_with_its_steps_and_uses_no_retry() {
+    // No retries at all: a preemption counted as a failure would fail the task.
+    let plan = PlanBuilder::new()
+        .task("long", &[])
+        .edit("long", |t| t.on_failure = chain(vec![]))
+        .build();
+    let mut sim = Sim::new(plan);
+    sim.decide();
+    let long = running_task(&sim, "long").expect("long runs");
+    sim.apply(EventBody::StepCheckpointed {
+        instance: long,
+        attempt: 1,
+        step: "one".into(),
+        state: serde_json::json!({"n": 1}),
+    })
+    .expect("step");
+    let scope = PauseScope::Task("long".into());
+    sim.apply(EventBody::PauseRequested {
+        reason: "deploy".into(),
+        scope: scope.clone(),
+        mode: PauseMode::Preempt,
+    })
+    .expect("pause");
+    assert_eq!(sim.exec.running_in(&scope), vec![(long, 1)]);
+    assert_eq!(
+        sim.exec.running_in(&PauseScope::Task("other".into())),
+        vec![]
+    );
+    sim.apply(EventBody::TaskPreempted {
+        instance: long,
+        attempt: 1,
+    })
+    .expect("preempted");
+    assert_eq!(
+        sim.exec.instance_state(long),
+        Some(TaskState::RetryScheduled)
+    );
+    assert_eq!(sim.decide(), 0, "held while paused");
+    sim.apply(EventBody::ResumeRequested { scope })
+        .expect("resume");
+    assert_eq!(sim.decide(), 1);
+    let assignment = sim.exec.assignment(long).expect("assigned");
+    assert_eq!(assignment.attempt, 2);
+    assert_eq!(assignment.steps.len(), 1, "the recorded step goes along");
+    complete(&mut sim, long);
+    sim.decide();
+    assert_eq!(sim.exec.state(), ExecutionState::Completed);
+}
+
+#[test]
+fn decide_holding_holds_back_the_queues_it_names() {
+    let plan = PlanBuilder::new()
+        .task("cpu", &[])
+        .task("gpu", &[])
+        .edit("gpu", |t| t.queue = "gpu".into())
+        .build();
+    let sim = Sim::new(plan);
+    let commands = sim.exec.decide_holding(sim.now, &|queue| queue == "gpu");
+    assert_eq!(commands.len(), 1, "{commands:?}");
+    assert_eq!(sim.exec.decide_holding(sim.now, &|_| true).len(), 0);
+    assert_eq!(sim.exec.decide(sim.now).len(), 2);
+}
+
+#[test]
+fn holds_survive_a_snapshot() {
+    let plan = PlanBuilder::new().task("a", &[]).task("b", &[]).build();
+    let mut sim = Sim::new(plan);
+    sim.apply(EventBody::PauseRequested {
+        reason: "why".into(),
+        scope: PauseScope::Task("a".into()),
+        mode: PauseMode::Preempt,
+    })
+    .expect("pause");
+    let restored = trellis_core::machine::Execution::restore(
+        std::sync::Arc::clone(sim.exec.plan()),
+        &sim.exec.snapshot(),
+    )
+    .expect("restore");
+    assert_eq!(restored, sim.exec);
+    assert_eq!(restored.decide(sim.now).len(), 1, "only b starts");
 }

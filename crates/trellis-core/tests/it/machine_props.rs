@@ -8,8 +8,8 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use trellis_core::ids::{GroupId, QuestionId, TaskInstanceId, WorkerId};
 use trellis_core::machine::{
-    Applied, EventBody, Execution, ExecutionState, GroupRule, Question, SubtaskSpec, TimeoutAction,
-    Usage,
+    Applied, EventBody, Execution, ExecutionState, GroupRule, PauseMode, PauseScope, Question,
+    SubtaskSpec, TimeoutAction, Usage,
 };
 use trellis_core::plan::{Plan, PlanOptions, TaskIdx};
 use trellis_core::policy::{Backoff, BackoffKind, FailureAction, FailurePolicy};
@@ -130,6 +130,10 @@ enum Op {
     Pause,
     Resume,
     Cancel,
+    /// Pause plan task `t<i % 10>` on its own, in preempt mode or not.
+    Hold(u8, bool),
+    Release(u8),
+    Preempted(u16),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -146,6 +150,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Pause),
         2 => Just(Op::Resume),
         1 => Just(Op::Cancel),
+        1 => (any::<u8>(), any::<bool>()).prop_map(|(i, p)| Op::Hold(i, p)),
+        2 => any::<u8>().prop_map(Op::Release),
+        1 => any::<u16>().prop_map(Op::Preempted),
     ]
 }
 
@@ -331,17 +338,36 @@ impl Harness {
                 }
             }
             Op::Pause => {
-                let _ = self.sim.apply(EventBody::PauseRequested {
-                    reason: "test".into(),
-                });
+                let _ = self.sim.apply(EventBody::pause("test"));
             }
             Op::Resume => {
-                let _ = self.sim.apply(EventBody::ResumeRequested);
+                let _ = self.sim.apply(EventBody::resume());
             }
             Op::Cancel => {
                 let _ = self.sim.apply(EventBody::CancelRequested {
                     reason: "test".into(),
                 });
+            }
+            Op::Hold(i, preempt) => {
+                let _ = self.sim.apply(EventBody::PauseRequested {
+                    reason: "test".into(),
+                    scope: PauseScope::Task(format!("t{}", i % 10)),
+                    mode: if preempt {
+                        PauseMode::Preempt
+                    } else {
+                        PauseMode::Drain
+                    },
+                });
+            }
+            Op::Release(i) => {
+                let _ = self.sim.apply(EventBody::ResumeRequested {
+                    scope: PauseScope::Task(format!("t{}", i % 10)),
+                });
+            }
+            Op::Preempted(i) => {
+                if let Some((instance, attempt)) = self.pick(i) {
+                    self.result(EventBody::TaskPreempted { instance, attempt });
+                }
             }
         }
         self.check_invariants();
@@ -396,7 +422,11 @@ impl Harness {
             if self.sim.exec.state().is_terminal() {
                 return;
             }
-            let _ = self.sim.apply(EventBody::ResumeRequested);
+            let _ = self.sim.apply(EventBody::resume());
+            let held: Vec<PauseScope> = self.sim.exec.holds().map(|(scope, _)| scope).collect();
+            for scope in held {
+                let _ = self.sim.apply(EventBody::ResumeRequested { scope });
+            }
             for question in self.questions.clone() {
                 let _ = self.sim.apply(EventBody::QuestionAnswered {
                     question,

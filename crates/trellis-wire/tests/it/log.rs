@@ -8,7 +8,8 @@ use prost::Message;
 use serde_json::{Value, json};
 use trellis_core::ids::{ExecutionId, WorkerId};
 use trellis_core::machine::{
-    Event, EventBody, GroupRule, Outcome, Question, SubtaskSpec, TimeoutAction, Usage,
+    Event, EventBody, GroupRule, Outcome, PauseMode, PauseScope, Question, SubtaskSpec,
+    TimeoutAction, Usage,
 };
 use trellis_core::plan::{Limits, compile_str};
 use trellis_proto::v1;
@@ -42,8 +43,9 @@ fn variant(body: &EventBody) -> &'static str {
         EventBody::QuestionAsked { .. } => "question_asked",
         EventBody::StepCheckpointed { .. } => "step_checkpointed",
         EventBody::TaskLost { .. } => "task_lost",
+        EventBody::TaskPreempted { .. } => "task_preempted",
         EventBody::PauseRequested { .. } => "pause_requested",
-        EventBody::ResumeRequested => "resume_requested",
+        EventBody::ResumeRequested { .. } => "resume_requested",
         EventBody::CancelRequested { .. } => "cancel_requested",
         EventBody::QuestionAnswered { .. } => "question_answered",
         EventBody::TaskDispatched { .. } => "task_dispatched",
@@ -146,10 +148,20 @@ fn examples() -> Vec<EventBody> {
             instance,
             attempt: 4,
         },
-        EventBody::PauseRequested {
-            reason: "paused by alice".to_owned(),
+        EventBody::pause("paused by alice".to_owned()),
+        EventBody::resume(),
+        EventBody::TaskPreempted {
+            instance,
+            attempt: 2,
         },
-        EventBody::ResumeRequested,
+        EventBody::PauseRequested {
+            reason: "gpu upgrade".to_owned(),
+            scope: PauseScope::Task("build".to_owned()),
+            mode: PauseMode::Preempt,
+        },
+        EventBody::ResumeRequested {
+            scope: PauseScope::Group(group_id(5)),
+        },
         EventBody::CancelRequested {
             reason: String::new(),
         },
@@ -193,7 +205,7 @@ fn every_event_variant_round_trips() {
     for at_ms in [0, i64::MAX as u64] {
         check_event_round_trip(&Event {
             at_ms,
-            body: EventBody::ResumeRequested,
+            body: EventBody::resume(),
         });
     }
 }
@@ -338,7 +350,7 @@ fn malformed_events_are_precise_errors() {
         v1::Event {
             execution_id: String::new(),
             ..envelope(Some(v1::event::Kind::ResumeRequested(
-                v1::ResumeRequested {},
+                v1::ResumeRequested::default(),
             )))
         },
         "event.execution_id: missing",
@@ -347,7 +359,7 @@ fn malformed_events_are_precise_errors() {
         v1::Event {
             timestamp_unix_ms: -1,
             ..envelope(Some(v1::event::Kind::ResumeRequested(
-                v1::ResumeRequested {},
+                v1::ResumeRequested::default(),
             )))
         },
         "event.timestamp_unix_ms: negative instant -1",
@@ -407,7 +419,7 @@ fn malformed_batches_are_precise_errors() {
     );
     let resume = || {
         envelope(Some(v1::event::Kind::ResumeRequested(
-            v1::ResumeRequested {},
+            v1::ResumeRequested::default(),
         )))
     };
     check(
@@ -475,5 +487,17 @@ fn malformed_batches_are_precise_errors() {
     assert_eq!(
         decode_event_batch(&last.encode_to_vec()).map(|batch| batch.first_sequence),
         Ok(u64::MAX)
+    );
+}
+
+#[test]
+fn a_pause_naming_both_a_task_and_a_group_is_refused_with_the_field() {
+    check_event_error(
+        envelope(Some(v1::event::Kind::PauseRequested(v1::PauseRequested {
+            task_id: "build".to_owned(),
+            group_id: "0190a5c4-7d1e-7000-8000-000000000001".to_owned(),
+            ..v1::PauseRequested::default()
+        }))),
+        "event.pause_requested: names both a task and a group; a pause covers one of them",
     );
 }

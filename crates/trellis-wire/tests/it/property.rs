@@ -6,7 +6,8 @@ use prost::Message;
 use serde_json::Value;
 use trellis_core::ids::{GroupId, QuestionId, TaskInstanceId, WorkerId};
 use trellis_core::machine::{
-    Event, EventBody, GroupRule, Outcome, Question, SubtaskSpec, TimeoutAction, Usage,
+    Event, EventBody, GroupRule, Outcome, PauseMode, PauseScope, Question, SubtaskSpec,
+    TimeoutAction, Usage,
 };
 use trellis_proto::v1;
 use trellis_wire::log::{LogEntry, decode_event_batch, event_batch_to_proto, event_from_proto};
@@ -42,6 +43,14 @@ fn arb_instance() -> impl Strategy<Value = TaskInstanceId> {
 
 fn arb_group() -> impl Strategy<Value = GroupId> {
     any::<(u64, u128)>().prop_map(|(ms, seed)| GroupId::derived(ms >> 16, seed))
+}
+
+fn arb_scope() -> impl Strategy<Value = PauseScope> {
+    prop_oneof![
+        Just(PauseScope::Execution),
+        "[a-z][a-z0-9-]{0,12}".prop_map(PauseScope::Task),
+        arb_group().prop_map(PauseScope::Group),
+    ]
 }
 
 fn arb_question_id() -> impl Strategy<Value = QuestionId> {
@@ -183,8 +192,20 @@ fn arb_worker_body() -> impl Strategy<Value = EventBody> {
 fn arb_other_body() -> impl Strategy<Value = EventBody> {
     let attempt = any::<u32>();
     prop_oneof![
-        any::<String>().prop_map(|reason| EventBody::PauseRequested { reason }),
-        Just(EventBody::ResumeRequested),
+        (any::<String>(), arb_scope(), any::<bool>()).prop_map(|(reason, scope, preempt)| {
+            EventBody::PauseRequested {
+                reason,
+                scope,
+                mode: if preempt {
+                    PauseMode::Preempt
+                } else {
+                    PauseMode::Drain
+                },
+            }
+        }),
+        arb_scope().prop_map(|scope| EventBody::ResumeRequested { scope }),
+        (arb_instance(), attempt)
+            .prop_map(|(instance, attempt)| EventBody::TaskPreempted { instance, attempt }),
         any::<String>().prop_map(|reason| EventBody::CancelRequested { reason }),
         (arb_question_id(), any::<String>())
             .prop_map(|(question, answer)| EventBody::QuestionAnswered { question, answer }),
