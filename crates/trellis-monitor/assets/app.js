@@ -730,6 +730,7 @@
         created: dd('execution-created'),
         questions: dd('execution-questions'),
         reason: h('div', { id: 'execution-reason', class: 'reason', hidden: true }),
+        holds: h('div', { id: 'execution-holds', class: 'holds', hidden: true }),
         counts: h('div', { id: 'execution-counts', class: 'chips' }),
         labels: h('div', { id: 'execution-labels', class: 'chips', style: 'margin-top:6px' }),
       };
@@ -745,7 +746,7 @@
           fact('Done', this.f.done), fact('ETA', this.f.eta), fact('Run', this.f.run),
           fact('Wave', this.f.wave), fact('Duration', this.f.duration),
           fact('Created', this.f.created), fact('Open questions', this.f.questions)),
-        this.f.reason, this.f.counts, this.f.labels,
+        this.f.reason, this.f.holds, this.f.counts, this.f.labels,
         this.controls.el);
     }
 
@@ -2245,6 +2246,7 @@
         banner.clear('execution');
         if (data.execution) this.setExecution(data.execution);
         this.questions.render(Array.isArray(data.questions) ? data.questions : []);
+        this.renderHolds(Array.isArray(data.holds) ? data.holds : []);
         // a retried or resumed execution runs again: follow it
         if (data.execution && !TERMINAL_EXEC.has(data.execution.state) && this.finished) this.reviveLive();
       } catch (err) {
@@ -2256,6 +2258,14 @@
           this.header.setLive('not found');
         }
       }
+    }
+
+    /** Shows the tasks and groups of this execution paused on their own, with why and how. */
+    renderHolds(holds) {
+      const el = this.header.f.holds;
+      el.hidden = holds.length === 0;
+      el.replaceChildren(...holds.map((hold) => h('div', { class: 'hold' },
+        `Paused: ${hold.scope} (${hold.mode}) since ${fmtDateTime(hold.since_ms)}${hold.reason ? ` — ${hold.reason}` : ''}`)));
     }
 
     async loadPlan() {
@@ -2607,8 +2617,26 @@
     }
   }
 
+  /** Keeps the strip of queue, namespace and fleet pauses under the top bar current. */
+  async function watchPauses() {
+    const el = document.getElementById('pauses');
+    for (;;) {
+      try {
+        const data = await api('/api/pauses');
+        const pauses = Array.isArray(data.pauses) ? data.pauses : [];
+        el.hidden = pauses.length === 0;
+        el.replaceChildren(...pauses.map((p) => h('div', { class: 'pause' },
+          `Paused: ${p.target} (${p.mode}) since ${fmtDateTime(p.since_ms)}${p.by ? ` by ${p.by}` : ''}${p.reason ? ` — ${p.reason}` : ''}`)));
+      } catch (err) {
+        // The banner already reports an unreachable monitor; the strip keeps its last content.
+      }
+      await new Promise((resolve) => setTimeout(resolve, 5000));
+    }
+  }
+
   adoptTokenFromUrl();
   setupToken();
+  watchPauses();
   window.addEventListener('hashchange', navigate);
   navigate();
   loadConfig();

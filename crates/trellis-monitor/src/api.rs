@@ -219,6 +219,7 @@ pub fn router(app: App) -> Router {
         .route("/api/executions/{id}/live", get(live))
         .route("/api/workers", get(workers))
         .route("/api/cluster", get(cluster))
+        .route("/api/pauses", get(pauses))
         .route("/api/executions/{id}/{action}", post(control))
         .route(
             "/api/executions/{id}/questions/{question}/answer",
@@ -342,10 +343,69 @@ async fn get_execution(
         .iter()
         .map(QuestionView::from_proto)
         .collect();
+    let holds: Vec<Value> = execution
+        .holds
+        .iter()
+        .map(|hold| {
+            let scope = if hold.task_id.is_empty() {
+                format!("group {}", hold.group_id)
+            } else {
+                format!("task {}", hold.task_id)
+            };
+            json!({
+                "scope": scope,
+                "task_id": hold.task_id,
+                "group_id": hold.group_id,
+                "mode": pause_mode_name(hold.mode),
+                "reason": hold.reason,
+                "since_ms": hold.since_unix_ms,
+            })
+        })
+        .collect();
     Ok(json(&json!({
         "execution": ExecutionView::from_proto(&execution),
         "questions": questions,
+        "holds": holds,
     })))
+}
+
+/// The snake_case name of a wire pause mode.
+fn pause_mode_name(mode: i32) -> &'static str {
+    match v1::PauseMode::try_from(mode) {
+        Ok(v1::PauseMode::Preempt) => "preempt",
+        _ => "drain",
+    }
+}
+
+/// The pauses of queues, namespaces and the fleet in force: what holds work back and why.
+async fn pauses(State(mut app): State<App>, caller: Caller) -> ApiResult {
+    use v1::pause_target::Target;
+    let response = app
+        .coordinator
+        .list_pauses(caller.request(v1::ListPausesRequest {})?)
+        .await?
+        .into_inner();
+    let pauses: Vec<Value> = response
+        .pauses
+        .iter()
+        .map(|pause| {
+            let (kind, name, target) = match pause.target.as_ref().and_then(|t| t.target.as_ref()) {
+                Some(Target::Queue(queue)) => ("queue", queue.clone(), format!("queue {queue}")),
+                Some(Target::Namespace(ns)) => ("namespace", ns.clone(), format!("namespace {ns}")),
+                Some(Target::All(_)) | None => ("all", String::new(), "the whole fleet".to_owned()),
+            };
+            json!({
+                "kind": kind,
+                "name": name,
+                "target": target,
+                "mode": pause_mode_name(pause.mode),
+                "reason": pause.reason,
+                "since_ms": pause.since_unix_ms,
+                "by": pause.by,
+            })
+        })
+        .collect();
+    Ok(json(&json!({ "pauses": pauses })))
 }
 
 /// The live projection of execution `id`, once the caller may see it.

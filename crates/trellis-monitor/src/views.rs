@@ -450,6 +450,7 @@ impl WorkerView {
             Ok(v1::WorkerState::Spawning) => "spawning",
             Ok(v1::WorkerState::Idle) => "idle",
             Ok(v1::WorkerState::Running) => "running",
+            Ok(v1::WorkerState::Draining) => "draining",
             Ok(v1::WorkerState::Terminated) => "terminated",
             _ => "unknown",
         };

@@ -4,6 +4,7 @@
 
 mod faults;
 mod harness;
+mod pause;
 mod reads;
 mod secrets;
 mod system;

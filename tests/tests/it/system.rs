@@ -188,7 +188,7 @@ impl System {
                 )
                 .flag("--nats-url", nats.url())
                 .flag("--worker-id", worker_id.as_str())
-                .flag("--queues", "fanout,sleep,noop")
+                .flag("--queues", "fanout,sleep,noop,steps")
                 .flag("--slots", WORKER_SLOTS.to_string())
                 .flag("--shards", options.shards.to_string()),
                 logs.path(),

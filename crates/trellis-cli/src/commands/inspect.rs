@@ -345,6 +345,13 @@ fn execution_json(execution: &Execution) -> Value {
         "last_sequence": execution.last_sequence,
         "labels": execution.labels,
         "open_questions": questions,
+        "holds": execution.holds.iter().map(|hold| json!({
+            "task_id": hold.task_id,
+            "group_id": hold.group_id,
+            "mode": crate::render::events::pause_mode_name(hold.mode),
+            "reason": hold.reason,
+            "since_unix_ms": hold.since_unix_ms,
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -398,6 +405,33 @@ fn status_text(execution: &Execution) -> String {
             .collect();
         labels.sort();
         lines.push(("labels", labels.join(" ")));
+    }
+    for hold in &execution.holds {
+        let part = if hold.task_id.is_empty() {
+            format!("group {}", hold.group_id)
+        } else {
+            format!("task {}", hold.task_id)
+        };
+        lines.push((
+            "paused",
+            format!(
+                "{part} ({}) since {}: {}; resume: trellis resume --{} {} {}",
+                crate::render::events::pause_mode_name(hold.mode),
+                render::format_time(hold.since_unix_ms),
+                hold.reason,
+                if hold.task_id.is_empty() {
+                    "group"
+                } else {
+                    "task"
+                },
+                if hold.task_id.is_empty() {
+                    &hold.group_id
+                } else {
+                    &hold.task_id
+                },
+                execution.execution_id
+            ),
+        ));
     }
     let mut res = String::new();
     for (field, value) in lines {
