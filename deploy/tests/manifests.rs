@@ -2651,11 +2651,11 @@ fn settings_that_must_agree_are_reported() {
                     kind_of(doc) == "ConfigMap" && name_of(doc).starts_with("trellis-agent-worker-")
                 })
                 .expect("the worker's ConfigMap");
-            set(map, "/data/TRELLIS_SHUTDOWN_GRACE_MS", json!("60000"));
+            set(map, "/data/TRELLIS_SHUTDOWN_GRACE_MS", json!("700000"));
         },
         &[
             "Deployment/trellis-agent-worker",
-            "terminationGracePeriodSeconds (45 s) must be longer",
+            "terminationGracePeriodSeconds (600 s) must be longer",
         ],
     );
     assert_reported(

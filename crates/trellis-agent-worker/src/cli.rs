@@ -22,7 +22,8 @@ const DEFAULT_ADMIN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
     after_help = "Examples:\n  \
         trellis-agent-worker                                  # every built-in queue, 16 slots\n  \
         trellis-agent-worker --queues shell,http --slots 4 --admin-addr 0.0.0.0:9090\n  \
-        TRELLIS_NATS_URL=tls://nats:4222 TRELLIS_NATS_CREDS=/etc/trellis/nats.creds trellis-agent-worker"
+        TRELLIS_NATS_URL=tls://nats:4222 TRELLIS_NATS_CREDS=/etc/trellis/nats.creds trellis-agent-worker\n  \
+        trellis-agent-worker --drain --worker-id worker-7    # drain worker-7, wait until it exits"
 )]
 struct Args {
     #[command(flatten)]
@@ -42,6 +43,11 @@ struct Args {
     /// Milliseconds running handlers get to finish on shutdown.
     #[arg(long, env = "TRELLIS_SHUTDOWN_GRACE_MS")]
     shutdown_grace_ms: Option<u64>,
+    /// Run no worker: ask the worker named by --worker-id (another process, e.g. this pod's own
+    /// worker from a Kubernetes preStop hook) to drain, and return once it has exited. It takes
+    /// no new task and finishes the running ones however long they take.
+    #[arg(long, requires = "worker_id")]
+    drain: bool,
     #[command(flatten)]
     telemetry: trellis_telemetry::Args,
 }
@@ -72,6 +78,11 @@ async fn main_async(args: Args) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    if args.drain {
+        let worker_id = args.worker_id.unwrap_or_default();
+        let outcome = crate::drain::drain_and_wait(&nats, &worker_id).await;
+        return trellis_telemetry::exit_code("trellis-agent-worker", outcome);
+    }
     let defaults = Config::default();
     let config = Config {
         nats,

@@ -35,6 +35,7 @@
 mod builtins;
 mod cli;
 mod config;
+mod drain;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;

@@ -523,6 +523,26 @@ async fn a_drained_worker_finishes_its_tasks_takes_nothing_new_and_exits() -> an
                     |e| e.state == v1::ExecutionState::Completed as i32,
                 )
                 .await?;
+            // The preStop form: `trellis-agent-worker --drain` drains the other and returns
+            // once it has exited.
+            let other = 1 - idx;
+            let status = tokio::process::Command::new(env!("CARGO_BIN_EXE_sys-agent-worker"))
+                .args(["--drain", "--worker-id", &format!("worker-{}", other + 1)])
+                .args(["--nats-url", &system.nats.url()])
+                .status();
+            let status = tokio::time::timeout(WAIT, status)
+                .await
+                .context("--drain did not return")??;
+            ensure!(status.success(), "--drain exited with {status}");
+            // It returns on the worker's last heartbeat, sent as it stops.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while system.workers[other].is_running() {
+                ensure!(
+                    tokio::time::Instant::now() < deadline,
+                    "the worker still runs 5 s after --drain returned"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
             Ok(())
         })
         .await
