@@ -348,7 +348,7 @@ fn execution_json(execution: &Execution) -> Value {
         "holds": execution.holds.iter().map(|hold| json!({
             "task_id": hold.task_id,
             "group_id": hold.group_id,
-            "mode": render::events::pause_mode_name(hold.mode),
+            "mode": events::pause_mode_name(hold.mode),
             "reason": hold.reason,
             "since_unix_ms": hold.since_unix_ms,
         })).collect::<Vec<_>>(),
@@ -416,7 +416,7 @@ fn status_text(execution: &Execution) -> String {
             "paused",
             format!(
                 "{part} ({}) since {}: {}; resume: trellis resume --{} {} {}",
-                render::events::pause_mode_name(hold.mode),
+                events::pause_mode_name(hold.mode),
                 render::format_time(hold.since_unix_ms),
                 hold.reason,
                 if hold.task_id.is_empty() {
