@@ -443,10 +443,7 @@ fn pauses_text(pauses: &[v1::FleetPause], json: bool) -> String {
             Some(pause_target::Target::Namespace(namespace)) => ("namespace", namespace.clone()),
             Some(pause_target::Target::All(_)) | None => ("all", String::new()),
         };
-    let mode_of = |mode: i32| match v1::PauseMode::try_from(mode) {
-        Ok(v1::PauseMode::Preempt) => "preempt",
-        _ => "drain",
-    };
+    let mode_of = render::events::pause_mode_name;
     if json {
         return pauses
             .iter()

@@ -163,20 +163,13 @@ pub fn describe(kind: Option<&Kind>) -> String {
             "{} stopped at a step boundary, preempted by a pause; it continues after the resume",
             attempt(&e.task_instance_id, e.attempt)
         ),
-        Kind::PauseRequested(e) => with_reason(
-            &format!(
-                "pause of {} requested ({})",
-                pause_scope(&e.task_id, &e.group_id),
-                pause_mode_name(e.mode)
-            ),
-            &e.reason,
-        ),
-        Kind::ResumeRequested(e) => {
-            format!(
-                "resume of {} requested",
-                pause_scope(&e.task_id, &e.group_id)
-            )
+        Kind::PauseRequested(e) => {
+            with_reason(&pause_text(&e.task_id, &e.group_id, e.mode), &e.reason)
         }
+        Kind::ResumeRequested(e) => match pause_scope(&e.task_id, &e.group_id) {
+            scope if scope.is_empty() => "resume requested".to_owned(),
+            scope => format!("resume of {scope} requested"),
+        },
         Kind::CancelRequested(e) => with_reason("cancel requested, execution cancelled", &e.reason),
         Kind::QuestionAnswered(e) => format!(
             "question {} answered {:?}",
@@ -366,12 +359,28 @@ pub fn execution_change(kind: Option<&Kind>) -> Option<ExecutionChange> {
     }
 }
 
-/// Names what a pause or resume covers: `the execution`, `task build`, `group 0190…`.
+/// Names what a pause or resume covers: ``, `task build`, `group 0190…` (the whole execution
+/// goes without saying).
 fn pause_scope(task_id: &str, group_id: &str) -> String {
     match (task_id, group_id) {
-        ("", "") => "the execution".to_owned(),
+        ("", "") => String::new(),
         (task, "") => format!("task {task}"),
         (_, group) => format!("group {group}"),
+    }
+}
+
+/// `pause requested`, `pause of task build requested (preempt)`: scope and mode when either is
+/// not the default (the whole execution, drain).
+fn pause_text(task_id: &str, group_id: &str, mode: i32) -> String {
+    let scope = pause_scope(task_id, group_id);
+    let of = if scope.is_empty() {
+        String::new()
+    } else {
+        format!(" of {scope}")
+    };
+    match pause_mode_name(mode) {
+        "drain" => format!("pause{of} requested"),
+        mode => format!("pause{of} requested ({mode})"),
     }
 }
 
@@ -845,5 +854,15 @@ mod tests {
         assert_eq!(kind_name(None), "unknown");
         assert!(line(&unknown).contains("unknown"), "{}", line(&unknown));
         assert_eq!(json(&unknown)["kind"], "unknown");
+    }
+
+    #[test]
+    fn pauses_of_part_of_an_execution_name_their_scope_and_mode() {
+        assert_eq!(pause_text("", "", 1), "pause requested");
+        assert_eq!(
+            pause_text("build", "", 2),
+            "pause of task build requested (preempt)"
+        );
+        assert_eq!(pause_text("", "g-1", 0), "pause of group g-1 requested");
     }
 }
