@@ -1,8 +1,9 @@
 //! The fleet pauses' bucket: `trellis_pauses` in NATS KV, one key per pause (`queue.<name>`,
 //! `namespace.<name>` or `all`) holding a JSON [`Record`]. Any coordinator writes it
-//! (`PauseFleet`, `ResumeFleet`); every coordinator watches it and hands the whole set to its
-//! turn ([`Input::Pauses`]) each time a key changes, so a pause reaches every coordinator within
-//! a NATS round trip, and a coordinator that starts reads the set before it takes any shard.
+//! (`PauseFleet`, `ResumeFleet`); every coordinator watches it, keeps the set up to date from the
+//! changes, and hands the whole set to its turn ([`Input::Pauses`]) each time a key changes, so a
+//! pause reaches every coordinator within a NATS round trip, and a coordinator that starts reads
+//! the set before it takes any shard.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -97,7 +98,8 @@ pub(crate) async fn remove(store: &kv::Store, target: &Target) -> Result<bool, S
 }
 
 /// Hands the pauses to the executor now and after every change, until `stop`. The first set is
-/// handed over before this returns, so no shard is taken before it is known.
+/// read whole and handed over before this returns, so no shard is taken before it is known;
+/// later changes are applied one key at a time as the watch delivers them.
 pub(crate) async fn watch(
     store: kv::Store,
     tx: mpsc::Sender<Inbound>,
@@ -112,10 +114,9 @@ pub(crate) async fn watch(
         .watch_all()
         .await
         .map_err(|err| bucket_error(err.to_string()))?;
-    let first = read_all(&store).await.map_err(bucket_error)?;
-    let _ = tx
-        .send(Inbound::Input(Input::Pauses(Arc::new(first))))
-        .await;
+    let mut pauses = read_all(&store).await.map_err(bucket_error)?;
+    let first = Arc::new(pauses.clone());
+    let _ = tx.send(Inbound::Input(Input::Pauses(first))).await;
     tokio::spawn(async move {
         loop {
             let change = tokio::select! {
@@ -123,13 +124,28 @@ pub(crate) async fn watch(
                 change = watcher.next() => change,
             };
             match change {
-                Some(Ok(_)) => {}
+                // Each change names its key: the set is kept here, not read again.
+                Some(Ok(entry)) => {
+                    let change = match entry.operation {
+                        kv::Operation::Put => parse(&entry.key, &entry.value)
+                            .map(|(target, record)| (target, Some(record))),
+                        kv::Operation::Delete | kv::Operation::Purge => {
+                            Target::from_key(&entry.key).map(|target| (target, None))
+                        }
+                    };
+                    let Some((target, record)) = change else {
+                        continue;
+                    };
+                    pauses.set(target, record);
+                }
                 Some(Err(err)) => {
                     tracing::warn!(%err, bucket = BUCKET, "pause watch failed");
                     tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
                 }
                 None => {
-                    // The watch ended (a NATS restart): start another after a pause.
+                    // The watch ended (a NATS restart): start another after a pause, and read
+                    // the whole set again, since changes in between were not seen.
                     tokio::time::sleep(Duration::from_secs(1)).await;
                     match store.watch_all().await {
                         Ok(fresh) => watcher = fresh,
@@ -138,17 +154,18 @@ pub(crate) async fn watch(
                             continue;
                         }
                     }
-                }
-            }
-            // Read the whole set again: a burst of changes gives the same final set.
-            match read_all(&store).await {
-                Ok(pauses) => {
-                    let input = Inbound::Input(Input::Pauses(Arc::new(pauses)));
-                    if tx.send(input).await.is_err() {
-                        return;
+                    match read_all(&store).await {
+                        Ok(fresh) => pauses = fresh,
+                        Err(err) => {
+                            tracing::warn!(%err, "cannot read the pauses");
+                            continue;
+                        }
                     }
                 }
-                Err(err) => tracing::warn!(%err, "cannot read the pauses"),
+            }
+            let input = Inbound::Input(Input::Pauses(Arc::new(pauses.clone())));
+            if tx.send(input).await.is_err() {
+                return;
             }
         }
     });

@@ -371,10 +371,7 @@ async fn get_execution(
 
 /// The snake_case name of a wire pause mode.
 fn pause_mode_name(mode: i32) -> &'static str {
-    match v1::PauseMode::try_from(mode) {
-        Ok(v1::PauseMode::Preempt) => "preempt",
-        _ => "drain",
-    }
+    trellis_wire::log::pause_mode_from_proto(mode).as_str()
 }
 
 /// The pauses of queues, namespaces and the fleet in force: what holds work back and why.

@@ -355,11 +355,11 @@ impl EventView {
                     ),
                     Kind::PauseRequested(e) => (
                         "pause_requested",
-                        pause_detail(&e.task_id, &e.group_id, e.mode, &e.reason),
+                        pause_detail(&e.task_id, &e.group_id, Some(e.mode), &e.reason),
                     ),
                     Kind::ResumeRequested(e) => (
                         "resume_requested",
-                        pause_detail(&e.task_id, &e.group_id, -1, ""),
+                        pause_detail(&e.task_id, &e.group_id, None, ""),
                     ),
                     Kind::CancelRequested(e) => ("cancel_requested", e.reason.clone()),
                     Kind::QuestionAnswered(e) => (
@@ -517,18 +517,16 @@ impl CheckpointView {
 }
 
 /// What a pause or resume event covers, how, and why: `task build, preempt: gpu upgrade`; the
-/// execution's own pause shows its reason only. `mode` -1: a resume, which has none.
-fn pause_detail(task_id: &str, group_id: &str, mode: i32, reason: &str) -> String {
+/// execution's own pause shows its reason only. A resume has no mode.
+fn pause_detail(task_id: &str, group_id: &str, mode: Option<i32>, reason: &str) -> String {
     let scope = match (task_id, group_id) {
         ("", "") => String::new(),
         (task, "") => format!("task {task}"),
         (_, group) => format!("group {}", short(group)),
     };
-    let mode = match v1::PauseMode::try_from(mode) {
-        Ok(v1::PauseMode::Preempt) => "preempt",
-        Ok(_) => "drain",
-        Err(_) => "",
-    };
+    let mode = mode.map_or("", |mode| {
+        trellis_wire::log::pause_mode_from_proto(mode).as_str()
+    });
     let head = [
         scope.as_str(),
         if scope.is_empty() && mode == "drain" {

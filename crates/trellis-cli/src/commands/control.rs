@@ -125,6 +125,11 @@ impl TargetArgs {
         })
     }
 
+    /// Returns true for one task or group of an execution.
+    fn is_part(&self) -> bool {
+        self.task.is_some() || self.group.is_some()
+    }
+
     /// Returns what the command acts on, as messages name it.
     fn subject(&self) -> String {
         if let Some(queue) = &self.queue {
@@ -276,7 +281,7 @@ pub async fn run(coordinator_url: &str, command: Control) -> Result<(), Failure>
                     .await
                     .map(|_| paused_line(&what, args.mode)),
                 None => {
-                    let part = args.target.task.is_some() || args.target.group.is_some();
+                    let part = args.target.is_part();
                     client
                         .pause_execution(PauseExecutionRequest {
                             execution_id: args.target.execution_id.unwrap_or_default(),
@@ -314,7 +319,7 @@ pub async fn run(coordinator_url: &str, command: Control) -> Result<(), Failure>
                     }
                 }),
             None => {
-                let part = args.target.task.is_some() || args.target.group.is_some();
+                let part = args.target.is_part();
                 client
                     .resume_execution(ResumeExecutionRequest {
                         execution_id: args.target.execution_id.unwrap_or_default(),

@@ -386,10 +386,7 @@ fn pause_text(task_id: &str, group_id: &str, mode: i32) -> String {
 
 /// Returns a pause mode's name.
 pub fn pause_mode_name(mode: i32) -> &'static str {
-    match trellis_proto::v1::PauseMode::try_from(mode) {
-        Ok(trellis_proto::v1::PauseMode::Preempt) => "preempt",
-        _ => "drain",
-    }
+    trellis_wire::log::pause_mode_from_proto(mode).as_str()
 }
 
 /// Returns the group id and completion rule of a `SubtasksSpawned` event.

@@ -205,30 +205,26 @@ impl Coordinator {
                 attempt: assignment.attempt,
             });
         }
-        for instance in live.stop.drain(..) {
-            let cancel = v1::CancelTask {
-                execution_id: id.to_string(),
-                task_instance_id: instance.to_string(),
-                attempt: live.machine.attempt(instance).unwrap_or(0),
-                reason: live.machine.reason().unwrap_or("cancelled").to_owned(),
-                preempt: false,
-            };
-            effects.cancels.push(Publish {
-                subject: subjects::cancel(instance),
-                payload: Bytes::from(cancel.encode_to_vec()),
-            });
-        }
-        for (instance, attempt, reason) in live.preempt.drain(..) {
-            let preempt = v1::CancelTask {
+        let reason = live.machine.reason().unwrap_or("cancelled");
+        let stops = live.stop.drain(..).map(|instance| {
+            let attempt = live.machine.attempt(instance).unwrap_or(0);
+            (instance, attempt, reason.to_owned(), false)
+        });
+        let preempts = live
+            .preempt
+            .drain(..)
+            .map(|(instance, attempt, reason)| (instance, attempt, reason, true));
+        for (instance, attempt, reason, preempt) in stops.chain(preempts) {
+            let message = v1::CancelTask {
                 execution_id: id.to_string(),
                 task_instance_id: instance.to_string(),
                 attempt,
                 reason,
-                preempt: true,
+                preempt,
             };
             effects.cancels.push(Publish {
                 subject: subjects::cancel(instance),
-                payload: Bytes::from(preempt.encode_to_vec()),
+                payload: Bytes::from(message.encode_to_vec()),
             });
         }
         let terminal = live.machine.state().is_terminal();

@@ -13,6 +13,7 @@ use trellis_telemetry::propagation::{self, Context};
 use trellis_wire::{common, log, read};
 
 use super::checkpoint::CheckpointState;
+use super::pauses::FleetPauses;
 use crate::metrics::{self, Metrics};
 
 /// Who an execution belongs to and what it may do, fixed at its start.
@@ -213,17 +214,18 @@ impl Live {
         ))
     }
 
-    /// Lets the machine decide until it has nothing more to do now; nothing on a queue `held`
-    /// names is dispatched (a fleet pause).
+    /// Lets the machine decide until it has nothing more to do now; nothing a fleet pause covers
+    /// is dispatched.
     pub(super) fn decide(
         &mut self,
         id: ExecutionId,
         now: u64,
         metrics: &Metrics,
-        held: &dyn Fn(&str) -> bool,
+        pauses: &FleetPauses,
     ) {
         for _ in 0..1_000 {
-            let commands = self.machine.decide_holding(now, held);
+            let held = |queue: &str| pauses.holds(&self.namespace, queue);
+            let commands = self.machine.decide_holding(now, &held);
             if commands.is_empty() {
                 return;
             }

@@ -231,12 +231,9 @@ impl Coordinator {
         for input in inputs {
             self.input(input, now);
         }
-        let pauses = &self.pauses;
         for id in &self.dirty {
             if let Some(live) = self.executions.get_mut(id) {
-                let namespace = live.namespace.clone();
-                let held = |queue: &str| pauses.holds(&namespace, queue);
-                live.decide(*id, now, &self.metrics, &held);
+                live.decide(*id, now, &self.metrics, &self.pauses);
             }
         }
         self.writes()

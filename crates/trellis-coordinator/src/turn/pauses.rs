@@ -150,14 +150,17 @@ impl FleetPauses {
         }
     }
 
-    /// Returns true when no pause is in force.
-    pub fn is_empty(&self) -> bool {
-        self.pauses.is_empty()
+    /// Records what the bucket now holds for `target`: a pause, or none.
+    pub fn set(&mut self, target: Target, record: Option<Record>) {
+        match record {
+            Some(record) => self.pauses.insert(target, record),
+            None => self.pauses.remove(&target),
+        };
     }
 
     /// Returns true when a pause holds back the tasks of `queue` in executions of `namespace`.
     pub fn holds(&self, namespace: &str, queue: &str) -> bool {
-        !self.pauses.is_empty() && self.pauses.keys().any(|t| t.covers(namespace, queue))
+        self.pauses.keys().any(|t| t.covers(namespace, queue))
     }
 
     /// Returns the pauses in `preempt` mode that are new in `self` (or changed), compared with
@@ -207,10 +210,9 @@ impl Coordinator {
                 continue;
             }
             for (target, reason) in &preempt {
-                let namespace = live.namespace.clone();
                 let running = live
                     .machine
-                    .running_on(&|queue| target.covers(&namespace, queue));
+                    .running_on(&|queue| target.covers(&live.namespace, queue));
                 let reason = format!("{target} paused (preempt): {reason}");
                 live.preempt
                     .extend(running.into_iter().map(|(i, a)| (i, a, reason.clone())));
