@@ -556,12 +556,14 @@ async fn finished_executions_leave_the_log_after_the_retention_and_stay_in_the_r
     }
     let finished_id = finished.id.to_string();
     let unfinished_id = unfinished.id.to_string();
-    wait_for_sequence(&mut client, &finished_id, finished.sequence).await?;
-    wait_for_sequence(&mut client, &unfinished_id, unfinished.sequence).await?;
+    // Checked at once: with a one-second retention, a slow wait for the read model below may
+    // outlast it.
     anyhow::ensure!(
         logged(&js, &finished_id).await? > 0,
         "the log holds it at first"
     );
+    wait_for_sequence(&mut client, &finished_id, finished.sequence).await?;
+    wait_for_sequence(&mut client, &unfinished_id, unfinished.sequence).await?;
 
     // Gone from the log within a few sweeps of the retention; still whole in the read model.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
