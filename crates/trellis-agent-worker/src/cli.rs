@@ -43,6 +43,11 @@ struct Args {
     /// Milliseconds running handlers get to finish on shutdown.
     #[arg(long, env = "TRELLIS_SHUTDOWN_GRACE_MS")]
     shutdown_grace_ms: Option<u64>,
+    /// Deliveries of one task message without a result (each worker that took it died) after
+    /// which it is not run again: the attempt fails with "worker lost N times" and the plan's
+    /// failure policy decides [default: 10].
+    #[arg(long, env = "TRELLIS_MAX_DELIVERIES", value_parser = clap::value_parser!(u32).range(1..))]
+    max_deliveries: Option<u32>,
     /// Run no worker: ask the worker named by --worker-id (another process, e.g. this pod's own
     /// worker from a Kubernetes preStop hook) to drain, and return once it has exited. It takes
     /// no new task and finishes the running ones however long they take.
@@ -91,6 +96,7 @@ async fn main_async(args: Args) -> ExitCode {
         worker_id: args.worker_id,
         shards: args.shards.unwrap_or(defaults.shards),
         shutdown_grace_ms: args.shutdown_grace_ms.unwrap_or(defaults.shutdown_grace_ms),
+        max_deliveries: args.max_deliveries.unwrap_or(defaults.max_deliveries),
         telemetry: trellis_telemetry::Telemetry::new(),
     };
     if let Err(error) = config.validate() {

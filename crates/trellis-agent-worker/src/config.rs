@@ -21,6 +21,10 @@ pub struct Config {
     pub shards: u32,
     /// On shutdown, how long running handlers may take to finish before their tasks are handed back.
     pub shutdown_grace_ms: u64,
+    /// A task message delivered more often than this without a result (each worker that took
+    /// it died: a poison task) is not run again: its attempt fails with "worker lost <n> times"
+    /// and the plan's failure policy decides. Deliveries handed back (shutdown, `avoid`) count.
+    pub max_deliveries: u32,
     /// Metrics and readiness ("worker": ready while it consumes its queues).
     #[serde(skip)]
     pub telemetry: Telemetry,
@@ -43,6 +47,7 @@ impl Default for Config {
             worker_id: None,
             shards: 1,
             shutdown_grace_ms: 10_000,
+            max_deliveries: 10,
             telemetry: Telemetry::default(),
         }
     }
@@ -64,6 +69,9 @@ impl Config {
         }
         if self.shards == 0 {
             return Err("shards must be at least 1".to_owned());
+        }
+        if self.max_deliveries == 0 {
+            return Err("max_deliveries must be at least 1".to_owned());
         }
         if self.queues.is_empty() {
             return Err("queues must name at least one queue".to_owned());

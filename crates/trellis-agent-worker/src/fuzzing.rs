@@ -47,14 +47,10 @@ pub fn pure_builtin_result(assignment: &TaskAssignment, worker_id: &str) -> Opti
 }
 
 /// A cancel request (`trellis.cancel.<instance>`) as the worker acts on it: the instance, the
-/// attempt (0 for any) and the reason; `None` when the message is ignored.
+/// attempt and the reason; `None` when the message is ignored.
 pub fn cancel_request(subject: &str, payload: &[u8]) -> Option<(String, u32, String)> {
     let request = worker::cancel_request(subject, payload).ok()?;
-    Some((
-        request.task_instance_id,
-        request.attempt.unwrap_or(0),
-        request.reason,
-    ))
+    Some((request.task_instance_id, request.attempt, request.reason))
 }
 
 /// Reads an entry of the steps bucket (`RecordedSteps`) for `assignment` as a redelivered attempt

@@ -36,6 +36,7 @@ mod builtins;
 mod cli;
 mod config;
 mod drain;
+mod fences;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
@@ -70,10 +71,15 @@ pub enum Error {
         #[source]
         source: async_nats::SubscribeError,
     },
+    /// The result publisher stopped while the worker ran: no result could be reported any more,
+    /// so the worker stops (not ready from then on) instead of taking tasks it cannot report.
+    #[error("the result publisher stopped: {0}")]
+    Publisher(String),
 }
 
 /// Runs a worker with `registry`'s handlers until `shutdown` is cancelled, then stops gracefully
-/// (see the crate docs). Returns an error only when it cannot start.
+/// (see the crate docs). Returns an error when it cannot start, or when its result publisher
+/// stops while it runs.
 pub async fn run(
     config: Config,
     registry: HandlerRegistry,

@@ -244,9 +244,16 @@ pub(crate) fn outcome_to_proto(outcome: Outcome) -> task_result::Outcome {
         Outcome::CompletedJson(output) => task_result::Outcome::Completed(task_result::Completed {
             output: output.to_vec(),
         }),
-        Outcome::Failed { error, retryable } => {
-            task_result::Outcome::Failed(task_result::Failed { error, retryable })
-        }
+        Outcome::Failed { error, retryable } => task_result::Outcome::Failed(task_result::Failed {
+            error,
+            retryable,
+            lost_deliveries: 0,
+        }),
+        Outcome::Lost { deliveries } => task_result::Outcome::Failed(task_result::Failed {
+            error: format!("worker lost {deliveries} times"),
+            retryable: true,
+            lost_deliveries: deliveries,
+        }),
         Outcome::Spawn { rule, members } => task_result::Outcome::Spawned(task_result::Spawned {
             group: Some(v1::SubtaskGroup {
                 group_id: uuid::Uuid::now_v7().to_string(),
@@ -316,11 +323,19 @@ pub(crate) async fn publisher(
         }
         let mut pending = Vec::with_capacity(batch.len());
         for finished in batch.drain(..) {
-            let publish = message(
+            let publish = match message(
                 &finished.msg_id,
                 finished.traceparent.as_deref(),
                 &finished.payload,
-            );
+            ) {
+                Ok(publish) => publish,
+                Err(error) => {
+                    // It can never be published: set the task aside rather than retry it.
+                    tracing::error!(%error, "task result cannot be published; task message terminated");
+                    let _ = finished.acker.ack_with(AckKind::Term).await;
+                    continue;
+                }
+            };
             let sent = sink
                 .js
                 .send_publish(finished.subject.clone(), publish)
@@ -411,18 +426,35 @@ async fn publish_once(
     traceparent: Option<&str>,
     payload: &Bytes,
 ) -> Result<jetstream::publish::PublishAck, PublishError> {
-    js.send_publish(subject.clone(), message(msg_id, traceparent, payload))
-        .await?
-        .await
+    let message = message(msg_id, traceparent, payload)
+        .map_err(|error| PublishError::with_source(PublishErrorKind::Other, error))?;
+    js.send_publish(subject.clone(), message).await?.await
 }
 
-/// A result message: its payload, `Nats-Msg-Id` and, when traced, `traceparent`.
-fn message(msg_id: &str, traceparent: Option<&str>, payload: &Bytes) -> PublishMessage {
+/// A result message: its payload, `Nats-Msg-Id` and, when traced, `traceparent`. Header values
+/// are checked, not asserted: one a header cannot carry (`\r`, `\n`) is an error for this result
+/// alone, never a panic of the publisher.
+fn message(
+    msg_id: &str,
+    traceparent: Option<&str>,
+    payload: &Bytes,
+) -> Result<PublishMessage, String> {
+    let header = |name: &str, value: &str| {
+        value
+            .parse::<async_nats::HeaderValue>()
+            .map_err(|error| format!("{name} {value:?} cannot be a header: {error}"))
+    };
     let mut publish = PublishMessage::build().payload(payload.clone());
     if let Some(traceparent) = traceparent {
-        publish = publish.header(subjects::TRACEPARENT_HEADER, traceparent);
+        publish = publish.header(
+            subjects::TRACEPARENT_HEADER,
+            header(subjects::TRACEPARENT_HEADER, traceparent)?,
+        );
     }
-    publish.message_id(msg_id)
+    Ok(publish.header(
+        async_nats::header::NATS_MESSAGE_ID,
+        header(subjects::MSG_ID_HEADER, msg_id)?,
+    ))
 }
 
 /// Returns false for a publish error that another try cannot fix.

@@ -68,6 +68,11 @@ pub enum Outcome {
     /// ([`TaskContext::step`] returns [`StepError::Preempted`]); the task runs again from that
     /// step once resumed. Uses no retry.
     Preempted { step: String },
+    /// Not run: its message had already been delivered `deliveries` times without a result, each
+    /// worker that took it having died (a poison task). Reported as the failure "worker lost
+    /// `deliveries` times" (retryable: the plan's failure policy decides). Made by the worker when
+    /// a delivery is over `--max-deliveries`, not by handlers.
+    Lost { deliveries: u32 },
 }
 
 impl Outcome {
@@ -87,6 +92,7 @@ impl Outcome {
             Outcome::Spawn { .. } => "spawned",
             Outcome::Ask(_) => "question",
             Outcome::Preempted { .. } => "preempted",
+            Outcome::Lost { .. } => "failed",
         }
     }
 }

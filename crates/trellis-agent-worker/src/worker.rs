@@ -21,6 +21,7 @@ use trellis_proto::v1::{self, TaskAssignment};
 use tracing::Instrument as _;
 use trellis_telemetry::propagation;
 
+use crate::fences::Fences;
 use crate::metrics::Metrics;
 use crate::publish::{self, Finished, PUBLISH_BATCH, ResultSink, now_unix_ms};
 use crate::sdk::{HandlerRegistry, Outcome, Running, TaskContext, TaskHandler, lock};
@@ -73,6 +74,7 @@ pub(crate) async fn run(
     // The coordinator creates the bucket too; creating it here lets a worker run on a server
     // prepared by an older coordinator or by a test.
     let steps = trellis_bus::ensure_steps_bucket(&js, config.nats.replicas).await?;
+    let fences_bucket = trellis_bus::ensure_fences_bucket(&js, config.nats.replicas).await?;
     let mut consumers = Vec::with_capacity(config.queues.len());
     for queue in &config.queues {
         let consumer = trellis_bus::task_consumer(&streams.tasks, queue, MAX_ACK_PENDING).await?;
@@ -130,12 +132,15 @@ pub(crate) async fn run(
         abandon: abandon.clone(),
         metrics: metrics.clone(),
         draining: AtomicBool::new(false),
+        fences: Arc::new(Fences::default()),
+        max_deliveries: i64::from(config.max_deliveries),
     });
+    let fence_watch = tokio::spawn(worker.fences.clone().watch(fences_bucket, abandon.clone()));
     metrics.slots.inc_by(config.slots as i64);
     tracing::info!(%worker_id, queues = ?config.queues, slots = config.slots, nats = %config.nats.shown_url(), "worker started");
 
     let (finished_tx, finished_rx) = mpsc::channel(FINISHED_CHANNEL);
-    let publisher = tokio::spawn(publish::publisher(
+    let mut publisher = tokio::spawn(publish::publisher(
         worker.sink.clone(),
         finished_rx,
         abandon.clone(),
@@ -170,6 +175,16 @@ pub(crate) async fn run(
     let drained = tokio::select! {
         () = shutdown.cancelled() => false,
         () = drain.cancelled() => true,
+        // Only a panic ends the publisher before every sender is gone.
+        ended = &mut publisher => {
+            readiness.set(false);
+            let why = match ended {
+                Err(error) => error.to_string(),
+                Ok(()) => "it returned".to_owned(),
+            };
+            tracing::error!(%worker_id, %why, "the result publisher stopped; the worker stops");
+            return Err(Error::Publisher(why));
+        }
     };
     readiness.set(false);
     worker.draining.store(true, Ordering::Release);
@@ -204,6 +219,7 @@ pub(crate) async fn run(
     stop_beats.cancel();
     let _ = heartbeats.await;
     let _ = canceller.await;
+    fence_watch.abort();
     if let Err(error) = client.flush().await {
         tracing::warn!(%error, "failed to flush the nats connection");
     }
@@ -226,6 +242,10 @@ struct Worker {
     metrics: Metrics,
     /// Stopping: no new task is taken; heartbeats say `draining`.
     draining: AtomicBool,
+    /// The executions' fencing epochs: an assignment below its execution's is refused.
+    fences: Arc<Fences>,
+    /// A message delivered more often than this without a result is not run again.
+    max_deliveries: i64,
 }
 
 /// How a handler task ended.
@@ -428,6 +448,12 @@ impl Worker {
                 let _ = acker.ack_with(AckKind::Term).await;
                 return;
             }
+            Err(SetAside::BadId(field)) => {
+                tracing::warn!(subject = %message.subject, field, "set aside a task assignment whose id is not a UUID");
+                self.set_aside("bad_id");
+                let _ = acker.ack_with(AckKind::Term).await;
+                return;
+            }
             Err(SetAside::Corrupt(error)) => {
                 tracing::warn!(subject = %message.subject, %error, "set aside a task message that is not a TaskAssignment");
                 self.set_aside("corrupt");
@@ -435,6 +461,21 @@ impl Worker {
                 return;
             }
         };
+        if let Some(fence) = self.fences.stale(&assignment) {
+            // Sent by a coordinator that has since lost the execution: its new owner runs the
+            // attempt again under its own epoch if no worker ran this one when it took over.
+            tracing::info!(
+                execution_id = %assignment.execution_id,
+                task_instance_id = %assignment.task_instance_id,
+                attempt = assignment.attempt,
+                assignment_fence = assignment.fence,
+                fence,
+                "refused an assignment of a former owner of the execution"
+            );
+            self.set_aside("stale");
+            let _ = acker.ack_with(AckKind::Term).await;
+            return;
+        }
         if assignment.avoid_worker_id.as_deref() == Some(self.worker_id.as_str())
             && delivered < AVOID_MAX_DELIVERIES
         {
@@ -485,10 +526,28 @@ impl Worker {
         let finished_tx = finished_tx.clone();
         self.metrics.running.inc();
         let started = std::time::Instant::now();
+        let lost = (delivered > self.max_deliveries).then(|| {
+            tracing::warn!(
+                execution_id = %assignment.execution_id,
+                task_instance_id = %assignment.task_instance_id,
+                attempt = assignment.attempt,
+                delivered,
+                "task delivered again after its workers died {} times; not run again",
+                delivered - 1
+            );
+            Outcome::Lost {
+                deliveries: u32::try_from(delivered - 1).unwrap_or(u32::MAX),
+            }
+        });
         let work = async move {
-            let ending = worker
-                .execute(handler, assignment, delivered, &running)
-                .await;
+            let ending = match lost {
+                Some(lost) => Ending::Done(lost),
+                None => {
+                    worker
+                        .execute(handler, assignment, delivered, &running)
+                        .await
+                }
+            };
             drop(permit);
             worker.metrics.running.dec();
             worker.count(labels, &ending, started.elapsed());
@@ -506,7 +565,7 @@ impl Worker {
                     // A failure keeps the steps for the retry; every other outcome ends the
                     // instance (spawns and questions continue as new instances).
                     let forget_steps = (running.steps_stored.load(Ordering::Relaxed)
-                        && !matches!(outcome, Outcome::Failed { .. }))
+                        && !matches!(outcome, Outcome::Failed { .. } | Outcome::Lost { .. }))
                     .then(|| running.task_instance_id.clone());
                     let (subject, msg_id, payload) = worker.sink.encode(&running, outcome);
                     let finished = Finished {
@@ -549,6 +608,7 @@ impl Worker {
             Ending::Done(Outcome::Spawn { .. }) => "spawned",
             Ending::Done(Outcome::Ask(_)) => "asked",
             Ending::Done(Outcome::Preempted { .. }) => "preempted",
+            Ending::Done(Outcome::Lost { .. }) => "lost",
             Ending::HandBack => {
                 self.metrics.handed_back.inc();
                 return;
@@ -710,7 +770,7 @@ async fn cancel_loop(
         let request = match cancel_request(&message.subject, message.payload.as_ref()) {
             Ok(request) => request,
             Err(error) => {
-                tracing::warn!(subject = %message.subject, %error, "ignored a cancel message that is not a CancelTask");
+                tracing::warn!(subject = %message.subject, %error, "ignored a cancel message");
                 continue;
             }
         };
@@ -720,10 +780,7 @@ async fn cancel_loop(
         else {
             continue;
         };
-        if request
-            .attempt
-            .is_some_and(|attempt| attempt != running.attempt)
-        {
+        if request.attempt != running.attempt {
             continue;
         }
         if request.preempt {
@@ -744,14 +801,24 @@ pub(crate) enum SetAside {
     Corrupt(prost::DecodeError),
     /// It has no task instance id or no task type, so it can be neither run nor reported.
     Incomplete,
+    /// Its execution or instance id is not a UUID, as every id a coordinator makes is: it did
+    /// not come from a coordinator, and its result could not be addressed (an id goes into the
+    /// result's `Nats-Msg-Id` header).
+    BadId(&'static str),
 }
 
-/// Reads a task message as the worker takes it: a `TaskAssignment` naming its instance and type.
-/// The rest is the handler's to judge.
+/// Reads a task message as the worker takes it: a `TaskAssignment` naming its instance and type
+/// by UUIDs. The rest is the handler's to judge.
 pub(crate) fn accept_assignment(payload: &[u8]) -> Result<TaskAssignment, SetAside> {
     let assignment = TaskAssignment::decode(payload).map_err(SetAside::Corrupt)?;
     if assignment.task_instance_id.is_empty() || assignment.task_type.is_empty() {
         return Err(SetAside::Incomplete);
+    }
+    if uuid::Uuid::try_parse(&assignment.execution_id).is_err() {
+        return Err(SetAside::BadId("execution_id"));
+    }
+    if uuid::Uuid::try_parse(&assignment.task_instance_id).is_err() {
+        return Err(SetAside::BadId("task_instance_id"));
     }
     Ok(assignment)
 }
@@ -759,31 +826,39 @@ pub(crate) fn accept_assignment(payload: &[u8]) -> Result<TaskAssignment, SetAsi
 /// A cancel request as the worker acts on it.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct CancelRequest {
-    /// The instance to stop: the message's, or else the last token of the subject
+    /// The instance to stop: the message's, which is also the subject's last token
     /// (`trellis.cancel.<instance>`).
     pub(crate) task_instance_id: String,
-    /// Only this attempt; `None` (0 on the wire) is whichever attempt runs.
-    pub(crate) attempt: Option<u32>,
+    /// The attempt to stop (from 1); another attempt of the instance runs on.
+    pub(crate) attempt: u32,
     /// Why, as the failed attempt reports it; never empty.
     pub(crate) reason: String,
     /// Stop at the next durable step instead (a pause in `preempt` mode).
     pub(crate) preempt: bool,
 }
 
-/// Reads a `CancelTask` received on `subject`.
-pub(crate) fn cancel_request(
-    subject: &str,
-    payload: &[u8],
-) -> Result<CancelRequest, prost::DecodeError> {
-    let request = v1::CancelTask::decode(payload)?;
-    let task_instance_id = if request.task_instance_id.is_empty() {
-        subject.rsplit('.').next().unwrap_or_default().to_owned()
-    } else {
-        request.task_instance_id
-    };
+/// Reads a `CancelTask` received on `subject`. Only a cancel as a coordinator sends it is acted
+/// on: it names the subject's instance and a real attempt. Anything less (an empty message, one
+/// naming only the execution, another instance, attempt 0) is refused with why, so a stray or
+/// hostile message cannot stop every attempt of a task for good.
+pub(crate) fn cancel_request(subject: &str, payload: &[u8]) -> Result<CancelRequest, String> {
+    let request = v1::CancelTask::decode(payload).map_err(|error| error.to_string())?;
+    let token = subject.rsplit('.').next().unwrap_or_default();
+    if request.task_instance_id.is_empty() {
+        return Err("it names no task_instance_id".to_owned());
+    }
+    if request.task_instance_id != token {
+        return Err(format!(
+            "its task_instance_id {:?} is not the subject's {token:?}",
+            request.task_instance_id
+        ));
+    }
+    if request.attempt == 0 {
+        return Err("it names no attempt".to_owned());
+    }
     Ok(CancelRequest {
-        task_instance_id,
-        attempt: (request.attempt != 0).then_some(request.attempt),
+        task_instance_id: request.task_instance_id,
+        attempt: request.attempt,
         reason: if request.reason.is_empty() {
             "cancel requested".to_owned()
         } else {

@@ -2,6 +2,7 @@
 //! which streams and key-value buckets exist with which retention, and how the durable consumers
 //! are configured, so the coordinator and the workers can start in any order and agree.
 
+mod fences;
 mod leases;
 mod options;
 mod steps;
@@ -11,6 +12,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, consumer, stream};
 use trellis_proto::subjects;
 
+pub use fences::{FENCES_MAX_AGE, decode_fence, encode_fence, ensure_fences_bucket};
 pub use leases::{host_identity, kv_bucket, take_lease};
 pub use options::{NatsArgs, NatsAuth, NatsOptions, NatsTls};
 pub use steps::{STEPS_MAX_AGE, ensure_steps_bucket, steps_bucket};

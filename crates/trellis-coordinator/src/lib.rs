@@ -188,6 +188,7 @@ pub async fn run(
     let members = cluster::bucket(&js, config.lease_ttl, replicas).await?;
     // Workers keep durable steps here; creating it with the streams saves each worker the race.
     trellis_bus::ensure_steps_bucket(&js, replicas).await?;
+    let fences = trellis_bus::ensure_fences_bucket(&js, replicas).await?;
     tokio::spawn(metrics::watch_queues(
         streams.tasks.clone(),
         metrics.clone(),
@@ -216,6 +217,7 @@ pub async fn run(
             js,
             streams,
             index,
+            fences,
             store: store.clone(),
             metrics,
             stats: stats.clone(),

@@ -15,6 +15,11 @@ pub const RESULTS_STREAM: &str = "TRELLIS_RESULTS";
 /// instance id (`RecordedSteps` values), so a redelivered attempt resumes after them.
 pub const STEPS_BUCKET: &str = "trellis_steps";
 
+/// JetStream KV bucket of fencing epochs, keyed by execution id (decimal `u64` values): written by
+/// a coordinator that takes an execution over with attempts running, read (watched) by every
+/// worker, which refuses an assignment whose `fence` is below its execution's entry.
+pub const FENCES_BUCKET: &str = "trellis_fences";
+
 /// Prefix of task subjects; a queue's subject is `trellis.tasks.<queue>`.
 pub const TASKS_PREFIX: &str = "trellis.tasks";
 /// Prefix of result subjects; a shard's subject is `trellis.results.<shard>`.

@@ -57,6 +57,8 @@ pub fn assignment_to_proto(
         resume: resume_to_proto(assignment.resume, assignment.steps),
         avoid_worker_id: assignment.avoid_worker.map(|worker| worker.0.clone()),
         results_shard: None,
+        // The coordinator sets its epoch.
+        fence: 0,
     }
 }
 

@@ -41,6 +41,7 @@ async fn ten_thousand_subtasks_survive_a_kill_or_restart_of_every_service_in_tur
         coordinators: vec!["coordinator-1"],
         workers: 2,
         shards: SHARDS,
+        ..Options::default()
     })
     .await?;
     system
@@ -117,6 +118,7 @@ async fn a_second_coordinator_takes_over_the_shards_of_a_killed_one_and_finishes
         coordinators: vec!["coordinator-a", "coordinator-b"],
         workers: 2,
         shards: SHARDS,
+        ..Options::default()
     })
     .await?;
     system
@@ -205,6 +207,7 @@ async fn coordinators_spread_the_shards_answer_for_each_other_and_survive_a_join
         coordinators: vec!["coordinator-a", "coordinator-b", "coordinator-c"],
         workers: 2,
         shards: CLUSTER_SHARDS,
+        ..Options::default()
     })
     .await?;
     system

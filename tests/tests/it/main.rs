@@ -8,3 +8,4 @@ mod pause;
 mod reads;
 mod secrets;
 mod system;
+mod takeover;

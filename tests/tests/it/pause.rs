@@ -369,6 +369,7 @@ async fn pause_in_both_modes_at_every_level_holds_new_work_and_preempt_resumes_a
         coordinators: vec!["coordinator-a", "coordinator-b"],
         workers: 2,
         shards: 4,
+        ..Options::default()
     })
     .await?;
     system
@@ -406,6 +407,7 @@ async fn a_drained_worker_finishes_its_tasks_takes_nothing_new_and_exits() -> an
         coordinators: vec!["coordinator-a"],
         workers: 2,
         shards: 2,
+        ..Options::default()
     })
     .await?;
     system

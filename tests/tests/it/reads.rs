@@ -57,6 +57,7 @@ async fn a_restarted_coordinator_lists_a_thousand_finished_executions_paged_from
         coordinators: vec!["coordinator-a"],
         workers: 1,
         shards: SHARDS,
+        ..Options::default()
     })
     .await?;
     system

@@ -51,6 +51,24 @@ pub struct Options {
     pub workers: usize,
     /// Result shards of every coordinator and worker.
     pub shards: u32,
+    /// More flags of every worker.
+    pub worker_flags: Vec<(&'static str, String)>,
+    /// Create the task stream before any service, with this de-duplication window instead of
+    /// the two minutes the services give it: a test of a long task then needs seconds, not
+    /// minutes, to reach past the window.
+    pub tasks_duplicate_window: Option<Duration>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            coordinators: vec!["coordinator-1"],
+            workers: 2,
+            shards: SHARDS,
+            worker_flags: Vec::new(),
+            tasks_duplicate_window: None,
+        }
+    }
 }
 
 /// A coordinator process (named by its `--id`) and its gRPC address.
@@ -131,6 +149,9 @@ impl System {
             "failed to start a private PostgreSQL (install it with `apt-get install -y postgresql`)",
         )?;
         let database_url = postgres.create_database("trellis")?;
+        if let Some(window) = options.tasks_duplicate_window {
+            create_task_stream(&nats.url(), window).await?;
+        }
 
         let store_addr = harness::free_addr()?;
         let store = Service::start(
@@ -180,20 +201,20 @@ impl System {
         let mut workers = Vec::new();
         for idx in 1..=options.workers {
             let worker_id = format!("worker-{idx}");
-            let service = Service::start(
-                service_spec(
-                    &worker_id,
-                    env!("CARGO_BIN_EXE_sys-agent-worker"),
-                    harness::free_addr()?,
-                )
-                .flag("--nats-url", nats.url())
-                .flag("--worker-id", worker_id.as_str())
-                .flag("--queues", "fanout,sleep,noop,steps")
-                .flag("--slots", WORKER_SLOTS.to_string())
-                .flag("--shards", options.shards.to_string()),
-                logs.path(),
+            let mut spec = service_spec(
+                &worker_id,
+                env!("CARGO_BIN_EXE_sys-agent-worker"),
+                harness::free_addr()?,
             )
-            .await?;
+            .flag("--nats-url", nats.url())
+            .flag("--worker-id", worker_id.as_str())
+            .flag("--queues", "fanout,sleep,noop,steps,shell")
+            .flag("--slots", WORKER_SLOTS.to_string())
+            .flag("--shards", options.shards.to_string());
+            for (flag, value) in &options.worker_flags {
+                spec = spec.flag(flag, value);
+            }
+            let service = Service::start(spec, logs.path()).await?;
             workers.push(service);
         }
         let system = System {
@@ -560,6 +581,23 @@ impl System {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
+
+/// Creates the task stream as the services would, but with a de-duplication window of `window`.
+async fn create_task_stream(nats_url: &str, window: Duration) -> anyhow::Result<()> {
+    use async_nats::jetstream::stream;
+    let js = async_nats::jetstream::new(async_nats::connect(nats_url).await?);
+    js.create_stream(stream::Config {
+        name: subjects::TASKS_STREAM.to_owned(),
+        subjects: vec![subjects::TASKS_WILDCARD.to_owned()],
+        retention: stream::RetentionPolicy::WorkQueue,
+        storage: stream::StorageType::File,
+        duplicate_window: window,
+        ..Default::default()
+    })
+    .await
+    .context("cannot create the task stream")?;
+    Ok(())
 }
 
 /// Starts a coordinator process with this `--id` and waits until it serves.

@@ -95,6 +95,33 @@ impl Executor {
         });
     }
 
+    /// Writes an execution's fencing epoch to the fences bucket, trying again until it is
+    /// stored, and reports it ([`Input::Fenced`]): until then the turn finds no inherited attempt
+    /// lost.
+    pub(super) fn spawn_fence(&self, id: ExecutionId, epoch: u64) {
+        let fences = self.fences.clone();
+        let tx = self.tx.clone();
+        let shutdown = self.shutdown.clone();
+        tokio::spawn(async move {
+            let key = id.to_string();
+            let mut delay = Duration::from_millis(100);
+            loop {
+                match fences.put(&key, trellis_bus::encode_fence(epoch)).await {
+                    Ok(_) => break,
+                    Err(err) => {
+                        tracing::warn!(%id, epoch, %err, ?delay, "cannot write the fence; retrying");
+                        tokio::select! {
+                            () = shutdown.cancelled() => return,
+                            () = tokio::time::sleep(delay) => {}
+                        }
+                        delay = (delay * 2).min(Duration::from_secs(2));
+                    }
+                }
+            }
+            let _ = tx.send(Inbound::Input(Input::Fenced { id, epoch })).await;
+        });
+    }
+
     /// Hands a checkpoint to the checkpoint-store (checksum and RPC off the loop), prunes after
     /// a full one, and reports the answer.
     pub(super) fn spawn_checkpoint(&self, job: CheckpointJob) {

@@ -129,6 +129,8 @@ pub(crate) struct Setup {
     pub(crate) js: jetstream::Context,
     pub(crate) streams: trellis_bus::Streams,
     pub(crate) index: kv::Store,
+    /// The bucket `trellis_fences`.
+    pub(crate) fences: kv::Store,
     pub(crate) store: Option<StoreClient>,
     pub(crate) metrics: Metrics,
     /// What this coordinator's record reports.
@@ -142,6 +144,7 @@ pub(crate) struct Executor {
     js: jetstream::Context,
     streams: trellis_bus::Streams,
     index: kv::Store,
+    fences: kv::Store,
     store: Option<StoreClient>,
     metrics: Metrics,
     tx: mpsc::Sender<Inbound>,
@@ -172,6 +175,7 @@ impl Executor {
             js: setup.js,
             streams: setup.streams,
             index: setup.index,
+            fences: setup.fences,
             store: setup.store,
             metrics: setup.metrics,
             tx: tx.clone(),

@@ -46,6 +46,7 @@ impl Executor {
             handover,
             load,
             consume,
+            fences,
         } = effects;
         for chunk in assignments.chunks(PUBLISH_CHUNK) {
             let mut published = Vec::with_capacity(chunk.len());
@@ -127,6 +128,9 @@ impl Executor {
         }
         for shard in consume {
             self.spawn_consumer(shard);
+        }
+        for (id, epoch) in fences {
+            self.spawn_fence(id, epoch);
         }
     }
 

@@ -51,6 +51,8 @@ pub enum Input {
         recovered: Vec<Recovered>,
         missing: Vec<ExecutionId>,
     },
+    /// The fences bucket holds `epoch` for the execution ([`Effects::fences`]).
+    Fenced { id: ExecutionId, epoch: u64 },
     /// The checkpoint-store answered a checkpoint.
     CheckpointDone {
         id: ExecutionId,
@@ -248,6 +250,10 @@ pub struct Effects {
     pub load: Vec<ExecutionId>,
     /// Shards whose results may now be consumed (their executions are adopted).
     pub consume: Vec<u32>,
+    /// Fencing epochs to write to the bucket `trellis_fences` (key: the execution id), each
+    /// answered by [`Input::Fenced`] once stored: executions just taken over with attempts
+    /// running.
+    pub fences: Vec<(ExecutionId, u64)>,
 }
 
 /// One task assignment to publish.

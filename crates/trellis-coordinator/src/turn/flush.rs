@@ -188,6 +188,7 @@ impl Coordinator {
             };
             let mut message = worker::assignment_to_proto(id, run_number, &assignment);
             message.results_shard = Some(live.shard);
+            message.fence = live.epoch;
             self.metrics
                 .dispatched
                 .get_or_create(&metrics::task_labels(
@@ -206,15 +207,19 @@ impl Coordinator {
             });
         }
         let reason = live.machine.reason().unwrap_or("cancelled");
-        let stops = live.stop.drain(..).map(|instance| {
-            let attempt = live.machine.attempt(instance).unwrap_or(0);
-            (instance, attempt, reason.to_owned(), false)
-        });
+        let stops = live
+            .stop
+            .drain(..)
+            .map(|(instance, attempt)| (instance, attempt, reason.to_owned(), false));
         let preempts = live
             .preempt
             .drain(..)
             .map(|(instance, attempt, reason)| (instance, attempt, reason, true));
-        for (instance, attempt, reason, preempt) in stops.chain(preempts) {
+        let aborts = live
+            .abort
+            .drain(..)
+            .map(|(instance, attempt, reason)| (instance, attempt, reason, false));
+        for (instance, attempt, reason, preempt) in stops.chain(preempts).chain(aborts) {
             let message = v1::CancelTask {
                 execution_id: id.to_string(),
                 task_instance_id: instance.to_string(),
@@ -226,6 +231,9 @@ impl Coordinator {
                 subject: subjects::cancel(instance),
                 payload: Bytes::from(message.encode_to_vec()),
             });
+        }
+        if std::mem::take(&mut live.fence_due) {
+            effects.fences.push((id, live.epoch));
         }
         let terminal = live.machine.state().is_terminal();
         // The log holds this turn's events by now, the last ones included.

@@ -1,19 +1,19 @@
 //! One live execution: its state machine, its log as held in memory, and what the current turn
 //! produced for it (events to append, instances to dispatch, attempts to stop).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use bytes::Bytes;
 use trellis_core::ids::{ExecutionId, TaskInstanceId};
 use trellis_core::machine::{Applied, ApplyError, Event, EventBody, Execution, PauseMode};
-use trellis_core::record::TaskState;
 use trellis_proto::v1;
 use trellis_telemetry::propagation::{self, Context};
 use trellis_wire::{common, log, read};
 
 use super::checkpoint::CheckpointState;
 use super::pauses::FleetPauses;
+use super::takeover::Inherited;
 use crate::metrics::{self, Metrics};
 
 /// Who an execution belongs to and what it may do, fixed at its start.
@@ -51,11 +51,24 @@ pub(super) struct Live {
     pub(super) appending: Vec<(u64, Bytes)>,
     /// Instances to send to workers once the turn's events are stored.
     pub(super) dispatch: Vec<TaskInstanceId>,
-    /// Attempts to stop once the turn's events are stored.
-    pub(super) stop: Vec<TaskInstanceId>,
+    /// Attempts to stop once the turn's events are stored: the attempt each instance ran when
+    /// the event that stops it was applied (a retry decided in the same turn has the next one).
+    pub(super) stop: Vec<(TaskInstanceId, u32)>,
     /// Attempts to ask to stop at their next durable step (a pause in `preempt` mode), with
     /// why, once the turn's events are stored.
     pub(super) preempt: Vec<(TaskInstanceId, u32, String)>,
+    /// Attempts to stop (not preempt) once the turn's events are stored, with why: inherited
+    /// attempts found lost, in case a cut-off worker still runs them.
+    pub(super) abort: Vec<(TaskInstanceId, u32, String)>,
+    /// This owner's fencing epoch: the sequence of the `ExecutionClaimed` with which it took the
+    /// execution over (0 when it started it). Every assignment it sends carries it.
+    pub(super) epoch: u64,
+    /// Attempts a former owner dispatched that were running at the takeover (`takeover`).
+    pub(super) inherited: HashMap<TaskInstanceId, Inherited>,
+    /// The epoch is to be written to the fences bucket once the claim is stored.
+    pub(super) fence_due: bool,
+    /// The epoch is in the fences bucket: inherited attempts may be found lost from now on.
+    pub(super) fenced: bool,
     pub(super) last_progress_ms: u64,
     /// The state changed since the last progress snapshot was published.
     pub(super) progress_due: bool,
@@ -111,6 +124,11 @@ impl Live {
             dispatch: Vec::new(),
             stop: Vec::new(),
             preempt: Vec::new(),
+            abort: Vec::new(),
+            epoch: 0,
+            inherited: HashMap::new(),
+            fence_due: false,
+            fenced: false,
             last_progress_ms: 0,
             progress_due: true,
             dirty: false,
@@ -163,7 +181,11 @@ impl Live {
             }
             self.seq += 1;
             self.pending.push(log::event_to_proto(id, self.seq, &event));
-            self.stop.extend_from_slice(stop);
+            let machine = &self.machine;
+            self.stop.extend(
+                stop.iter()
+                    .map(|instance| (*instance, machine.attempt(*instance).unwrap_or(0))),
+            );
             match &event.body {
                 EventBody::TaskDispatched { instance, .. } => self.dispatch.push(*instance),
                 EventBody::PauseRequested {
@@ -289,12 +311,6 @@ impl Live {
                 })
                 .collect(),
         }
-    }
-
-    /// The instances a worker should be running now: after a recovery their assignments are
-    /// published again (JetStream drops the copies it still holds, by message id).
-    pub(super) fn redispatch_running(&mut self) {
-        self.dispatch = self.machine.instances_in(TaskState::Running).collect();
     }
 
     /// Decodes the log held in memory from sequence `from` on.

@@ -32,6 +32,7 @@ pub mod pauses;
 mod requests;
 mod results;
 mod shards;
+mod takeover;
 mod workers;
 
 use std::collections::{BTreeSet, HashMap};
@@ -165,6 +166,8 @@ pub struct Coordinator {
     refused: BTreeSet<ExecutionId>,
     /// The pauses of queues, namespaces and the fleet in force.
     pauses: Arc<pauses::FleetPauses>,
+    /// Executions with attempts inherited from a former owner (`takeover`).
+    inheriting: BTreeSet<ExecutionId>,
 }
 
 /// What a turn collects before it returns.
@@ -220,6 +223,7 @@ impl Coordinator {
             pending: Pending::default(),
             refused: BTreeSet::new(),
             pauses: Arc::default(),
+            inheriting: BTreeSet::new(),
         }
     }
 
@@ -296,8 +300,15 @@ impl Coordinator {
                     self.result(delivery, now);
                 }
             }
-            Input::Heartbeat(payload) => self.workers.heartbeat(&payload, now),
+            Input::Heartbeat(payload) => {
+                if let Some(heartbeat) = workers::Registry::decode(&payload) {
+                    self.heard(&heartbeat, now);
+                    self.workers.heartbeat(heartbeat, now);
+                }
+            }
+            Input::Fenced { id, epoch } => self.fenced(id, epoch, now),
             Input::Tick => {
+                self.lapse_inherited(now);
                 for (id, live) in &mut self.executions {
                     if !live.machine.state().is_terminal() && !live.dirty {
                         live.dirty = true;

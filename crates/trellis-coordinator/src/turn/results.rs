@@ -14,6 +14,7 @@ use trellis_proto::v1;
 use trellis_wire::worker;
 
 use super::{Coordinator, Delivery};
+use crate::metrics;
 
 /// The attempt a result names.
 pub(super) type AttemptKey = (ExecutionId, TaskInstanceId, u32);
@@ -111,8 +112,25 @@ impl Coordinator {
             self.metrics.set_aside("unknown_execution");
             return Fed::Done(None);
         };
+        let lost = matches!(
+            &result.outcome,
+            Some(v1::task_result::Outcome::Failed(failed)) if failed.lost_deliveries > 0
+        );
+        let labels = lost
+            .then(|| {
+                let instance = result.task_instance_id.parse::<TaskInstanceId>().ok()?;
+                let assignment = live.machine.assignment(instance)?;
+                Some(metrics::task_labels(assignment.queue, assignment.task_type))
+            })
+            .flatten();
         match live.record(id, event, &self.metrics) {
-            Ok(Applied::Changed { .. }) => self.mark(id),
+            Ok(Applied::Changed { .. }) => {
+                if let Some(labels) = labels {
+                    // Its workers died with it, delivery after delivery (a poison task).
+                    self.metrics.lost.get_or_create(&labels).inc();
+                }
+                self.mark(id)
+            }
             Ok(Applied::Ignored(reason)) => {
                 tracing::debug!(%id, ?reason, "duplicate task result ignored");
             }
@@ -184,6 +202,7 @@ fn enforce_payload_limit(result: &mut v1::TaskResult, max_bytes: usize) -> Optio
     result.outcome = Some(Outcome::Failed(v1::task_result::Failed {
         error: why.clone(),
         retryable: false,
+        lost_deliveries: 0,
     }));
     Some(why)
 }

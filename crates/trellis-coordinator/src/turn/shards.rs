@@ -267,7 +267,6 @@ impl Coordinator {
                 live.checkpoint.at_ms = now;
             }
             if !live.machine.state().is_terminal() {
-                live.redispatch_running();
                 // The claim's append fences out a former owner that has not noticed yet: its
                 // own next append no longer follows the log. Refused itself (the former owner
                 // wrote after this coordinator read the log), the execution is loaded again.
@@ -279,6 +278,11 @@ impl Coordinator {
                 };
                 if let Err(err) = live.record(id, claim, &self.metrics) {
                     tracing::error!(%id, %err, "claim refused by the state machine");
+                }
+                // What the former owner left running is left to its workers while they run
+                // it, and sent again under this owner's epoch once none does (`takeover`).
+                if live.inherit_running(now) {
+                    self.inheriting.insert(id);
                 }
             }
             if !execution.started.idempotency_key.is_empty() {

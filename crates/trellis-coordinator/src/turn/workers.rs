@@ -9,7 +9,7 @@ use trellis_wire::worker;
 use crate::metrics::Metrics;
 
 /// A worker is declared terminated after this many missed heartbeats.
-const MISSED_BEFORE_TERMINATED: u32 = 3;
+pub(super) const MISSED_BEFORE_TERMINATED: u32 = 3;
 /// A worker silent this long leaves the registry: `ListWorkers` no longer shows it, even with
 /// `include_terminated`.
 pub(super) const FORGET_AFTER_MS: u64 = 10 * 60 * 1000;
@@ -31,15 +31,15 @@ pub(super) struct Registry {
 }
 
 impl Registry {
-    /// Takes one encoded heartbeat; an invalid one is logged and ignored.
-    pub(super) fn heartbeat(&mut self, payload: &[u8], now: u64) {
-        let heartbeat = match worker::decode_heartbeat(payload) {
-            Ok(heartbeat) => heartbeat,
-            Err(err) => {
-                tracing::warn!(%err, "invalid heartbeat ignored");
-                return;
-            }
-        };
+    /// Decodes one heartbeat; an invalid one is logged and `None`.
+    pub(super) fn decode(payload: &[u8]) -> Option<v1::WorkerHeartbeat> {
+        worker::decode_heartbeat(payload)
+            .inspect_err(|err| tracing::warn!(%err, "invalid heartbeat ignored"))
+            .ok()
+    }
+
+    /// Takes one heartbeat.
+    pub(super) fn heartbeat(&mut self, heartbeat: v1::WorkerHeartbeat, now: u64) {
         let entry = self
             .workers
             .entry(heartbeat.worker_id.clone())

@@ -120,6 +120,16 @@ impl Checker {
                     ));
                 }
             }
+            if let EventBody::TaskLost { instance, attempt } = event.body
+                && let Some(acked_at) = nats.acked_results.get(&(instance.to_string(), attempt))
+                && *acked_at < event.at_ms
+            {
+                return Err(format!(
+                    "attempt {attempt} of instance {instance} of {id} was found lost at {}, \
+                     but a result ending it was acknowledged at {acked_at}: the result was dropped",
+                    event.at_ms
+                ));
+            }
             if let EventBody::TaskCompleted { instance, .. } = event.body {
                 let n = self.completions.entry(instance).or_default();
                 *n += 1;

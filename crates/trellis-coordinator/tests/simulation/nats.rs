@@ -313,6 +313,11 @@ pub struct Nats {
     pub leases: Leases,
     /// The index bucket `trellis_executions`: `<shard>.<id>` while unfinished.
     pub index: BTreeSet<String>,
+    /// The fences bucket `trellis_fences`: execution id to epoch (workers read it at once).
+    pub fences: BTreeMap<String, u64>,
+    /// When a coordinator acknowledged a result ending each attempt (instance id, attempt): from
+    /// then on its event must be in the log, so the attempt is never found lost later.
+    pub acked_results: BTreeMap<(String, u32), u64>,
 }
 
 impl Nats {

@@ -330,6 +330,7 @@ impl World {
             handover,
             load,
             consume,
+            fences,
         } = effects;
         for assign in assignments {
             if self.crash_here() {
@@ -349,6 +350,11 @@ impl World {
         }
         for key in index_deletes {
             self.nats.index.remove(&key);
+        }
+        for (id, epoch) in fences {
+            self.nats.fences.insert(id.to_string(), epoch);
+            let delay = self.rng.between(1, 30);
+            self.schedule(idx, delay, Input::Fenced { id, epoch });
         }
         if self.crash_here() {
             self.crash(idx);
@@ -430,7 +436,25 @@ impl World {
             let queue = &mut self.nats.results[shard].0;
             match ack {
                 Ack::Ack => {
-                    queue.ack(seq, idx);
+                    let ended = queue
+                        .messages
+                        .get(&seq)
+                        .and_then(|message| v1::TaskResult::decode(message.payload.clone()).ok())
+                        .filter(|result| {
+                            !matches!(
+                                result.outcome,
+                                None | Some(v1::task_result::Outcome::Started(_))
+                                    | Some(v1::task_result::Outcome::StepCheckpoint(_))
+                            )
+                        });
+                    if queue.ack(seq, idx)
+                        && let Some(result) = ended
+                    {
+                        self.nats
+                            .acked_results
+                            .entry((result.task_instance_id, result.attempt))
+                            .or_insert(now);
+                    }
                 }
                 Ack::Later => queue.nak(seq, idx, now + 20),
             }

@@ -113,6 +113,25 @@ impl Worker {
                 nats.tasks.ack(seq, self.idx);
                 continue;
             };
+            // Past its deadline (timed out while it waited in the queue): the real worker ends
+            // it at once as "deadline exceeded", which the coordinator ignores as a result of
+            // an attempt it has already ended; it never runs.
+            if assignment
+                .deadline_unix_ms
+                .is_some_and(|deadline| deadline <= now as i64)
+            {
+                nats.tasks.ack(seq, self.idx);
+                continue;
+            }
+            // Sent by a former owner of the execution: refused, as the real worker does.
+            if nats
+                .fences
+                .get(&assignment.execution_id)
+                .is_some_and(|fence| assignment.fence < *fence)
+            {
+                nats.tasks.ack(seq, self.idx);
+                continue;
+            }
             let started = v1::task_result::Outcome::Started(v1::task_result::Started {});
             publish_result(nats, self.idx, &assignment, started, now);
             let slow = sim(&assignment)["slow"] == json!(true) && assignment.attempt == 1;
@@ -177,6 +196,7 @@ fn outcome(assignment: &v1::TaskAssignment, worker: usize, now: u64) -> v1::task
         return Outcome::Failed(Failed {
             error: format!("attempt {} fails on purpose", assignment.attempt),
             retryable: true,
+            lost_deliveries: 0,
         });
     }
     let instance: TaskInstanceId = assignment

@@ -33,8 +33,10 @@ pub(crate) const LEASE_TTL: u64 = 300;
 pub(crate) const TASK_ACK_WAIT: u64 = 150;
 /// The results consumers' ack wait.
 pub(crate) const RESULT_ACK_WAIT: u64 = 1_000;
-/// How long the message-id de-duplication of the work queue lasts.
-pub(crate) const DUPLICATE_WINDOW: u64 = 120_000;
+/// How long the message-id de-duplication of the work queue lasts: far shorter than JetStream's
+/// two minutes relative to the tasks, so a takeover that sent again what a worker still runs
+/// would run it twice (`no_double_runs`).
+pub(crate) const DUPLICATE_WINDOW: u64 = 50;
 pub(crate) const TICK: u64 = 20;
 /// Faults are injected until this time; then the cluster heals and must finish everything.
 pub(crate) const FAULTS_UNTIL: u64 = 3_000;
@@ -219,6 +221,7 @@ impl World {
             for worker in &mut self.workers {
                 worker.step(&mut self.nats, &mut self.rng, self.now, TASK_ACK_WAIT);
             }
+            self.no_double_runs()?;
             self.heartbeats();
             self.client_step();
             self.checker.observe(&self.nats, SHARDS)?;
@@ -285,6 +288,33 @@ impl World {
             );
         }
         eprintln!("leases: {:?}", self.nats.leases.entries);
+    }
+
+    /// No attempt runs on two live workers at once, and no attempt a former owner of the
+    /// execution sent runs beside one of a later owner (a takeover sent nothing again that a
+    /// worker still ran). Two attempts of one owner may overlap only when a worker died between
+    /// storing an attempt's result and acknowledging its message: JetStream delivers that attempt
+    /// again while the next one runs (at-least-once delivery; the coordinator ignores its result).
+    fn no_double_runs(&self) -> Result<(), String> {
+        let mut running: BTreeMap<&str, Vec<(usize, u32, u64)>> = BTreeMap::new();
+        for worker in self.workers.iter().filter(|worker| worker.up) {
+            for run in &worker.runs {
+                let instance = run.assignment.task_instance_id.as_str();
+                let here = (worker.idx, run.assignment.attempt, run.assignment.fence);
+                let others = running.entry(instance).or_default();
+                if let Some(other) = others
+                    .iter()
+                    .find(|(_, attempt, fence)| *attempt == here.1 || *fence != here.2)
+                {
+                    return Err(format!(
+                        "{}: instance {instance} runs twice at once: (worker, attempt, fence) {other:?} and {here:?}",
+                        self.now
+                    ));
+                }
+                others.push(here);
+            }
+        }
+        Ok(())
     }
 
     /// Every worker that is up heartbeats to every coordinator process, each interval.

@@ -42,6 +42,7 @@ fn task_result_round_trips_with_every_outcome() {
         task_result::Outcome::Failed(task_result::Failed {
             error: "exit status 2".to_owned(),
             retryable: true,
+            lost_deliveries: 3,
         }),
         task_result::Outcome::Spawned(task_result::Spawned {
             group: Some(SubtaskGroup {

@@ -83,6 +83,7 @@ fn results_become_events() {
         task_result::Outcome::Failed(task_result::Failed {
             error: "exit status 2".to_owned(),
             retryable: true,
+            lost_deliveries: 0,
         }),
         EventBody::TaskFailed {
             instance,
@@ -198,6 +199,7 @@ fn a_result_without_usage_consumed_nothing() {
     let mut result = task_result(Some(task_result::Outcome::Failed(task_result::Failed {
         error: "boom".to_owned(),
         retryable: false,
+        lost_deliveries: 0,
     })));
     result.usage = None;
     let (_, event) = result_to_event(&result, AT_MS).expect("converts");
