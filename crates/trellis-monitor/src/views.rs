@@ -374,6 +374,7 @@ impl EventView {
                         match v1::ExecutionOutcome::try_from(e.outcome) {
                             Ok(v1::ExecutionOutcome::Completed) => "completed".to_owned(),
                             Ok(v1::ExecutionOutcome::Failed) => "failed".to_owned(),
+                            Ok(v1::ExecutionOutcome::Cancelled) => "cancelled".to_owned(),
                             _ => String::new(),
                         },
                     ),

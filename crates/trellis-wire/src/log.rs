@@ -274,6 +274,7 @@ fn event_body_to_proto(body: &EventBody) -> v1::event::Kind {
             let outcome = match outcome {
                 Outcome::Completed => v1::ExecutionOutcome::Completed,
                 Outcome::Failed => v1::ExecutionOutcome::Failed,
+                Outcome::Cancelled => v1::ExecutionOutcome::Cancelled,
             };
             Kind::ExecutionFinished(v1::ExecutionFinished {
                 outcome: outcome.into(),
@@ -463,6 +464,7 @@ fn decode_event(at: &At<'_>, event: &v1::Event) -> Result<LogEntry, ConvertError
                 }
                 v1::ExecutionOutcome::Completed => Outcome::Completed,
                 v1::ExecutionOutcome::Failed => Outcome::Failed,
+                v1::ExecutionOutcome::Cancelled => Outcome::Cancelled,
             };
             EventBody::ExecutionFinished { outcome }
         }

@@ -350,6 +350,7 @@ pub fn execution_change(kind: Option<&Kind>) -> Option<ExecutionChange> {
         Kind::ExecutionFinished(e) => match ExecutionOutcome::try_from(e.outcome) {
             Ok(ExecutionOutcome::Completed) => Some(change(ExecutionState::Completed, "")),
             Ok(ExecutionOutcome::Failed) => Some(change(ExecutionState::Failed, "")),
+            Ok(ExecutionOutcome::Cancelled) => Some(change(ExecutionState::Cancelled, "")),
             // An outcome this build does not know still ends the execution.
             Ok(ExecutionOutcome::Unspecified) | Err(_) => {
                 Some(change(ExecutionState::Failed, "unknown outcome"))

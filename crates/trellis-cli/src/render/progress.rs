@@ -132,8 +132,11 @@ impl Tracker {
         self.last_event_ms = event.timestamp_unix_ms;
         self.last_sequence = event.sequence;
         if let Some(change) = events::execution_change(event.kind.as_ref()) {
+            // `execution_finished` after the event that ended the execution keeps its reason.
+            if !(change.reason.is_empty() && change.state == self.state) {
+                self.reason = change.reason;
+            }
             self.state = change.state;
-            self.reason = change.reason;
         }
     }
 

@@ -210,9 +210,27 @@ impl Execution {
         outcome: Outcome,
         at: u64,
     ) -> Result<Applied, ApplyError> {
+        if self.state.is_terminal() && self.finish_due {
+            // Ended by a request, a policy or a timeout: the log's last word, changing nothing.
+            let actual = Outcome::of(self.state);
+            if actual != Some(outcome) {
+                return Err(ApplyError::CannotFinish {
+                    claimed: outcome,
+                    reason: format!("the execution ended {}", self.state.as_str()),
+                });
+            }
+            self.finish_due = false;
+            return Ok(Applied::Changed { stop: Vec::new() });
+        }
         self.require_live("execution_finished")?;
+        if outcome == Outcome::Cancelled {
+            return Err(ApplyError::CannotFinish {
+                claimed: outcome,
+                reason: "only a cancel request cancels an execution".to_owned(),
+            });
+        }
         if self.open_slots > 0 {
-            let reason = format!("{} tasks have not settled", self.open_slots);
+            let reason = format!("{} not settled", tasks(self.open_slots));
             return Err(ApplyError::CannotFinish {
                 claimed: outcome,
                 reason,
@@ -224,7 +242,7 @@ impl Execution {
             Outcome::Completed
         };
         if actual != outcome {
-            let reason = format!("{} tasks failed", self.failed_slots);
+            let reason = format!("{} failed", tasks(self.failed_slots));
             return Err(ApplyError::CannotFinish {
                 claimed: outcome,
                 reason,
@@ -233,7 +251,7 @@ impl Execution {
         self.state = outcome.into();
         self.ended_at_ms = Some(at);
         if actual == Outcome::Failed && self.reason.is_none() {
-            self.reason = Some(format!("{} tasks failed", self.failed_slots));
+            self.reason = Some(format!("{} failed", tasks(self.failed_slots)));
         }
         Ok(Applied::Changed { stop: Vec::new() })
     }
@@ -260,6 +278,8 @@ impl Execution {
     /// (with ids of the new run) once its dependencies allow. The earlier runs' instances stay, as
     /// history.
     fn start_run(&mut self, run: u32, at: u64) {
+        // A log written before every end was logged may start a run right after the end.
+        self.finish_due = false;
         self.run_number = run;
         self.run_started_at_ms = at;
         self.state = ExecutionState::Running;
@@ -377,6 +397,7 @@ impl Execution {
         self.state = state;
         self.reason = Some(reason);
         self.ended_at_ms = Some(at);
+        self.finish_due = true;
         for idx in 0..self.instances.len() as InstIdx {
             let (state, id) = (
                 self.instances[idx as usize].state,
@@ -407,5 +428,14 @@ impl Execution {
         self.deadlines.clear();
         self.expiries.clear();
         self.holds = Default::default();
+    }
+}
+
+/// "1 task", "3 tasks".
+fn tasks(n: u32) -> String {
+    if n == 1 {
+        "1 task".to_owned()
+    } else {
+        format!("{n} tasks")
     }
 }

@@ -20,6 +20,11 @@ impl Execution {
     pub fn decide_holding(&self, now_ms: u64, held: &dyn Fn(&str) -> bool) -> Vec<Command> {
         let mut commands = Vec::new();
         if self.state.is_terminal() {
+            if self.finish_due
+                && let Some(outcome) = Outcome::of(self.state)
+            {
+                commands.push(Command::Finish { outcome });
+            }
             return commands;
         }
         if let Some(timeout) = self.plan.options.global_timeout

@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::ExecutionState;
 use crate::ids::{GroupId, QuestionId, TaskInstanceId, WorkerId};
 
 /// One entry of an execution's event log.
@@ -285,6 +286,20 @@ pub enum TimeoutAction {
 pub enum Outcome {
     Completed,
     Failed,
+    /// Cancelled by a request; only ever the outcome of an execution already ended by it.
+    Cancelled,
+}
+
+impl Outcome {
+    /// The outcome that ends an execution in `state`; `None` while it has not ended.
+    pub fn of(state: ExecutionState) -> Option<Outcome> {
+        match state {
+            ExecutionState::Completed => Some(Outcome::Completed),
+            ExecutionState::Failed => Some(Outcome::Failed),
+            ExecutionState::Cancelled => Some(Outcome::Cancelled),
+            _ => None,
+        }
+    }
 }
 
 /// What the state machine wants done. Each command becomes exactly one event, appended to the log

@@ -233,6 +233,9 @@ pub struct Execution {
     budget_tripped: bool,
     settled_units: u64,
     holds: Holds,
+    /// Ended by a request, a policy or a timeout (not by its tasks settling), with no
+    /// `ExecutionFinished` logged yet: `decide` proposes it, so every ended log ends with one.
+    finish_due: bool,
     /// Instances whose record changed since [`Execution::take_changed_records`] last ran.
     changed: Changed,
 }
@@ -302,6 +305,7 @@ impl Execution {
             budget_tripped: false,
             settled_units: 0,
             holds: Holds::default(),
+            finish_due: false,
             changed: Changed::default(),
         };
         let mut fallback_only = Vec::new();

@@ -66,6 +66,7 @@ struct Borrowed<'a> {
     budget_tripped: bool,
     settled_units: u64,
     holds: &'a Holds,
+    finish_due: bool,
 }
 
 /// The same fields, owned for reading.
@@ -100,6 +101,9 @@ struct Owned {
     /// Added after format 1 was fixed: older snapshots end before it and hold nothing.
     #[serde(default)]
     holds: Holds,
+    /// Added after format 1 was fixed, as `holds`.
+    #[serde(default)]
+    finish_due: bool,
 }
 
 impl Execution {
@@ -132,6 +136,7 @@ impl Execution {
             budget_tripped: self.budget_tripped,
             settled_units: self.settled_units,
             holds: &self.holds,
+            finish_due: self.finish_due,
         };
         // Encoding into a Vec cannot fail: every field is a plain value, map keys included.
         rmp_serde::to_vec(&borrowed).unwrap_or_default()
@@ -198,6 +203,7 @@ impl Execution {
             budget_tripped: owned.budget_tripped,
             settled_units: owned.settled_units,
             holds: owned.holds,
+            finish_due: owned.finish_due,
             changed: Changed::default(),
         })
     }

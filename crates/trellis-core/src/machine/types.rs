@@ -48,6 +48,7 @@ impl From<Outcome> for ExecutionState {
         match outcome {
             Outcome::Completed => Self::Completed,
             Outcome::Failed => Self::Failed,
+            Outcome::Cancelled => Self::Cancelled,
         }
     }
 }

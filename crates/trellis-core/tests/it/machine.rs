@@ -2,8 +2,8 @@
 
 use trellis_core::ids::{GroupId, QuestionId, TaskInstanceId, WorkerId};
 use trellis_core::machine::{
-    Applied, ApplyError, EventBody, ExecutionState, GroupRule, Ignored, PauseMode, PauseScope,
-    Question, ResumeContext, SubtaskSpec, TimeoutAction, Usage,
+    Applied, ApplyError, EventBody, ExecutionState, GroupRule, Ignored, Outcome, PauseMode,
+    PauseScope, Question, ResumeContext, SubtaskSpec, TimeoutAction, Usage,
 };
 use trellis_core::policy::{Backoff, BackoffKind, FailureAction};
 use trellis_core::record::TaskState;
@@ -707,7 +707,7 @@ fn refused_events_change_nothing() {
             answer: "x".into(),
         },
         EventBody::ExecutionFinished {
-            outcome: trellis_core::machine::Outcome::Completed,
+            outcome: Outcome::Completed,
         },
         EventBody::BudgetExhausted {
             reason: "no".into(),
@@ -922,4 +922,113 @@ fn holds_survive_a_snapshot() {
     .expect("restore");
     assert_eq!(restored, sim.exec);
     assert_eq!(restored.decide(sim.now).len(), 1, "only b starts");
+}
+
+/// The kind of the last event of the log, and the `execution_finished` outcome, if it is one.
+fn last_event(sim: &Sim) -> (&'static str, Option<Outcome>) {
+    let last = sim.log.last().expect("the log is not empty");
+    let outcome = match &last.body {
+        EventBody::ExecutionFinished { outcome } => Some(*outcome),
+        _ => None,
+    };
+    (last.body.name(), outcome)
+}
+
+#[test]
+fn every_end_is_logged_as_execution_finished_once() {
+    // Cancelled by a request.
+    let mut sim = Sim::new(PlanBuilder::new().task("a", &[]).task("b", &["a"]).build());
+    sim.decide();
+    sim.apply(EventBody::CancelRequested {
+        reason: "user".into(),
+    })
+    .expect("cancel");
+    assert_eq!(sim.decide(), 1, "the end is decided");
+    assert_eq!(
+        last_event(&sim),
+        ("execution_finished", Some(Outcome::Cancelled))
+    );
+    assert_eq!(sim.exec.state(), ExecutionState::Cancelled);
+    assert_eq!(sim.exec.reason(), Some("user"), "the reason stays");
+    assert_eq!(sim.decide(), 0, "logged once");
+    assert_eq!(
+        sim.apply(EventBody::ExecutionFinished {
+            outcome: Outcome::Cancelled
+        }),
+        Err(ApplyError::InvalidExecutionTransition {
+            state: "cancelled",
+            event: "execution_finished"
+        }),
+        "a second end is refused"
+    );
+    assert_eq!(sim.replay().state(), ExecutionState::Cancelled);
+    assert_eq!(
+        sim.replay().decide(sim.now),
+        vec![],
+        "the replay is ended too"
+    );
+
+    // Failed by an escalation chain that aborts.
+    let plan = PlanBuilder::new()
+        .task("a", &[])
+        .task("b", &[])
+        .edit("a", |t| t.on_failure = chain(vec![FailureAction::Abort]))
+        .build();
+    let mut sim = Sim::new(plan);
+    sim.decide();
+    let a = running(&sim)
+        .into_iter()
+        .find(|i| task_of(&sim, *i) == "a")
+        .expect("a runs");
+    fail(&mut sim, a, true);
+    assert_eq!(sim.exec.state(), ExecutionState::Failed);
+    sim.decide();
+    assert_eq!(
+        last_event(&sim),
+        ("execution_finished", Some(Outcome::Failed))
+    );
+
+    // Failed by its global timeout.
+    let plan = PlanBuilder::new()
+        .options(|o| o.global_timeout = Some(ms(1_000)))
+        .task("a", &[])
+        .build();
+    let mut sim = Sim::new(plan);
+    sim.decide();
+    sim.advance(1_000);
+    sim.decide();
+    assert_eq!(sim.exec.state(), ExecutionState::Failed);
+    assert_eq!(
+        sim.decide(),
+        1,
+        "the end is decided once the timeout is applied"
+    );
+    assert_eq!(
+        last_event(&sim),
+        ("execution_finished", Some(Outcome::Failed))
+    );
+    assert_eq!(
+        sim.log.iter().rev().nth(1).map(|e| e.body.name()),
+        Some("execution_timed_out")
+    );
+
+    // A claimed outcome other than how it ended is refused, and so is cancelling by finishing.
+    let mut sim = Sim::new(PlanBuilder::new().task("a", &[]).build());
+    sim.decide();
+    assert!(matches!(
+        sim.apply(EventBody::ExecutionFinished {
+            outcome: Outcome::Cancelled
+        }),
+        Err(ApplyError::CannotFinish { .. })
+    ));
+    sim.apply(EventBody::CancelRequested {
+        reason: "user".into(),
+    })
+    .expect("cancel");
+    assert!(matches!(
+        sim.apply(EventBody::ExecutionFinished {
+            outcome: Outcome::Completed
+        }),
+        Err(ApplyError::CannotFinish { .. })
+    ));
 }
