@@ -185,10 +185,23 @@ async fn fanout(ctx: TaskContext) -> Outcome {
 }
 
 /// The checks are the coordinator's: a group it would refuse fails the attempt here, with the
-/// reason, instead of leaving the task running with a result nobody accepts.
+/// reason, instead of leaving the task running with a result nobody accepts. Resumed after its
+/// group, it completes with the group's counts when the group met its rule, and fails (not
+/// retryable: the same group would fail it again) when it did not, so an `all_succeeded` or
+/// quorum group that failed fails its parent and holds back the parent's dependents.
 fn fanout_outcome(given: Given<'_>) -> Outcome {
     if let Some(summary) = given.summary {
+        if !summary.succeeded {
+            return Outcome::failed(
+                format!(
+                    "the subtask group did not meet its rule: {} of {} members completed, {} failed, {} cancelled",
+                    summary.completed, summary.member_count, summary.failed, summary.cancelled
+                ),
+                false,
+            );
+        }
         return Outcome::Completed(json!({
+            "succeeded": summary.succeeded,
             "members": summary.member_count,
             "completed": summary.completed,
             "failed": summary.failed,
@@ -351,6 +364,37 @@ mod tests {
         assert!(
             matches!(&spawned, Some(Outcome::Spawn { rule: GroupRule::Quorum(2), members }) if members.len() == 2),
             "{spawned:?}"
+        );
+    }
+
+    #[test]
+    fn a_resumed_fanout_completes_only_when_its_group_met_its_rule() {
+        let summary = |succeeded: bool| GroupSummary {
+            succeeded,
+            member_count: 3,
+            completed: if succeeded { 3 } else { 1 },
+            failed: if succeeded { 0 } else { 2 },
+            ..GroupSummary::default()
+        };
+        let met = summary(true);
+        let resumed = Given {
+            summary: Some(&met),
+            ..given("fanout", "")
+        };
+        assert_eq!(
+            pure_outcome(resumed),
+            Some(Outcome::Completed(json!({
+                "succeeded": true, "members": 3, "completed": 3, "failed": 0, "cancelled": 0,
+            })))
+        );
+        let missed = summary(false);
+        let resumed = Given {
+            summary: Some(&missed),
+            ..given("fanout", "")
+        };
+        assert_eq!(
+            failure(pure_outcome(resumed)),
+            "the subtask group did not meet its rule: 1 of 3 members completed, 2 failed, 0 cancelled"
         );
     }
 
