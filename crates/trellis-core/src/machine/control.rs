@@ -128,6 +128,11 @@ impl Execution {
                     state => return Err(invalid_execution(state, "resume_requested")),
                 }
                 self.reason = None;
+                if self.budget_tripped {
+                    // Resumed past an exhausted budget: the budget counts again, one more of it.
+                    self.budget_tripped = false;
+                    self.budget_grants += 1;
+                }
                 self.state = if self.open_questions > 0 && self.plan.options.pause_on_human_review {
                     ExecutionState::WaitingForHuman
                 } else {

@@ -112,22 +112,43 @@ impl Execution {
             return None;
         }
         let budget = &self.plan.options.budget;
-        if let Some(max) = budget.max_tokens
-            && self.usage.tokens_used >= max
-        {
-            return Some(format!(
-                "token budget exhausted: {} of {max} tokens used",
-                self.usage.tokens_used
-            ));
+        // Each resume after the budget paused the execution grants one more budget.
+        let budgets = 1 + u64::from(self.budget_grants);
+        let granted = if self.budget_grants == 0 {
+            String::new()
+        } else {
+            format!(
+                " ({budgets} budgets: resumed {} after exhausting it)",
+                times(self.budget_grants)
+            )
+        };
+        if let Some(max) = budget.max_tokens {
+            let limit = max.saturating_mul(budgets);
+            if self.usage.tokens_used >= limit {
+                return Some(format!(
+                    "token budget exhausted: {} of {limit} tokens used{granted}",
+                    self.usage.tokens_used
+                ));
+            }
         }
-        if let Some(max) = budget.max_cost
-            && self.usage.cost >= max
-        {
-            return Some(format!(
-                "cost budget exhausted: {:.4} of {max:.4} spent",
-                self.usage.cost
-            ));
+        if let Some(max) = budget.max_cost {
+            let limit = max * budgets as f64;
+            if self.usage.cost >= limit {
+                return Some(format!(
+                    "cost budget exhausted: {:.4} of {limit:.4} spent{granted}",
+                    self.usage.cost
+                ));
+            }
         }
         None
+    }
+}
+
+/// "once", "twice", "3 times".
+fn times(n: u32) -> String {
+    match n {
+        1 => "once".to_owned(),
+        2 => "twice".to_owned(),
+        n => format!("{n} times"),
     }
 }

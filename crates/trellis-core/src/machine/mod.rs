@@ -236,6 +236,8 @@ pub struct Execution {
     /// Ended by a request, a policy or a timeout (not by its tasks settling), with no
     /// `ExecutionFinished` logged yet: `decide` proposes it, so every ended log ends with one.
     finish_due: bool,
+    /// Resumes after an exhausted budget paused the execution: each grants one more budget.
+    budget_grants: u32,
     /// Instances whose record changed since [`Execution::take_changed_records`] last ran.
     changed: Changed,
 }
@@ -306,6 +308,7 @@ impl Execution {
             settled_units: 0,
             holds: Holds::default(),
             finish_due: false,
+            budget_grants: 0,
             changed: Changed::default(),
         };
         let mut fallback_only = Vec::new();

@@ -67,6 +67,7 @@ struct Borrowed<'a> {
     settled_units: u64,
     holds: &'a Holds,
     finish_due: bool,
+    budget_grants: u32,
 }
 
 /// The same fields, owned for reading.
@@ -104,6 +105,9 @@ struct Owned {
     /// Added after format 1 was fixed, as `holds`.
     #[serde(default)]
     finish_due: bool,
+    /// Added after format 1 was fixed, as `holds`.
+    #[serde(default)]
+    budget_grants: u32,
 }
 
 impl Execution {
@@ -137,6 +141,7 @@ impl Execution {
             settled_units: self.settled_units,
             holds: &self.holds,
             finish_due: self.finish_due,
+            budget_grants: self.budget_grants,
         };
         // Encoding into a Vec cannot fail: every field is a plain value, map keys included.
         rmp_serde::to_vec(&borrowed).unwrap_or_default()
@@ -204,6 +209,7 @@ impl Execution {
             settled_units: owned.settled_units,
             holds: owned.holds,
             finish_due: owned.finish_due,
+            budget_grants: owned.budget_grants,
             changed: Changed::default(),
         })
     }

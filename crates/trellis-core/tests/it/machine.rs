@@ -468,6 +468,7 @@ fn token_budget_pauses_with_the_reason() {
         .options(|o| o.budget.max_tokens = Some(1000))
         .task("a", &[])
         .task("b", &["a"])
+        .task("c", &["b"])
         .build();
     let mut sim = Sim::new(plan);
     sim.decide();
@@ -489,6 +490,45 @@ fn token_budget_pauses_with_the_reason() {
         Some("token budget exhausted: 1200 of 1000 tokens used")
     );
     assert!(running(&sim).is_empty(), "b is not dispatched");
+
+    // Resumed, it runs on with one more budget, and pauses again once that is spent too.
+    sim.apply(EventBody::resume()).expect("resume");
+    assert_eq!(sim.decide(), 1, "b is dispatched");
+    let b = running(&sim)[0];
+    sim.apply(EventBody::TaskCompleted {
+        instance: b,
+        attempt: 1,
+        output: serde_json::json!({}),
+        usage: Usage {
+            tokens_used: 900,
+            cost: 0.0,
+        },
+    })
+    .expect("completed");
+    sim.decide();
+    assert_eq!(sim.exec.state(), ExecutionState::Paused);
+    assert_eq!(
+        sim.exec.reason(),
+        Some(
+            "token budget exhausted: 2100 of 2000 tokens used (2 budgets: resumed once after exhausting it)"
+        )
+    );
+    let exhausted = sim
+        .log
+        .iter()
+        .filter(|e| e.body.name() == "budget_exhausted")
+        .count();
+    assert_eq!(exhausted, 2, "each exhaustion is logged");
+    let restored = trellis_core::machine::Execution::restore(
+        std::sync::Arc::clone(sim.exec.plan()),
+        &sim.exec.snapshot(),
+    )
+    .expect("restores");
+    assert_eq!(
+        restored.snapshot(),
+        sim.exec.snapshot(),
+        "the grants survive a snapshot"
+    );
 }
 
 #[test]
