@@ -92,6 +92,28 @@ fn bad_plan_lines(content: &[u8]) -> Vec<String> {
 }
 
 #[test]
+fn validate_warns_about_skip_that_fails_the_execution() {
+    let path = temp_file(b"name: w\ntasks:\n- {id: lint, type: noop, on_failure: [skip]}\n");
+    let path_text = path.to_str().expect("utf-8 temp path").to_owned();
+    let output = run(&["plan", "validate", &path_text]);
+    let _ = std::fs::remove_file(&path);
+    let err = stderr(&output);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "a warning is not an error: {err}"
+    );
+    assert!(stdout(&output).starts_with("ok: plan \"w\""));
+    assert!(
+        err.starts_with(&format!(
+            "{path_text}: warning: task lint: `skip` marks it skipped"
+        )),
+        "{err}"
+    );
+    assert!(err.contains("continue_on_partial_failure: true"), "{err}");
+}
+
+#[test]
 fn errors_come_with_hints() {
     let plan = b"name: p\ntasks:\n- {id: schema, type: noop}\n- {id: api, type: noop, depends_on: [shcema]}\n";
     assert_eq!(

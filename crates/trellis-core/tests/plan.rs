@@ -442,6 +442,27 @@ tasks:
     }
 
     #[test]
+    fn skip_without_continue_on_partial_failure_is_warned_about() {
+        let yaml = |continue_on: bool| {
+            format!(
+                "name: w\noptions: {{failure: {{continue_on_partial_failure: {continue_on}, overrides: {{shell: skip}}}}}}\ntasks:\n\
+                 - {{id: sh, type: shell}}\n\
+                 - {{id: own, type: noop, on_failure: [{{retry: {{max: 1}}}}, skip]}}\n\
+                 - {{id: plain, type: noop}}\n"
+            )
+        };
+        let warnings = compile_ok(&yaml(false)).warnings();
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(
+            warnings[0].starts_with("task sh: `skip` marks it skipped"),
+            "{warnings:?}"
+        );
+        assert!(warnings[1].starts_with("task own: "), "{warnings:?}");
+        assert!(warnings[1].contains("continue_on_partial_failure: true"));
+        assert_eq!(compile_ok(&yaml(true)).warnings(), Vec::<String>::new());
+    }
+
+    #[test]
     fn failure_handling_is_lowered() {
         let plan = compile_ok(
         "

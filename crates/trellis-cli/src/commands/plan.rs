@@ -202,6 +202,10 @@ pub async fn load(
             }
         }
     };
+    // The plan runs as written; what may surprise its author is said once, on stderr.
+    for warning in compiled.warnings() {
+        eprintln!("{name}: warning: {warning}");
+    }
     Ok((spec, compiled))
 }
 

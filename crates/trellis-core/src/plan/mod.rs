@@ -23,6 +23,7 @@ mod encoding;
 mod errors;
 mod expand;
 mod limits;
+mod lint;
 mod model;
 mod options;
 mod parse;
