@@ -250,7 +250,11 @@ pub(crate) fn outcome_to_proto(outcome: Outcome) -> task_result::Outcome {
             lost_deliveries: 0,
         }),
         Outcome::Lost { deliveries } => task_result::Outcome::Failed(task_result::Failed {
-            error: format!("worker lost {deliveries} times"),
+            error: if deliveries == 1 {
+                "worker lost 1 time".to_owned()
+            } else {
+                format!("worker lost {deliveries} times")
+            },
             retryable: true,
             lost_deliveries: deliveries,
         }),

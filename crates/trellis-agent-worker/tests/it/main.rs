@@ -3,6 +3,7 @@
 
 mod builtins;
 mod delivery;
+mod hostile;
 mod restart;
 mod sigkill;
 mod steps;
@@ -52,12 +53,24 @@ impl Harness {
     /// Starts a worker of `queues` with `registry`; cancel the token to stop it gracefully, or
     /// abort the handle to make it vanish like a killed process.
     fn worker(&self, worker_id: &str, queues: &[&str], registry: HandlerRegistry) -> Worker {
-        let config = Config {
+        self.worker_with(worker_id, queues, registry, |_| {})
+    }
+
+    /// [`Harness::worker`], with `tune` applied to its configuration.
+    fn worker_with(
+        &self,
+        worker_id: &str,
+        queues: &[&str],
+        registry: HandlerRegistry,
+        tune: impl FnOnce(&mut Config),
+    ) -> Worker {
+        let mut config = Config {
             queues: queues.iter().map(|queue| (*queue).to_owned()).collect(),
             worker_id: Some(worker_id.to_owned()),
             shutdown_grace_ms: 500,
             ..Config::new(self.server.url())
         };
+        tune(&mut config);
         let shutdown = CancellationToken::new();
         let handle = tokio::spawn(trellis_agent_worker::run(
             config,
