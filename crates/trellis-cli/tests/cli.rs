@@ -1567,3 +1567,128 @@ fn a_pause_without_a_target_or_with_two_is_refused_before_any_call() {
         );
     }
 }
+
+/// The pids of the processes whose parent is `pid`.
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|child| {
+            std::fs::read_to_string(format!("/proc/{child}/stat")).is_ok_and(|stat| {
+                // The fields after the command name (which may hold spaces) start after ") ".
+                stat.rsplit_once(") ")
+                    .and_then(|(_, rest)| rest.split(' ').nth(1)?.parse::<u32>().ok())
+                    == Some(pid)
+            })
+        })
+        .collect()
+}
+
+/// Whether `pid` runs (a zombie does not count).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        !stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z'))
+    })
+}
+
+#[test]
+fn dev_stopped_with_sigterm_stops_its_nats_server_and_removes_its_store() {
+    use std::io::BufRead as _;
+    let mut dev = Command::new(TRELLIS)
+        .args([
+            "dev",
+            "--listen",
+            "127.0.0.1:0",
+            "--monitor",
+            "127.0.0.1:0",
+            "--workers",
+            "1",
+            "--admin-addr",
+            "off",
+        ])
+        .env_remove("NATS_URL")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("trellis dev starts");
+    let pid = dev.id();
+    let stderr = dev.stderr.take().expect("piped stderr");
+    let (lines, received) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = lines.send(line);
+        }
+    });
+    let mut seen = Vec::new();
+    loop {
+        let Ok(line) = received.recv_timeout(std::time::Duration::from_secs(60)) else {
+            let _ = dev.kill();
+            panic!(
+                "trellis dev did not start within 60 s:\n{}",
+                seen.join("\n")
+            );
+        };
+        let ready = line.contains("coordinator at ");
+        seen.push(line);
+        if ready {
+            break;
+        }
+    }
+    let nats: Vec<u32> = children_of(pid)
+        .into_iter()
+        .filter(|child| {
+            std::fs::read_to_string(format!("/proc/{child}/comm"))
+                .is_ok_and(|comm| comm.trim() == "nats-server")
+        })
+        .collect();
+    assert_eq!(
+        nats.len(),
+        1,
+        "trellis dev runs one nats-server child: {nats:?}"
+    );
+    let store_prefix = format!("trellis-nats-{pid}-");
+    let stores = || -> Vec<PathBuf> {
+        std::fs::read_dir(std::env::temp_dir())
+            .map(|entries| {
+                entries
+                    .filter_map(Result::ok)
+                    .filter(|e| e.file_name().to_string_lossy().starts_with(&store_prefix))
+                    .map(|e| e.path())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(stores().len(), 1, "its store is in the temporary directory");
+    let status = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let exit = loop {
+        if let Some(exit) = dev.try_wait().expect("wait for trellis dev") {
+            break exit;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = dev.kill();
+            panic!("trellis dev still runs 30 s after SIGTERM");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(exit.success(), "trellis dev exited with {exit}");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(!alive(nats[0]), "its nats-server {} outlived it", nats[0]);
+    assert_eq!(
+        stores(),
+        Vec::<PathBuf>::new(),
+        "its NATS store was left behind"
+    );
+}

@@ -16,7 +16,7 @@ use crate::local;
         on a free loopback port with its store in a temporary directory. The coordinator serves \
         gRPC on --listen; other `trellis` commands reach it there by default. The monitor (web \
         UI) serves on --monitor; its controls need the token printed at start (or the one given \
-        with --monitor-token). Ctrl-C stops everything.",
+        with --monitor-token). Ctrl-C or SIGTERM stops everything and removes its temporary NATS store.",
     after_help = "Examples:\n  \
         trellis dev\n  \
         trellis dev --workers 4 --slots 64\n  \
@@ -50,7 +50,7 @@ pub struct DevArgs {
     pub admin_addr: String,
 }
 
-/// Runs `trellis dev` until Ctrl-C.
+/// Runs `trellis dev` until Ctrl-C or SIGTERM.
 pub async fn run(args: DevArgs) -> Result<(), Failure> {
     let token = args
         .monitor_token
@@ -93,10 +93,11 @@ pub async fn run(args: DevArgs) -> Result<(), Failure> {
          monitor: {monitor}/?token={token}\n  \
          metrics: {admin}\n  \
          try: trellis submit --wait examples/demo.yaml\n  \
-         or:  TRELLIS_PLANNER={} trellis submit --wait examples/demo.yaml\n  Ctrl-C stops",
+         or:  TRELLIS_PLANNER={} trellis submit --wait examples/demo.yaml\n  Ctrl-C (or SIGTERM) stops",
         local.coordinator_url, local.planner_url, local.nats_url, args.workers, local.planner_url
     );
-    let _ = tokio::signal::ctrl_c().await;
+    // SIGTERM is what process managers, CI runners and Kubernetes send: it cleans up as Ctrl-C.
+    trellis_telemetry::shutdown_signal().await;
     eprintln!("trellis dev: stopping");
     local.stop().await;
     Ok(())
