@@ -1,5 +1,11 @@
 //! The `shell` handler: runs a command (no shell unless the command names one), captures bounded
 //! stdout and stderr, and kills the process when the task is cancelled.
+//!
+//! The command runs as the leader of a process group of its own, and everything in that group is
+//! killed when the task ends in any way (done, cancelled, handed back, the worker stopping), so
+//! nothing it started runs on unobserved. On Linux the command is also killed when the worker
+//! process dies (`PR_SET_PDEATHSIG`), even by SIGKILL; what the command itself started before
+//! that outlives it only if it left the group.
 
 use std::collections::BTreeMap;
 use std::process::Stdio;
@@ -47,6 +53,7 @@ pub(super) async fn run(ctx: TaskContext) -> Outcome {
     if let Some(cwd) = &cwd {
         cmd.current_dir(cwd);
     }
+    tie_to_worker(&mut cmd);
     let mut child = match cmd.spawn() {
         Ok(child) => child,
         // A missing program or a bad working directory will not fix itself.
@@ -54,6 +61,7 @@ pub(super) async fn run(ctx: TaskContext) -> Outcome {
             return Outcome::failed(format!("failed to start {program:?}: {error}"), false);
         }
     };
+    let _group = child.id().map(Group);
     ctx.progress(0, format!("running {program}"));
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
@@ -93,6 +101,52 @@ pub(super) async fn run(ctx: TaskContext) -> Outcome {
         "stdout_truncated": stdout_truncated,
         "stderr_truncated": stderr_truncated,
     }))
+}
+
+/// The command's process group: killed whole when dropped, however the task ended.
+struct Group(u32);
+
+impl Drop for Group {
+    // No safe wrapper for killpg exists in std or tokio.
+    #[allow(unsafe_code)]
+    fn drop(&mut self) {
+        let Ok(pgid) = libc::pid_t::try_from(self.0) else {
+            return;
+        };
+        // SAFETY: killpg only sends a signal; the group is the one the child leads (its pid,
+        // which is not reused while any member of the group lives). A group already gone
+        // answers ESRCH, which is fine.
+        unsafe {
+            libc::killpg(pgid, libc::SIGKILL);
+        }
+    }
+}
+
+/// Makes the command the leader of a new process group and, on Linux, has the kernel kill it
+/// when the worker process dies.
+// `pre_exec` is unsafe by signature (its closure runs between fork and exec), and std has no safe
+// way to set a parent-death signal.
+#[allow(unsafe_code)]
+fn tie_to_worker(cmd: &mut Command) {
+    cmd.process_group(0);
+    #[cfg(target_os = "linux")]
+    {
+        let worker = std::process::id();
+        // SAFETY: the closure runs in the child between fork and exec, where only
+        // async-signal-safe calls are allowed: prctl and getppid are, and nothing allocates.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The worker died before the call: the signal will never come.
+                if u32::try_from(libc::getppid()) != Ok(worker) {
+                    return Err(std::io::Error::other("the worker is gone"));
+                }
+                Ok(())
+            });
+        }
+    }
 }
 
 /// Reads a pipe to its end, keeping the first [`CAPTURE_LIMIT`] bytes (lossy UTF-8).

@@ -92,7 +92,7 @@ async fn fanout_spawns_a_group_then_completes_with_its_summary() -> anyhow::Resu
     let result = harness.result_of(&resumed.task_instance_id).await?;
     assert_eq!(
         completed_output(&result)?,
-        json!({"members": 3, "completed": 2, "failed": 1, "cancelled": 0})
+        json!({"succeeded": true, "members": 3, "completed": 2, "failed": 1, "cancelled": 0})
     );
     worker.stop().await
 }

@@ -158,3 +158,56 @@ async fn a_step_wise_task_killed_after_step_two_of_four_resumes_at_step_three() 
     harness.wait_until_queue_drained("steps").await?;
     rescuer.stop().await
 }
+
+#[tokio::test]
+async fn a_shell_task_dies_with_its_worker_process() -> anyhow::Result<()> {
+    let harness = Harness::start().await?;
+    let mut process = Command::new(env!("CARGO_BIN_EXE_trellis-agent-worker"))
+        .args([
+            "--nats-url",
+            &harness.server.url(),
+            "--admin-addr",
+            "off",
+            "--worker-id",
+            "doomed",
+            "--queues",
+            "shell",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let pid_file = std::env::temp_dir().join(format!("trellis-shell-{}", uuid::Uuid::now_v7()));
+    let task = assignment(
+        "shell",
+        json!({"command": ["sh", "-c", format!("echo $$ > {}; exec sleep 60", pid_file.display())]}),
+    );
+    harness.publish(&task).await?;
+    heartbeat_listing(&harness.client, "doomed", &task.task_instance_id).await?;
+    let written = pid_file.clone();
+    trellis_testkit::wait_for(
+        || {
+            let written = written.clone();
+            async move { std::fs::read_to_string(&written).is_ok_and(|pid| pid.ends_with('\n')) }
+        },
+        SOON,
+    )
+    .await
+    .context("the shell task never wrote its pid")?;
+    let pid = std::fs::read_to_string(&pid_file)?.trim().to_owned();
+    let _ = std::fs::remove_file(&pid_file);
+    process.kill()?;
+    process.wait()?;
+    trellis_testkit::wait_for(
+        || {
+            let pid = pid.clone();
+            async move {
+                std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .map_or(true, |stat| stat.contains(") Z"))
+            }
+        },
+        Duration::from_secs(5),
+    )
+    .await
+    .context("the shell task's process outlived its worker's SIGKILL")?;
+    Ok(())
+}
