@@ -172,13 +172,11 @@ fn main() -> std::io::Result<()> {
     });
     log.push(Event {
         at_ms: T0 + 2,
-        body: EventBody::PauseRequested {
-            reason: "look".to_owned(),
-        },
+        body: EventBody::pause("look"),
     });
     log.push(Event {
         at_ms: T0 + 3,
-        body: EventBody::ResumeRequested,
+        body: EventBody::resume(),
     });
     log.push(Event {
         at_ms: T0 + 4,
@@ -210,21 +208,30 @@ fn main() -> std::io::Result<()> {
     for (name, token, request) in [
         (
             "full",
-            "",
+            attempts[0].0.to_string(),
             v1::CancelTask {
                 execution_id: execution_id().to_string(),
                 task_instance_id: attempts[0].0.to_string(),
                 attempt: 1,
                 reason: "execution cancelled".to_owned(),
+                preempt: false,
             },
         ),
         (
-            "from-subject",
-            attempts[1].0.to_string().as_str(),
+            "preempt",
+            attempts[0].0.to_string(),
             v1::CancelTask {
-                attempt: 0,
-                ..v1::CancelTask::default()
+                execution_id: execution_id().to_string(),
+                task_instance_id: attempts[0].0.to_string(),
+                attempt: 1,
+                reason: "queue paused".to_owned(),
+                preempt: true,
             },
+        ),
+        (
+            "empty",
+            attempts[1].0.to_string(),
+            v1::CancelTask::default(),
         ),
     ] {
         let mut bytes = token.as_bytes().to_vec();
@@ -304,6 +311,7 @@ fn outcomes() -> Vec<(&'static str, task_result::Outcome)> {
             task_result::Outcome::Failed(task_result::Failed {
                 error: "boom".to_owned(),
                 retryable: true,
+                lost_deliveries: 0,
             }),
         ),
         (
@@ -311,6 +319,7 @@ fn outcomes() -> Vec<(&'static str, task_result::Outcome)> {
             task_result::Outcome::Failed(task_result::Failed {
                 error: "no".to_owned(),
                 retryable: false,
+                lost_deliveries: 0,
             }),
         ),
         (
