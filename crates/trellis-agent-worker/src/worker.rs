@@ -2,7 +2,7 @@
 //! the heartbeat loop and the cancel listener, and the order they stop in.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -134,6 +134,8 @@ pub(crate) async fn run(
         draining: AtomicBool::new(false),
         fences: Arc::new(Fences::default()),
         max_deliveries: i64::from(config.max_deliveries),
+        completed: AtomicU64::new(0),
+        failed: AtomicU64::new(0),
     });
     let fence_watch = tokio::spawn(worker.fences.clone().watch(fences_bucket, abandon.clone()));
     metrics.slots.inc_by(config.slots as i64);
@@ -246,6 +248,9 @@ struct Worker {
     fences: Arc<Fences>,
     /// A message delivered more often than this without a result is not run again.
     max_deliveries: i64,
+    /// Attempts completed and failed since the process started, for heartbeats.
+    completed: AtomicU64,
+    failed: AtomicU64,
 }
 
 /// How a handler task ended.
@@ -615,6 +620,11 @@ impl Worker {
             }
             Ending::Abandoned => return,
         };
+        match outcome {
+            "completed" => self.completed.fetch_add(1, Ordering::Relaxed),
+            "failed" | "lost" => self.failed.fetch_add(1, Ordering::Relaxed),
+            _ => 0,
+        };
         let labels = [queue, task_type, ("outcome", outcome.to_owned())];
         self.metrics.tasks.get_or_create(&labels).inc();
         self.metrics
@@ -719,6 +729,8 @@ impl Worker {
             sent_at_unix_ms: now_unix_ms(),
             interval_ms: u64::try_from(HEARTBEAT_INTERVAL.as_millis()).unwrap_or(u64::MAX),
             state: state as i32,
+            tasks_completed: self.completed.load(Ordering::Relaxed),
+            tasks_failed: self.failed.load(Ordering::Relaxed),
         };
         match self
             .client

@@ -9,6 +9,7 @@
 //!   queue after it (`trellis_task_queue_wait_seconds`);
 //! - `trellis_queue_depth` and `trellis_queue_in_flight` by `queue`: task messages waiting on
 //!   `trellis.tasks.<queue>` and delivered but not yet done, read from JetStream every 5 s;
+//! - `trellis_appends_refused`: appends refused because another coordinator wrote the log since.
 //! - `trellis_events_appended` and `trellis_event_append_seconds`: events written to the logs and
 //!   the time each flush's appends took;
 //! - `trellis_checkpoint_seconds` and `trellis_checkpoint_size_bytes` by `kind` (full, delta),
@@ -50,6 +51,7 @@ pub(crate) struct Metrics {
     pub(crate) queue_depth: Family<Labels1, Gauge>,
     pub(crate) queue_in_flight: Family<Labels1, Gauge>,
     pub(crate) events_appended: Counter,
+    pub(crate) appends_refused: Counter,
     pub(crate) append_seconds: Histogram,
     pub(crate) checkpoint_seconds: HistogramFamily<Labels1>,
     pub(crate) checkpoint_bytes: HistogramFamily<Labels1>,
@@ -105,6 +107,12 @@ impl Metrics {
             events_appended: registry.metric(
                 "trellis_events_appended",
                 "Events appended to execution logs.",
+                Counter::default,
+            ),
+            appends_refused: registry.metric(
+                "trellis_appends_refused",
+                "Appends JetStream refused because another coordinator had written the log since \
+                 (this one lost the execution: it reads it again, or drops it with its shard).",
                 Counter::default,
             ),
             append_seconds: registry.metric(

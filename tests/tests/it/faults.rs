@@ -6,6 +6,8 @@
 
 use std::time::Duration;
 
+use anyhow::Context as _;
+
 use trellis_proto::v1;
 
 use crate::system::{
@@ -327,6 +329,121 @@ async fn coordinators_spread_the_shards_answer_for_each_other_and_survive_a_join
                 }
             }
             anyhow::ensure!(problems.is_empty(), "{}", problems.join("\n"));
+            Ok(())
+        })
+        .await
+}
+
+/// How long the stale coordinator stays stopped: past its lease (three TTLs), so the standby
+/// takes the shard over and the execution moves on without it.
+const STOPPED_FOR: Duration = Duration::from_secs(10);
+
+/// Sends `signal` (`STOP`, `CONT`) to a process.
+fn signal(pid: u32, signal: &str) -> anyhow::Result<()> {
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()?;
+    anyhow::ensure!(status.success(), "kill -{signal} {pid} failed: {status}");
+    Ok(())
+}
+
+/// Reads a counter of a coordinator's `/metrics`.
+async fn counter(system: &System, idx: usize, name: &str) -> anyhow::Result<f64> {
+    let text = reqwest::get(format!("http://{}/metrics", system.coordinators[idx].admin))
+        .await?
+        .text()
+        .await?;
+    Ok(text
+        .lines()
+        .filter(|line| line.starts_with(name))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_stopped_past_its_lease_wakes_up_fenced_and_nothing_is_doubled()
+-> anyhow::Result<()> {
+    let system = System::start(Options {
+        coordinators: vec!["coordinator-a", "coordinator-b"],
+        workers: 2,
+        shards: SHARDS,
+        ..Options::default()
+    })
+    .await?;
+    system
+        .run(async |system: &mut System| {
+            const STALE: usize = 0;
+            const STANDBY: usize = 1;
+            let plan = STANDBY_PLAN;
+            let deadline = tokio::time::Instant::now() + STANDBY_DEADLINE;
+            system
+                .wait_for_balance(
+                    STANDBY,
+                    &[("coordinator-a", 1), ("coordinator-b", 1)],
+                    Duration::from_secs(20),
+                )
+                .await?;
+            // Started without a key on a shard the stale-to-be coordinator holds.
+            let execution_id = system.start_plan(STALE, &plan.yaml()).await?;
+            let threshold = (plan.n_completed() as f64 * KILL_ACTIVE_AT) as u64;
+            let execution = system
+                .wait_until(
+                    STALE,
+                    &execution_id,
+                    deadline,
+                    &format!("{threshold} completed instances"),
+                    |execution| completed(execution) >= threshold || is_terminal(execution),
+                )
+                .await?;
+            anyhow::ensure!(
+                !is_terminal(&execution),
+                "the execution ended before the coordinator could be stopped ({})",
+                describe(&execution)
+            );
+            let pid = system.coordinators[STALE]
+                .service
+                .pid()
+                .context("the coordinator runs")?;
+            let done_at_stop = completed(&execution);
+            eprintln!("stopping coordinator-a (pid {pid}) at {done_at_stop} completed instances");
+            signal(pid, "STOP")?;
+            let stopped_at = tokio::time::Instant::now();
+            // The standby takes the shard over and moves the execution on.
+            let result = system
+                .wait_until(
+                    STANDBY,
+                    &execution_id,
+                    (stopped_at + TAKEOVER_WITHIN).min(deadline),
+                    "the takeover (progress past the stop)",
+                    |execution| completed(execution) > done_at_stop,
+                )
+                .await;
+            tokio::time::sleep(STOPPED_FOR.saturating_sub(stopped_at.elapsed())).await;
+            // Awake again, the stale coordinator finishes whatever turn it was in.
+            signal(pid, "CONT")?;
+            result?;
+            let execution = system
+                .wait_until(
+                    STANDBY,
+                    &execution_id,
+                    deadline,
+                    "the end of the execution",
+                    is_terminal,
+                )
+                .await?;
+            let graph = system.graph(STANDBY, &execution_id).await?;
+            let events = system.event_log(&execution_id).await?;
+            check_outcome(&plan, &execution, &graph, &events)?;
+            // It steps down and rejoins: the two share the shards again, one writer each.
+            system
+                .wait_for_balance(
+                    STANDBY,
+                    &[("coordinator-a", 1), ("coordinator-b", 1)],
+                    Duration::from_secs(30),
+                )
+                .await?;
+            let refused = counter(system, STALE, "trellis_appends_refused_total").await?;
+            eprintln!("the woken coordinator had {refused} appends refused");
             Ok(())
         })
         .await

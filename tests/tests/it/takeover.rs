@@ -129,6 +129,26 @@ async fn a_running_task_is_adopted_not_run_again_when_its_coordinator_restarts()
             );
             ensure!(count(&events, |k| matches!(k, Kind::TaskLost(_))) == 0);
             ensure!(count(&events, |k| matches!(k, Kind::ExecutionClaimed(_))) == 1);
+            // ListWorkers counts what the workers did, from their heartbeats.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let workers = system
+                    .client(0)?
+                    .list_workers(v1::ListWorkersRequest::default())
+                    .await?
+                    .into_inner()
+                    .workers;
+                let done: u64 = workers.iter().map(|w| w.tasks_completed).sum();
+                let failed: u64 = workers.iter().map(|w| w.tasks_failed).sum();
+                if (done, failed) == (1, 0) {
+                    break;
+                }
+                ensure!(
+                    tokio::time::Instant::now() < deadline && done <= 1 && failed == 0,
+                    "ListWorkers counts {done} completed and {failed} failed, expected 1 and 0"
+                );
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
             Ok(())
         })
         .await

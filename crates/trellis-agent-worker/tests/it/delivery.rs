@@ -237,3 +237,37 @@ async fn results_go_to_the_shard_the_assignment_names() -> anyhow::Result<()> {
     }
     worker.stop().await
 }
+
+#[tokio::test]
+async fn heartbeats_count_the_attempts_completed_and_failed() -> anyhow::Result<()> {
+    let mut harness = Harness::start().await?;
+    let worker = harness.worker("w1", &["noop", "fail"], HandlerRegistry::with_builtins());
+    let tasks = [
+        assignment("noop", json!(1)),
+        assignment("noop", json!(2)),
+        assignment("fail", json!({"times": 1, "retryable": false})),
+    ];
+    for task in &tasks {
+        harness.publish(task).await?;
+        harness.final_result_of(&task.task_instance_id).await?;
+    }
+    let mut beats = harness.client.subscribe(subjects::heartbeat("w1")).await?;
+    let deadline = tokio::time::Instant::now() + SOON;
+    loop {
+        let message = tokio::time::timeout_at(deadline, beats.next())
+            .await
+            .context("no heartbeat counting the three attempts")?
+            .context("heartbeat subscription ended")?;
+        let beat = v1::WorkerHeartbeat::decode(message.payload.as_ref())?;
+        if (beat.tasks_completed, beat.tasks_failed) == (2, 1) {
+            break;
+        }
+        anyhow::ensure!(
+            beat.tasks_completed <= 2 && beat.tasks_failed <= 1,
+            "counted too many: {} completed, {} failed",
+            beat.tasks_completed,
+            beat.tasks_failed
+        );
+    }
+    worker.stop().await
+}

@@ -85,6 +85,7 @@ impl Coordinator {
                 }
                 Appended::Fenced { why } => {
                     tracing::warn!(%id, %why, "another coordinator wrote this log; reloading it");
+                    self.metrics.appends_refused.inc();
                     refused.insert(id);
                     if let Some(live) = self.executions.remove(&id) {
                         self.by_key.retain(|_, v| *v != id);

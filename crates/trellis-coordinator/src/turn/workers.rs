@@ -110,8 +110,8 @@ impl Registry {
                     last_heartbeat: Some(e.last.clone()),
                     first_seen_at_unix_ms: e.first_seen_ms as i64,
                     missed_heartbeats: missed,
-                    tasks_completed: 0,
-                    tasks_failed: 0,
+                    tasks_completed: e.last.tasks_completed,
+                    tasks_failed: e.last.tasks_failed,
                 }
             })
             .filter(|w| include_terminated || w.state != v1::WorkerState::Terminated as i32)
