@@ -259,6 +259,8 @@ fn main() -> std::io::Result<()> {
         sent_at_unix_ms: T0 as i64,
         interval_ms: 1000,
         state: v1::WorkerState::Running.into(),
+        tasks_completed: 12,
+        tasks_failed: 1,
     };
     write(
         "nats_worker_heartbeat",
