@@ -210,7 +210,7 @@ pub async fn run(
 #[derive(Debug, Parser)]
 #[command(name = "trellis-checkpoint-store", version, about)]
 struct Args {
-    /// Database: postgres://user@host/db, or sqlite://path?mode=rwc (created when missing).
+    /// Database: postgres://user@host/db, or sqlite://path (created when missing).
     ///
     /// PostgreSQL uses TLS when the server offers it (sslmode=prefer). To insist on it and check
     /// the server, add ?sslmode=verify-full&sslrootcert=/path/ca.pem; to present a client

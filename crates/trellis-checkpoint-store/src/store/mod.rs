@@ -468,8 +468,8 @@ pub trait Store: Send + Sync + fmt::Debug {
 }
 
 /// Connects to the database named by `url` and applies the embedded migrations:
-/// `postgres://` or `postgresql://` for PostgreSQL, `sqlite:` for SQLite (`sqlite://trellis.db?mode=rwc`
-/// for a file created if missing, `sqlite::memory:` for a database that lives as long as the store).
+/// `postgres://` or `postgresql://` for PostgreSQL, `sqlite:` for SQLite (`sqlite://trellis.db` for a
+/// file created if missing, `sqlite::memory:` for a database that lives as long as the store).
 pub async fn connect(url: &str) -> Result<Arc<dyn Store>, Error> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         Ok(Arc::new(PostgresStore::connect(url).await?))

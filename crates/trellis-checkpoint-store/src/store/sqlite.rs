@@ -50,14 +50,17 @@ impl Drop for SqliteStore {
 }
 
 impl SqliteStore {
-    /// Opens the database of `url` (`sqlite://path?mode=rwc` creates the file when missing,
-    /// `sqlite::memory:` lives as long as the store) and applies the migrations.
+    /// Opens the database of `url` (`sqlite://path` creates the file when missing, as `?mode=rwc`
+    /// does; `sqlite::memory:` lives as long as the store) and applies the migrations.
     pub async fn connect(url: &str) -> Result<Self, Error> {
         let options = SqliteConnectOptions::from_str(url)
             .map_err(|source| {
                 Error::database(format!("invalid SQLite URL {url:?}"), source)
                     .with_kind(ErrorKind::InvalidArgument)
             })?
+            // A path names the file to use: create it when missing, unless the URL sets a
+            // `mode` of its own (`ro`, `rw`, `rwc`, `memory`).
+            .create_if_missing(!url.contains("mode="))
             .foreign_keys(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
