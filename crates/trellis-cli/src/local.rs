@@ -162,7 +162,7 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
     } else {
         drop(listener);
     }
-    for i in 0..options.workers.max(1) {
+    for i in 0..options.workers {
         let mut config = trellis_agent_worker::Config::new(nats_url.clone());
         config.worker_id = Some(format!("local-{}-{i}", std::process::id()));
         config.slots = options.slots;

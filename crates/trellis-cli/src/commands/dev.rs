@@ -27,7 +27,7 @@ pub struct DevArgs {
     /// Where the coordinator serves gRPC.
     #[arg(long, default_value = "127.0.0.1:7400")]
     pub listen: SocketAddr,
-    /// In-process workers.
+    /// In-process workers (0: none; run `trellis-agent-worker --nats-url URL` yourself).
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
     /// Concurrent handlers per worker.
