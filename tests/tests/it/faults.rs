@@ -112,6 +112,44 @@ const TAKEOVER_WITHIN: Duration = Duration::from_secs(20);
 /// How long the takeover test's execution may take, the takeover included.
 const STANDBY_DEADLINE: Duration = Duration::from_secs(100);
 
+/// Waits until `coordinator-a` and `coordinator-b` hold one shard each and both are ready,
+/// starts `plan` through coordinator `on` (without a key, so on a shard it holds), and returns once
+/// [`KILL_ACTIVE_AT`] of its work is done, with the execution as `on` reports it then.
+async fn start_on_one_of_two(
+    system: &System,
+    on: usize,
+    other: usize,
+    plan: &FanoutPlan,
+    deadline: tokio::time::Instant,
+) -> anyhow::Result<(String, v1::Execution)> {
+    system
+        .wait_for_balance(
+            other,
+            &[("coordinator-a", 1), ("coordinator-b", 1)],
+            Duration::from_secs(20),
+        )
+        .await?;
+    system.expect_ready(on, true).await?;
+    system.expect_ready(other, true).await?;
+    let execution_id = system.start_plan(on, &plan.yaml()).await?;
+    let threshold = (plan.n_completed() as f64 * KILL_ACTIVE_AT) as u64;
+    let execution = system
+        .wait_until(
+            on,
+            &execution_id,
+            deadline,
+            &format!("{threshold} completed instances"),
+            |execution| completed(execution) >= threshold || is_terminal(execution),
+        )
+        .await?;
+    anyhow::ensure!(
+        !is_terminal(&execution),
+        "the execution ended before the fault could land ({}); make the subtasks slower",
+        describe(&execution)
+    );
+    Ok((execution_id, execution))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_coordinator_takes_over_the_shards_of_a_killed_one_and_finishes()
 -> anyhow::Result<()> {
@@ -129,34 +167,9 @@ async fn a_second_coordinator_takes_over_the_shards_of_a_killed_one_and_finishes
             const STANDBY: usize = 1;
             let plan = STANDBY_PLAN;
             let deadline = tokio::time::Instant::now() + STANDBY_DEADLINE;
-            system
-                .wait_for_balance(
-                    STANDBY,
-                    &[("coordinator-a", 1), ("coordinator-b", 1)],
-                    Duration::from_secs(20),
-                )
-                .await?;
             // Both serve, so a Kubernetes Service routes to either.
-            system.expect_ready(ACTIVE, true).await?;
-            system.expect_ready(STANDBY, true).await?;
-            let execution_id = system.start_plan(ACTIVE, &plan.yaml()).await?;
-            let threshold = (plan.n_completed() as f64 * KILL_ACTIVE_AT) as u64;
-            let execution = system
-                .wait_until(
-                    ACTIVE,
-                    &execution_id,
-                    deadline,
-                    &format!("{threshold} completed instances"),
-                    |execution| {
-                        completed(execution) >= threshold || is_terminal(execution)
-                    },
-                )
-                .await?;
-            anyhow::ensure!(
-                !is_terminal(&execution),
-                "the execution ended before the active coordinator could be killed ({}); make the subtasks slower",
-                describe(&execution)
-            );
+            let (execution_id, execution) =
+                start_on_one_of_two(system, ACTIVE, STANDBY, &plan, deadline).await?;
             let done_at_kill = completed(&execution);
             eprintln!("killing the active coordinator at {done_at_kill} completed instances");
             system.kill_coordinator(ACTIVE)?;
@@ -181,7 +194,13 @@ async fn a_second_coordinator_takes_over_the_shards_of_a_killed_one_and_finishes
             system.expect_ready(STANDBY, true).await?;
 
             let execution = system
-                .wait_until(STANDBY, &execution_id, deadline, "the end of the execution", is_terminal)
+                .wait_until(
+                    STANDBY,
+                    &execution_id,
+                    deadline,
+                    "the end of the execution",
+                    is_terminal,
+                )
                 .await?;
             let graph = system.graph(STANDBY, &execution_id).await?;
             let events = system.event_log(&execution_id).await?;
@@ -376,30 +395,8 @@ async fn a_coordinator_stopped_past_its_lease_wakes_up_fenced_and_nothing_is_dou
             const STANDBY: usize = 1;
             let plan = STANDBY_PLAN;
             let deadline = tokio::time::Instant::now() + STANDBY_DEADLINE;
-            system
-                .wait_for_balance(
-                    STANDBY,
-                    &[("coordinator-a", 1), ("coordinator-b", 1)],
-                    Duration::from_secs(20),
-                )
-                .await?;
-            // Started without a key on a shard the stale-to-be coordinator holds.
-            let execution_id = system.start_plan(STALE, &plan.yaml()).await?;
-            let threshold = (plan.n_completed() as f64 * KILL_ACTIVE_AT) as u64;
-            let execution = system
-                .wait_until(
-                    STALE,
-                    &execution_id,
-                    deadline,
-                    &format!("{threshold} completed instances"),
-                    |execution| completed(execution) >= threshold || is_terminal(execution),
-                )
-                .await?;
-            anyhow::ensure!(
-                !is_terminal(&execution),
-                "the execution ended before the coordinator could be stopped ({})",
-                describe(&execution)
-            );
+            let (execution_id, execution) =
+                start_on_one_of_two(system, STALE, STANDBY, &plan, deadline).await?;
             let pid = system.coordinators[STALE]
                 .service
                 .pid()

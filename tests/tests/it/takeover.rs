@@ -81,6 +81,20 @@ fn dispatched_attempts(events: &[v1::Event]) -> Vec<u32> {
         .collect()
 }
 
+/// Waits for the execution to end, and checks it completed.
+async fn wait_for_completion(system: &System, id: &str) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let execution = system
+        .wait_until(0, id, deadline, "the end of the execution", is_terminal)
+        .await?;
+    ensure!(
+        execution.state == v1::ExecutionState::Completed as i32,
+        "the execution did not complete: {}",
+        describe(&execution)
+    );
+    Ok(())
+}
+
 async fn start_system() -> anyhow::Result<System> {
     System::start(Options {
         coordinators: vec!["coordinator-a"],
@@ -106,15 +120,7 @@ async fn a_running_task_is_adopted_not_run_again_when_its_coordinator_restarts()
             // task runs on its worker.
             tokio::time::sleep(WINDOW + Duration::from_millis(500)).await;
             system.inject(crate::system::Fault::Coordinator(0)).await?;
-            let deadline = tokio::time::Instant::now() + WAIT;
-            let execution = system
-                .wait_until(0, &id, deadline, "the end of the execution", is_terminal)
-                .await?;
-            ensure!(
-                execution.state == v1::ExecutionState::Completed as i32,
-                "the execution did not complete: {}",
-                describe(&execution)
-            );
+            wait_for_completion(system, &id).await?;
             let runs = starts(&marks);
             ensure!(
                 runs.len() == 1,
@@ -174,15 +180,7 @@ async fn a_task_whose_worker_died_with_the_coordinator_runs_again_once_under_the
                 .with_context(|| format!("no worker has pid {first}"))?;
             system.workers[runner].kill9()?;
             system.inject(crate::system::Fault::Coordinator(0)).await?;
-            let deadline = tokio::time::Instant::now() + WAIT;
-            let execution = system
-                .wait_until(0, &id, deadline, "the end of the execution", is_terminal)
-                .await?;
-            ensure!(
-                execution.state == v1::ExecutionState::Completed as i32,
-                "the execution did not complete: {}",
-                describe(&execution)
-            );
+            wait_for_completion(system, &id).await?;
             // Once on the dead worker, once on the other: the former owner's message, handed to
             // the survivor by JetStream when the dead worker's ack wait ran out, was refused.
             let runs = starts(&marks);

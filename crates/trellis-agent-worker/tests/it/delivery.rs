@@ -103,19 +103,9 @@ async fn cancel_stops_a_running_sleep_and_shell() -> anyhow::Result<()> {
         assert!(error.contains("cancelled"), "{error}");
     }
     let pid = std::fs::read_to_string(&pid_file)?.trim().to_owned();
-    trellis_testkit::wait_for(
-        || {
-            let pid = pid.clone();
-            async move {
-                // Gone, or a zombie waiting to be reaped: either way no longer running.
-                std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                    .map_or(true, |stat| stat.contains(") Z"))
-            }
-        },
-        SOON,
-    )
-    .await
-    .context("the shell's process survived the cancel")?;
+    wait_until_gone(&pid, SOON)
+        .await
+        .context("the shell's process survived the cancel")?;
     let _ = std::fs::remove_file(&pid_file);
     harness.wait_until_queue_drained("sleep").await?;
     worker.stop().await

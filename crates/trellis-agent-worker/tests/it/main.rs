@@ -251,3 +251,19 @@ async fn heartbeat_listing(
         }
     }
 }
+
+/// Waits until process `pid` no longer runs: gone, or a zombie waiting to be reaped.
+async fn wait_until_gone(pid: &str, within: Duration) -> anyhow::Result<()> {
+    let pid = pid.to_owned();
+    trellis_testkit::wait_for(
+        || {
+            let pid = pid.clone();
+            async move {
+                std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .map_or(true, |stat| stat.contains(") Z"))
+            }
+        },
+        within,
+    )
+    .await
+}

@@ -16,20 +16,7 @@ use super::*;
 async fn a_worker_process_killed_with_sigkill_loses_its_task_to_another_worker()
 -> anyhow::Result<()> {
     let mut harness = Harness::start().await?;
-    let mut process = Command::new(env!("CARGO_BIN_EXE_trellis-agent-worker"))
-        .args([
-            "--nats-url",
-            &harness.server.url(),
-            "--admin-addr",
-            "off",
-            "--worker-id",
-            "doomed",
-            "--queues",
-            "sleep",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
+    let mut process = worker_process(&harness, "doomed", "sleep")?;
     let task = assignment("sleep", json!({"ms": 4000}));
     harness.publish(&task).await?;
     heartbeat_listing(&harness.client, "doomed", &task.task_instance_id).await?;
@@ -162,20 +149,7 @@ async fn a_step_wise_task_killed_after_step_two_of_four_resumes_at_step_three() 
 #[tokio::test]
 async fn a_shell_task_dies_with_its_worker_process() -> anyhow::Result<()> {
     let harness = Harness::start().await?;
-    let mut process = Command::new(env!("CARGO_BIN_EXE_trellis-agent-worker"))
-        .args([
-            "--nats-url",
-            &harness.server.url(),
-            "--admin-addr",
-            "off",
-            "--worker-id",
-            "doomed",
-            "--queues",
-            "shell",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
+    let mut process = worker_process(&harness, "doomed", "shell")?;
     let pid_file = std::env::temp_dir().join(format!("trellis-shell-{}", uuid::Uuid::now_v7()));
     let task = assignment(
         "shell",
@@ -197,17 +171,30 @@ async fn a_shell_task_dies_with_its_worker_process() -> anyhow::Result<()> {
     let _ = std::fs::remove_file(&pid_file);
     process.kill()?;
     process.wait()?;
-    trellis_testkit::wait_for(
-        || {
-            let pid = pid.clone();
-            async move {
-                std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                    .map_or(true, |stat| stat.contains(") Z"))
-            }
-        },
-        Duration::from_secs(5),
-    )
-    .await
-    .context("the shell task's process outlived its worker's SIGKILL")?;
+    wait_until_gone(&pid, Duration::from_secs(5))
+        .await
+        .context("the shell task's process outlived its worker's SIGKILL")?;
     Ok(())
+}
+
+/// Starts a worker process (the binary, so it can be killed with SIGKILL) of `queue`.
+fn worker_process(
+    harness: &Harness,
+    worker_id: &str,
+    queue: &str,
+) -> std::io::Result<std::process::Child> {
+    Command::new(env!("CARGO_BIN_EXE_trellis-agent-worker"))
+        .args([
+            "--nats-url",
+            &harness.server.url(),
+            "--admin-addr",
+            "off",
+            "--worker-id",
+            worker_id,
+            "--queues",
+            queue,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
 }
