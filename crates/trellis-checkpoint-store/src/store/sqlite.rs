@@ -58,13 +58,17 @@ impl SqliteStore {
                 Error::database(format!("invalid SQLite URL {url:?}"), source)
                     .with_kind(ErrorKind::InvalidArgument)
             })?
-            // A path names the file to use: create it when missing, unless the URL sets a
-            // `mode` of its own (`ro`, `rw`, `rwc`, `memory`).
-            .create_if_missing(!url.contains("mode="))
             .foreign_keys(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(Duration::from_secs(10));
+        // A path names the file to use: create it when missing, unless the URL sets a `mode` of
+        // its own (`ro`, `rw`, `rwc`, `memory`), which the parsing above has applied.
+        let options = if url.contains("mode=") {
+            options
+        } else {
+            options.create_if_missing(true)
+        };
         let in_memory = url.contains(":memory:") || url.contains("mode=memory");
         let options = if in_memory {
             options
