@@ -6,12 +6,12 @@ use trellis_proto::v1::{self, RecordedSteps, TaskAssignment, TaskResult};
 use crate::builtins::{self, Given};
 use crate::publish::{now_unix_ms, outcome_to_proto};
 use crate::sdk::StepLog;
-use crate::{steps, worker};
+use crate::{intake, steps};
 
 /// Reads a task message (`trellis.tasks.<queue>`) as the worker does: `None` when it is set
 /// aside.
 pub fn accept_assignment(payload: &[u8]) -> Option<TaskAssignment> {
-    worker::accept_assignment(payload).ok()
+    intake::accept_assignment(payload).ok()
 }
 
 /// Returns the result the worker publishes for `assignment` when its task type is a built-in
@@ -49,7 +49,7 @@ pub fn pure_builtin_result(assignment: &TaskAssignment, worker_id: &str) -> Opti
 /// A cancel request (`trellis.cancel.<instance>`) as the worker acts on it: the instance, the
 /// attempt and the reason; `None` when the message is ignored.
 pub fn cancel_request(subject: &str, payload: &[u8]) -> Option<(String, u32, String)> {
-    let request = worker::cancel_request(subject, payload).ok()?;
+    let request = intake::cancel_request(subject, payload).ok()?;
     Some((request.task_instance_id, request.attempt, request.reason))
 }
 

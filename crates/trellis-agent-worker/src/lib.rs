@@ -40,6 +40,7 @@ mod fences;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
+mod intake;
 mod metrics;
 mod publish;
 pub mod sdk;
