@@ -13,7 +13,7 @@ use trellis_core::ids::ExecutionId;
 use trellis_proto::subjects;
 use trellis_telemetry::propagation;
 
-use super::append::MAX_BACKOFF;
+use super::append::{MAX_BACKOFF, retry_until};
 use super::{Executor, Inbound};
 use crate::checkpoints::StoreClient;
 use crate::recovery;
@@ -104,21 +104,13 @@ impl Executor {
         let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
             let key = id.to_string();
-            let mut delay = Duration::from_millis(100);
-            loop {
-                match fences.put(&key, trellis_bus::encode_fence(epoch)).await {
-                    Ok(_) => break,
-                    Err(err) => {
-                        tracing::warn!(%id, epoch, %err, ?delay, "cannot write the fence; retrying");
-                        tokio::select! {
-                            () = shutdown.cancelled() => return,
-                            () = tokio::time::sleep(delay) => {}
-                        }
-                        delay = (delay * 2).min(Duration::from_secs(2));
-                    }
-                }
+            retry_until(&shutdown, || {
+                fences.put(key.as_str(), trellis_bus::encode_fence(epoch))
+            })
+            .await;
+            if !shutdown.is_cancelled() {
+                let _ = tx.send(Inbound::Input(Input::Fenced { id, epoch })).await;
             }
-            let _ = tx.send(Inbound::Input(Input::Fenced { id, epoch })).await;
         });
     }
 
