@@ -96,6 +96,8 @@ impl Coordinator {
                 Failure::bad_input(format!("{what}: {message}"))
             }
             Code::FailedPrecondition => Failure::failed(format!("{what}: {message}")),
+            // The message names the execution and where its log broke.
+            Code::DataLoss => Failure::failed(message.to_owned()),
             Code::Unauthenticated => Failure::failed(format!(
                 "the coordinator at {} refused the call: {message} (set TRELLIS_TOKEN or pass \
                  --token)",

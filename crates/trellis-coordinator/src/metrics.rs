@@ -61,6 +61,7 @@ pub(crate) struct Metrics {
     pub(crate) executions_started: Family<Labels1, Counter>,
     pub(crate) executions_finished: Family<Labels2, Counter>,
     pub(crate) executions_live: Gauge,
+    pub(crate) executions_needing_attention: Gauge,
     pub(crate) executions_forgotten: Counter,
     pub(crate) results_set_aside: Family<Labels1, Counter>,
 }
@@ -158,6 +159,13 @@ impl Metrics {
             executions_live: registry.metric(
                 "trellis_executions_live",
                 "Executions held in this coordinator's memory.",
+                Gauge::default,
+            ),
+            executions_needing_attention: registry.metric(
+                "trellis_executions_needing_attention",
+                "Executions of this coordinator's shards whose log does not replay: held, \
+                 nothing dispatched, until the log is repaired (`trellis status` names the \
+                 sequence).",
                 Gauge::default,
             ),
             executions_forgotten: registry.metric(

@@ -16,18 +16,52 @@ use trellis_wire::log::Started;
 use trellis_wire::replay::{self, ReplayError, Replayer, Skipped};
 
 use crate::checkpoints::{Restored, StoreClient};
-use crate::turn::{LogMessage, Recovered};
+use crate::turn::{Broken, LogMessage, Recovered};
 
 /// Why an execution could not be recovered.
 #[derive(Debug, thiserror::Error)]
 pub enum RecoveryError {
+    /// Reading failed; reading again may succeed.
     #[error("cannot read the log of {id}: {message}")]
     Read { id: ExecutionId, message: String },
-    #[error("the log of {id} is malformed: {message}")]
-    Malformed { id: ExecutionId, message: String },
+    /// The log holds something this build cannot go on from.
+    #[error("the log of {id} is malformed at sequence {sequence}: {message}")]
+    Malformed {
+        id: ExecutionId,
+        sequence: u64,
+        message: String,
+    },
     /// The log does not replay (the error names the execution and the sequence).
     #[error(transparent)]
     Replay(#[from] ReplayError),
+}
+
+impl RecoveryError {
+    /// What the turn holds for a log that does not replay (`namespace`: the one its
+    /// `ExecutionStarted` names, when that much was read); a read error stays an error.
+    pub fn into_broken(self, namespace: Option<&str>) -> Result<Broken, RecoveryError> {
+        let (id, sequence) = match &self {
+            Self::Read { .. } => return Err(self),
+            Self::Malformed { id, sequence, .. } => (*id, *sequence),
+            Self::Replay(err) => (err.execution_id, err.sequence),
+        };
+        Ok(Broken {
+            id,
+            sequence,
+            namespace: namespace.map(str::to_owned),
+            reason: self.to_string(),
+        })
+    }
+}
+
+/// What reading an execution back found.
+#[derive(Debug)]
+pub(crate) enum Recovery {
+    /// Its log is empty: it never started.
+    Empty,
+    Recovered(Box<Recovered>),
+    /// Its log does not replay: the execution needs attention.
+    Broken(Broken),
 }
 
 /// Returns the stream sequence of the last message of an execution's log, or `None` when the log
@@ -78,11 +112,9 @@ pub(crate) async fn read_log(
         if message.sequence > until {
             break;
         }
-        let first_seq =
-            first_sequence(&message.payload).ok_or_else(|| RecoveryError::Malformed {
-                id,
-                message: format!("stream message {} is not an event batch", message.sequence),
-            })?;
+        // A message that is not an event batch is kept (first sequence 0): the replay names
+        // the sequence it should have held.
+        let first_seq = first_sequence(&message.payload).unwrap_or(0);
         next = message.sequence + 1;
         messages.push(LogMessage {
             stream_seq: message.sequence,
@@ -100,23 +132,28 @@ fn first_sequence(payload: &[u8]) -> Option<u64> {
     batch.events.first().map(|event| event.sequence)
 }
 
-/// Rebuilds one execution. Returns `None` when its log is empty (it never started).
+/// Rebuilds one execution; an error is a failed read, worth trying again.
 pub(crate) async fn recover(
     events: &Stream,
     store: Option<&StoreClient>,
     id: ExecutionId,
-) -> Result<Option<Recovered>, RecoveryError> {
+) -> Result<Recovery, RecoveryError> {
     let Some(last) = last_stream_seq(events, id).await? else {
-        return Ok(None);
+        return Ok(Recovery::Empty);
     };
-    let first = read_log(events, id, 1, last, 1)
-        .await?
-        .pop()
-        .ok_or_else(|| RecoveryError::Malformed {
+    let Some(first) = read_log(events, id, 1, last, 1).await?.pop() else {
+        let err = RecoveryError::Malformed {
             id,
+            sequence: 1,
             message: "the log has no first message".to_owned(),
-        })?;
-    let (started, plan) = started_of(id, &first)?;
+        };
+        return err.into_broken(None).map(Recovery::Broken);
+    };
+    let (started, plan) = match started_of(id, &first) {
+        Ok(started) => started,
+        Err(err) => return err.into_broken(None).map(Recovery::Broken),
+    };
+    let namespace = started.namespace().to_owned();
     // The latest good checkpoint, if the store has one; any failure means a full replay.
     let restored = match store {
         Some(store) => match store.restore(id, &started, Arc::clone(&plan)).await {
@@ -133,7 +170,10 @@ pub(crate) async fn recover(
         _ => first.stream_seq,
     };
     let log = read_log(events, id, from, last, usize::MAX).await?;
-    replay(id, started, plan, restored, log, last).map(Some)
+    match replay(id, started, plan, restored, log, last) {
+        Ok(recovered) => Ok(Recovery::Recovered(Box::new(recovered))),
+        Err(err) => err.into_broken(Some(&namespace)).map(Recovery::Broken),
+    }
 }
 
 /// Decodes the first message of a log: `ExecutionStarted` and the plan it records (decoded, not
@@ -184,10 +224,8 @@ pub fn replay(
                 Skipped::Unknown => {
                     return Err(RecoveryError::Malformed {
                         id,
-                        message: format!(
-                            "sequence {sequence}: {}: run that version",
-                            Skipped::Unknown
-                        ),
+                        sequence,
+                        message: format!("{}: run that version", Skipped::Unknown),
                     });
                 }
             }

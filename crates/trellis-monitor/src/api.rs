@@ -165,7 +165,10 @@ impl ApiError {
         let code = match status.code() {
             Code::InvalidArgument | Code::OutOfRange => StatusCode::BAD_REQUEST,
             Code::NotFound => StatusCode::NOT_FOUND,
-            Code::FailedPrecondition | Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
+            // `DataLoss`: the execution's log does not replay; it needs attention.
+            Code::FailedPrecondition | Code::AlreadyExists | Code::Aborted | Code::DataLoss => {
+                StatusCode::CONFLICT
+            }
             Code::Unauthenticated => StatusCode::UNAUTHORIZED,
             Code::PermissionDenied => StatusCode::FORBIDDEN,
             Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,

@@ -2,6 +2,7 @@
 //! package) against a private `nats-server` and a private PostgreSQL, and the tests kill and
 //! restart them while an execution runs.
 
+mod corrupt;
 mod faults;
 mod harness;
 mod pause;

@@ -16,9 +16,9 @@ use trellis_telemetry::propagation;
 use super::append::{MAX_BACKOFF, retry_until};
 use super::{Executor, Inbound};
 use crate::checkpoints::StoreClient;
-use crate::recovery;
+use crate::recovery::{self, Recovery};
 use crate::shards;
-use crate::turn::{CheckpointJob, Input, KEEP_FULL, Recovered};
+use crate::turn::{CheckpointJob, Input, KEEP_FULL};
 
 impl Executor {
     /// Recovers a shard's unfinished executions from the index and their logs.
@@ -40,10 +40,12 @@ impl Executor {
             };
             let mut recovered = Vec::with_capacity(ids.len());
             let mut missing = Vec::new();
+            let mut broken = Vec::new();
             for id in ids {
                 match recover_with_retry(&events, store.as_ref(), id).await {
-                    Some(execution) => recovered.push(execution),
-                    None => missing.push(id),
+                    Recovery::Recovered(execution) => recovered.push(*execution),
+                    Recovery::Empty => missing.push(id),
+                    Recovery::Broken(execution) => broken.push(execution),
                 }
             }
             tracing::info!(
@@ -56,6 +58,7 @@ impl Executor {
                 shard,
                 recovered,
                 missing,
+                broken,
             };
             let _ = tx.send(Inbound::Input(input)).await;
         });
@@ -86,11 +89,17 @@ impl Executor {
         let store = self.store.clone();
         let tx = self.tx.clone();
         tokio::spawn(async move {
-            let (recovered, missing) = match recover_with_retry(&events, store.as_ref(), id).await {
-                Some(execution) => (vec![execution], Vec::new()),
-                None => (Vec::new(), vec![id]),
+            let (mut recovered, mut missing, mut broken) = (Vec::new(), Vec::new(), Vec::new());
+            match recover_with_retry(&events, store.as_ref(), id).await {
+                Recovery::Recovered(execution) => recovered.push(*execution),
+                Recovery::Empty => missing.push(id),
+                Recovery::Broken(execution) => broken.push(execution),
+            }
+            let input = Input::Loaded {
+                recovered,
+                missing,
+                broken,
             };
-            let input = Input::Loaded { recovered, missing };
             let _ = tx.send(Inbound::Input(input)).await;
         });
     }
@@ -207,24 +216,16 @@ impl Executor {
     }
 }
 
-/// Recovers one execution, retrying while NATS cannot be read; `None` when its log is empty or
-/// malformed (reported).
+/// Recovers one execution, retrying while NATS cannot be read.
 async fn recover_with_retry(
     events: &jetstream::stream::Stream,
     store: Option<&StoreClient>,
     id: ExecutionId,
-) -> Option<Recovered> {
+) -> Recovery {
     let mut backoff = Duration::from_millis(100);
     loop {
         match recovery::recover(events, store, id).await {
-            Ok(recovered) => return recovered,
-            Err(
-                err @ (recovery::RecoveryError::Malformed { .. }
-                | recovery::RecoveryError::Replay(_)),
-            ) => {
-                tracing::error!(%id, %err, "execution cannot be recovered");
-                return None;
-            }
+            Ok(recovery) => return recovery,
             Err(err) => {
                 tracing::warn!(%id, %err, "recovery read failed; retrying");
                 tokio::time::sleep(backoff).await;

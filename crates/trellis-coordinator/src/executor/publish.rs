@@ -15,6 +15,10 @@ use trellis_proto::{subjects, v1};
 use trellis_telemetry::propagation;
 
 use super::append::retry_until;
+
+/// How long a result of an execution whose log does not replay waits before it is delivered
+/// again: long enough not to churn, short enough that a repaired log soon gets it.
+const HOLD_RESULTS: Duration = Duration::from_secs(30);
 use super::{Executor, Flushed};
 use crate::shards;
 use crate::turn::{Ack, Assign, Effects};
@@ -148,6 +152,11 @@ impl Executor {
                 Ack::Later => {
                     let _ = message
                         .ack_with(jetstream::AckKind::Nak(Some(Duration::from_millis(200))))
+                        .await;
+                }
+                Ack::Hold => {
+                    let _ = message
+                        .ack_with(jetstream::AckKind::Nak(Some(HOLD_RESULTS)))
                         .await;
                 }
             }

@@ -68,6 +68,7 @@ pub(crate) fn status(err: turn::Error) -> Status {
         ErrorKind::FailedPrecondition => tonic::Code::FailedPrecondition,
         ErrorKind::Unavailable => tonic::Code::Unavailable,
         ErrorKind::NotOwned { shard } => return forward::not_owned(err.message, shard),
+        ErrorKind::DataLoss => tonic::Code::DataLoss,
         ErrorKind::Internal => tonic::Code::Internal,
     };
     Status::new(code, err.message)

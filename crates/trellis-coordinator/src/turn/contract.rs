@@ -38,8 +38,10 @@ pub enum Input {
     ShardRecovered {
         shard: u32,
         recovered: Vec<Recovered>,
-        /// Indexed executions whose log is empty or cannot be read back.
+        /// Indexed executions whose log is empty.
         missing: Vec<ExecutionId>,
+        /// Indexed executions whose log does not replay.
+        broken: Vec<Broken>,
     },
     /// The pauses of queues, namespaces and the fleet, as the bucket `trellis_pauses` holds them
     /// now (all of them, each time one changes).
@@ -50,6 +52,7 @@ pub enum Input {
     Loaded {
         recovered: Vec<Recovered>,
         missing: Vec<ExecutionId>,
+        broken: Vec<Broken>,
     },
     /// The fences bucket holds `epoch` for the execution ([`Effects::fences`]).
     Fenced { id: ExecutionId, epoch: u64 },
@@ -60,6 +63,20 @@ pub enum Input {
         sequence: u64,
         result: Result<v1::CheckpointMetadata, String>,
     },
+}
+
+/// An execution whose log does not replay: it needs attention. It is held (nothing dispatched,
+/// its results kept unacknowledged) and every request about it is answered with where its log
+/// broke, until a request finds the log repaired or the shard moves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Broken {
+    pub id: ExecutionId,
+    /// The log sequence that could not be applied.
+    pub sequence: u64,
+    /// The namespace its `ExecutionStarted` names, when that much was read.
+    pub namespace: Option<String>,
+    /// What is wrong, naming the execution and the sequence.
+    pub reason: String,
 }
 
 /// One consumed result message.
@@ -296,4 +313,6 @@ pub enum Ack {
     Ack,
     /// Not now: deliver it again after a short delay.
     Later,
+    /// Not until its execution's log is repaired: deliver it again after a long delay.
+    Hold,
 }

@@ -21,6 +21,8 @@ pub enum ErrorKind {
     /// for the shard's owner, which the gRPC layer forwards it to. `None`: a start that may land
     /// on any shard, and this coordinator owns none.
     NotOwned { shard: Option<u32> },
+    /// The execution's log does not replay: it needs an operator's attention.
+    DataLoss,
     /// A bug: the coordinator could not do what it should always be able to do.
     Internal,
 }
@@ -46,6 +48,19 @@ impl Error {
     /// may not see (the two read the same, so a namespace learns nothing of another's ids).
     pub fn not_found(id: ExecutionId) -> Self {
         Self::new(ErrorKind::NotFound, format!("no execution {id}"))
+    }
+
+    /// Returns the answer to a request about an execution whose log does not replay.
+    pub fn needs_attention(broken: &super::Broken) -> Self {
+        Self::new(
+            ErrorKind::DataLoss,
+            format!(
+                "execution {} needs attention: its log does not replay at sequence {} ({}); \
+                 nothing more is dispatched for it and its task results are kept until the log \
+                 is repaired",
+                broken.id, broken.sequence, broken.reason
+            ),
+        )
     }
 
     pub(crate) fn invalid(message: impl Into<String>) -> Self {

@@ -145,6 +145,11 @@ impl Coordinator {
                 .into_iter()
                 .map(|token| (token, Ack::Later)),
         );
+        effects.acks.extend(
+            std::mem::take(&mut self.pending.held)
+                .into_iter()
+                .map(|token| (token, Ack::Hold)),
+        );
         for (token, key) in std::mem::take(&mut self.pending.doubtful) {
             let id = key.0;
             let ack = if stored.contains(&id) {

@@ -45,8 +45,8 @@ use trellis_proto::subjects;
 
 pub use checkpoint::{CheckpointJob, FULL_EVERY, KEEP_FULL};
 pub use contract::{
-    Ack, Action, Answer, Append, Appended, Assign, Delivery, Effects, Input, Observation, Observed,
-    Publish, Request, Writes,
+    Ack, Action, Answer, Append, Appended, Assign, Broken, Delivery, Effects, Input, Observation,
+    Observed, Publish, Request, Writes,
 };
 pub use error::{Error, ErrorKind};
 pub use shards::{LogMessage, Recovered, index_key};
@@ -151,6 +151,8 @@ pub struct Coordinator {
     workers: workers::Registry,
     /// Executions found to have no log, so results naming them are set aside without a look.
     missing: BTreeSet<ExecutionId>,
+    /// Executions of owned shards whose log does not replay (`shards::hold_broken`).
+    attention: Map<ExecutionId, Broken>,
     /// Executions being loaded because a result named them.
     loads_for_results: BTreeSet<ExecutionId>,
     /// Attempts a result named that the state did not know, looked up again in the log once:
@@ -180,6 +182,8 @@ struct Pending {
     acks: Vec<(Token, Option<ExecutionId>)>,
     /// Results handed back at once: their execution is not in memory yet.
     later: Vec<Token>,
+    /// Results handed back for long: their execution's log does not replay.
+    held: Vec<Token>,
     /// Results naming an attempt the state does not know.
     doubtful: Vec<(Token, results::AttemptKey)>,
     load: Vec<ExecutionId>,
@@ -215,6 +219,7 @@ impl Coordinator {
             parked: Vec::new(),
             workers: workers::Registry::default(),
             missing: BTreeSet::new(),
+            attention: Map::default(),
             loads_for_results: BTreeSet::new(),
             rechecked: BTreeSet::new(),
             last_scan_ms: 0,
@@ -253,6 +258,9 @@ impl Coordinator {
         self.metrics
             .executions_live
             .set(self.executions.len() as i64);
+        self.metrics
+            .executions_needing_attention
+            .set(self.attention.len() as i64);
         effects
     }
 
@@ -279,6 +287,11 @@ impl Coordinator {
     /// Returns the last event sequence of an execution held in memory (appended, or about to be).
     pub fn last_sequence(&self, id: ExecutionId) -> Option<u64> {
         self.executions.get(&id).map(|live| live.seq)
+    }
+
+    /// Returns the executions of owned shards whose log does not replay.
+    pub fn needing_attention(&self) -> impl Iterator<Item = &Broken> + '_ {
+        self.attention.values()
     }
 
     /// Returns the ids of the executions held in memory.
@@ -335,8 +348,13 @@ impl Coordinator {
                 shard,
                 recovered,
                 missing,
-            } => self.shard_recovered(shard, recovered, missing, now),
-            Input::Loaded { recovered, missing } => self.loaded(recovered, missing, now),
+                broken,
+            } => self.shard_recovered(shard, recovered, missing, broken, now),
+            Input::Loaded {
+                recovered,
+                missing,
+                broken,
+            } => self.loaded(recovered, missing, broken, now),
             Input::CheckpointDone {
                 id,
                 full,

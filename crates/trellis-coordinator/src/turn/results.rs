@@ -25,6 +25,8 @@ enum Fed {
     Done(Option<ExecutionId>),
     /// Its execution is not in memory yet.
     Later,
+    /// Its execution's log does not replay.
+    Held,
     /// Refused for naming an instance or attempt the state does not know.
     Doubtful(AttemptKey),
 }
@@ -40,6 +42,7 @@ impl Coordinator {
             }
             Fed::Done(id) => self.pending.acks.push((delivery.token, id)),
             Fed::Later => self.pending.later.push(delivery.token),
+            Fed::Held => self.pending.held.push(delivery.token),
             Fed::Doubtful(key) => self.pending.doubtful.push((delivery.token, key)),
         }
     }
@@ -98,6 +101,9 @@ impl Coordinator {
                 // Its shard was lost (this turn, or the consumer has not stopped yet): the
                 // result is for the shard's owner.
                 return Fed::Later;
+            }
+            if self.attention.contains_key(&id) {
+                return Fed::Held;
             }
             if !self.missing.contains(&id) {
                 // An execution of this shard that is not in memory: started by a former owner

@@ -11,7 +11,8 @@ use trellis_proto::subjects;
 use trellis_wire::log::Started;
 
 use super::live::{Live, Tenancy};
-use super::{Coordinator, Error, Waiting};
+use super::{Broken, Coordinator, Error, Request, Waiting};
+use trellis_grpc::access::Scope;
 
 /// Most ids remembered as having no log (their results are set aside without a look).
 const MAX_MISSING: usize = 10_000;
@@ -114,6 +115,8 @@ impl Coordinator {
         }
         self.dirty.retain(|id| !gone.contains(id));
         let shards = self.config.shards;
+        self.attention
+            .retain(|id, _| subjects::shard_of(&id.to_string(), shards) != shard);
         self.by_key
             .retain(|_, id| subjects::shard_of(&id.to_string(), shards) != shard);
         let dropped = gone.len();
@@ -141,6 +144,7 @@ impl Coordinator {
         shard: u32,
         recovered: Vec<Recovered>,
         missing: Vec<ExecutionId>,
+        broken: Vec<Broken>,
         now: u64,
     ) {
         if !self.acquiring.remove(&shard) {
@@ -154,6 +158,7 @@ impl Coordinator {
         for id in missing {
             self.fail_waiting(id);
         }
+        self.hold_broken(broken);
         // Requests that arrived while the shard was recovered. Those for another shard still
         // being recovered park again.
         for waiting in std::mem::take(&mut self.parked) {
@@ -165,6 +170,7 @@ impl Coordinator {
         &mut self,
         recovered: Vec<Recovered>,
         missing: Vec<ExecutionId>,
+        broken: Vec<Broken>,
         now: u64,
     ) {
         let recovered: Vec<Recovered> = recovered
@@ -176,7 +182,11 @@ impl Coordinator {
         for id in missing {
             self.fail_waiting(id);
         }
+        self.hold_broken(broken);
         for id in ids {
+            if self.attention.remove(&id).is_some() {
+                tracing::info!(%id, "the log of an execution that needed attention replays again");
+            }
             self.loads_for_results.remove(&id);
             for waiting in self.loading.remove(&id).unwrap_or_default() {
                 self.request(waiting.reply, waiting.request, now);
@@ -206,11 +216,52 @@ impl Coordinator {
                 self.by_key.retain(|_, v| *v != id);
                 self.pending.writes.forget.push(id);
             }
-            if !self.executions.contains_key(&id) && !self.missing.contains(&id) {
+            if !self.executions.contains_key(&id)
+                && !self.missing.contains(&id)
+                && !self.attention.contains_key(&id)
+            {
                 tracing::info!(%id, shard, "indexed execution not in memory; loading it");
                 self.loading.insert(id, Vec::new());
                 self.pending.load.push(id);
             }
+        }
+    }
+
+    /// Holds executions whose log does not replay, and answers the requests waiting for them
+    /// with where it broke. They stay out of memory: nothing is dispatched for them, their
+    /// results are handed back (`Ack::Hold`), index scans pass them by, and each request about
+    /// one reads its log again (so a repaired log is taken up).
+    fn hold_broken(&mut self, broken: Vec<Broken>) {
+        for broken in broken {
+            let id = broken.id;
+            self.loads_for_results.remove(&id);
+            let waiting = self.loading.remove(&id).unwrap_or_default();
+            if !self.owned.contains(&self.shard_of(id)) {
+                // The shard moved while the log was read: asked again, they go where it is.
+                for waiting in waiting {
+                    self.request(waiting.reply, waiting.request, self.now);
+                }
+                continue;
+            }
+            if self.attention.get(&id) != Some(&broken) {
+                tracing::error!(%id, sequence = broken.sequence, reason = %broken.reason, "execution needs attention: its log does not replay");
+            }
+            for waiting in waiting {
+                let visible = match &waiting.request {
+                    Request::On { scope, .. } => match &broken.namespace {
+                        Some(namespace) => scope.allows(namespace),
+                        None => matches!(scope, Scope::All),
+                    },
+                    _ => true,
+                };
+                let answer = if visible {
+                    Error::needs_attention(&broken)
+                } else {
+                    Error::not_found(id)
+                };
+                self.reply_now(waiting.reply, Err(answer));
+            }
+            self.attention.insert(id, broken);
         }
     }
 

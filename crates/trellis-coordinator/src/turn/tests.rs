@@ -55,3 +55,168 @@ fn the_turn_does_no_io_and_reads_no_clock() {
         found.join("\n")
     );
 }
+
+mod attention {
+    use prost::Message as _;
+    use trellis_core::ids::ExecutionId;
+    use trellis_grpc::access::Scope;
+    use trellis_proto::v1;
+
+    use crate::turn::{
+        Ack, Action, Appended, Broken, Config, Coordinator, Delivery, ErrorKind, Input, Request,
+    };
+
+    fn coordinator() -> Coordinator {
+        let config = Config {
+            id: "c".to_owned(),
+            shards: 1,
+            checkpoint_every_ms: 1_000,
+            checkpoint_store: false,
+            access: None,
+            max_message_bytes: 0,
+            index_scan_every_ms: 1_000,
+            seed: 7,
+            keep_finished_ms: 1_000,
+        };
+        Coordinator::new(config, &trellis_telemetry::Registry::default())
+    }
+
+    /// Runs one turn with no appends, returning its answers and the result acknowledgements.
+    fn turn(
+        coordinator: &mut Coordinator,
+        inputs: Vec<Input>,
+        now: u64,
+    ) -> (
+        Vec<Result<String, (ErrorKind, String)>>,
+        Vec<Ack>,
+        Vec<ExecutionId>,
+    ) {
+        let writes = coordinator.turn(inputs, now);
+        assert!(writes.appends.is_empty(), "nothing is written for it");
+        let mut answers: Vec<_> = writes
+            .replies
+            .into_iter()
+            .map(|(_, answer)| {
+                answer
+                    .map(|answer| format!("{answer:?}"))
+                    .map_err(|err| (err.kind, err.message))
+            })
+            .collect();
+        let effects = coordinator.appended(Vec::<(ExecutionId, Appended)>::new(), now);
+        answers.extend(effects.replies.into_iter().map(|(_, answer)| {
+            answer
+                .map(|answer| format!("{answer:?}"))
+                .map_err(|err| (err.kind, err.message))
+        }));
+        let acks = effects.acks.into_iter().map(|(_, ack)| ack).collect();
+        (answers, acks, effects.load)
+    }
+
+    fn get(id: ExecutionId, scope: Scope) -> Input {
+        Input::Request {
+            reply: 1,
+            request: Request::On {
+                id,
+                scope,
+                action: Action::Get,
+            },
+        }
+    }
+
+    /// An execution whose log does not replay is held, not forgotten: a request about it names
+    /// the sequence (and reads the log again), its results are handed back for long, index scans
+    /// pass it by, and another namespace learns nothing of it.
+    #[test]
+    fn an_execution_whose_log_does_not_replay_is_held_with_its_sequence() {
+        let mut coordinator = coordinator();
+        let id = ExecutionId(uuid::Uuid::from_u128(42));
+        let broken = Broken {
+            id,
+            sequence: 17,
+            namespace: Some("team-a".to_owned()),
+            reason: format!("execution {id}, sequence 17: corrupt: not an event batch"),
+        };
+        turn(&mut coordinator, vec![Input::LeaseAcquired(0)], 1);
+        let recovered = Input::ShardRecovered {
+            shard: 0,
+            recovered: Vec::new(),
+            missing: Vec::new(),
+            broken: vec![broken.clone()],
+        };
+        turn(&mut coordinator, vec![recovered], 2);
+        assert_eq!(
+            coordinator.needing_attention().collect::<Vec<_>>(),
+            [&broken]
+        );
+
+        // A request reads the log again; still broken, it is answered with where it broke.
+        let (answers, _, load) = turn(&mut coordinator, vec![get(id, Scope::All)], 3);
+        assert!(
+            answers.is_empty(),
+            "the request waits for the log: {answers:?}"
+        );
+        assert_eq!(load, [id], "the request reads the log again");
+        let loaded = Input::Loaded {
+            recovered: Vec::new(),
+            missing: Vec::new(),
+            broken: vec![broken.clone()],
+        };
+        let (answers, _, _) = turn(&mut coordinator, vec![loaded], 4);
+        let [Err((kind, message))] = answers.as_slice() else {
+            panic!("one refusal expected: {answers:?}");
+        };
+        assert_eq!(*kind, ErrorKind::DataLoss);
+        assert!(
+            message.contains("needs attention") && message.contains("sequence 17"),
+            "{message}"
+        );
+
+        // Another namespace is told nothing.
+        turn(
+            &mut coordinator,
+            vec![get(id, Scope::Namespace("team-b".into()))],
+            5,
+        );
+        let loaded = Input::Loaded {
+            recovered: Vec::new(),
+            missing: Vec::new(),
+            broken: vec![broken.clone()],
+        };
+        let (answers, _, _) = turn(&mut coordinator, vec![loaded], 6);
+        assert!(
+            matches!(answers.as_slice(), [Err((ErrorKind::NotFound, _))]),
+            "{answers:?}"
+        );
+
+        // A result for it is kept, not acknowledged and not applied.
+        let result = v1::TaskResult {
+            execution_id: id.to_string(),
+            task_instance_id: uuid::Uuid::from_u128(43).to_string(),
+            attempt: 1,
+            ..Default::default()
+        };
+        let delivery = Delivery {
+            token: 9,
+            payload: result.encode_to_vec().into(),
+            span: tracing::Span::none(),
+        };
+        let (_, acks, load) = turn(&mut coordinator, vec![Input::Results(vec![delivery])], 7);
+        assert_eq!(acks, [Ack::Hold]);
+        assert!(load.is_empty(), "a held result loads nothing");
+
+        // An index scan passes it by.
+        let (_, _, load) = turn(
+            &mut coordinator,
+            vec![Input::Indexed {
+                shard: 0,
+                ids: vec![id],
+            }],
+            8,
+        );
+        assert!(load.is_empty(), "{load:?}");
+
+        // The shard moves: it is no longer held here.
+        turn(&mut coordinator, vec![Input::LeaseLost(0)], 9);
+        assert_eq!(coordinator.needing_attention().count(), 0);
+    }
+}

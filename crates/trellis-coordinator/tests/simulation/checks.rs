@@ -177,6 +177,13 @@ impl Checker {
 
     /// Checks a coordinator's live executions against the replay of the log.
     pub fn compare(&self, node: usize, coordinator: &Coordinator) -> Result<(), String> {
+        // Every log the simulation writes replays: one that does not is a coordinator's bug.
+        if let Some(broken) = coordinator.needing_attention().next() {
+            return Err(format!(
+                "coordinator {node} holds {} as needing attention: {}",
+                broken.id, broken.reason
+            ));
+        }
         for id in coordinator.execution_ids() {
             let (Some(live), Some(sequence)) =
                 (coordinator.execution(id), coordinator.last_sequence(id))

@@ -3,7 +3,7 @@
 
 use prost::Message as _;
 use trellis_coordinator::turn::{
-    Ack, Append, Appended, Delivery, Effects, Input, LogMessage, Recovered, Token, Writes,
+    Ack, Append, Appended, Broken, Delivery, Effects, Input, LogMessage, Recovered, Token, Writes,
 };
 use trellis_coordinator::{checkpoints, recovery};
 use trellis_core::ids::ExecutionId;
@@ -380,15 +380,16 @@ impl World {
             self.schedule(idx, delay, input);
         }
         for id in load {
-            let input = match self.recover(id) {
-                Some(recovered) => Input::Loaded {
-                    recovered: vec![recovered],
-                    missing: Vec::new(),
-                },
-                None => Input::Loaded {
-                    recovered: Vec::new(),
-                    missing: vec![id],
-                },
+            let (mut recovered, mut missing, mut broken) = (Vec::new(), Vec::new(), Vec::new());
+            match self.recover(id) {
+                Ok(Some(execution)) => recovered.push(execution),
+                Ok(None) => missing.push(id),
+                Err(execution) => broken.push(execution),
+            }
+            let input = Input::Loaded {
+                recovered,
+                missing,
+                broken,
             };
             let delay = self.rng.between(1, 30);
             self.schedule(idx, delay, input);
@@ -457,6 +458,7 @@ impl World {
                     }
                 }
                 Ack::Later => queue.nak(seq, idx, now + 20),
+                Ack::Hold => queue.nak(seq, idx, now + 30_000),
             }
         }
     }
@@ -472,21 +474,25 @@ impl World {
             .collect();
         let mut recovered = Vec::new();
         let mut missing = Vec::new();
+        let mut broken = Vec::new();
         for id in ids {
             match self.recover(id) {
-                Some(execution) => recovered.push(execution),
-                None => missing.push(id),
+                Ok(Some(execution)) => recovered.push(execution),
+                Ok(None) => missing.push(id),
+                Err(execution) => broken.push(execution),
             }
         }
         Input::ShardRecovered {
             shard,
             recovered,
             missing,
+            broken,
         }
     }
 
-    /// Rebuilds one execution from its log, as `recovery::recover` does.
-    pub(crate) fn recover(&self, id: ExecutionId) -> Option<Recovered> {
+    /// Rebuilds one execution from its log, as `recovery::recover` does: `None` when the log is
+    /// empty, an error when it does not replay.
+    pub(crate) fn recover(&self, id: ExecutionId) -> Result<Option<Recovered>, Broken> {
         let log: Vec<LogMessage> = self
             .nats
             .events
@@ -498,9 +504,12 @@ impl World {
                 payload: record.payload.clone(),
             })
             .collect();
-        let first = log.first()?;
-        let last = log.last()?.stream_seq;
-        let (started, plan) = recovery::started_of(id, first).ok()?;
+        let (Some(first), Some(last)) = (log.first(), log.last()) else {
+            return Ok(None);
+        };
+        let last = last.stream_seq;
+        let (started, plan) = recovery::started_of(id, first).map_err(|err| broken(err, None))?;
+        let namespace = started.namespace().to_owned();
         // The newest checkpoint chain, as recovery restores it, then the log after it.
         let restored = self
             .store
@@ -514,6 +523,17 @@ impl World {
             _ => 0,
         };
         let log = log.into_iter().filter(|m| m.stream_seq > after).collect();
-        recovery::replay(id, started, plan, restored, log, last).ok()
+        recovery::replay(id, started, plan, restored, log, last)
+            .map(Some)
+            .map_err(|err| broken(err, Some(&namespace)))
+    }
+}
+
+/// A log that does not replay, as a coordinator holds it (the simulation reads memory: no read
+/// fails).
+fn broken(err: recovery::RecoveryError, namespace: Option<&str>) -> Broken {
+    match err.into_broken(namespace) {
+        Ok(broken) => broken,
+        Err(err) => panic!("the simulation's reads do not fail: {err}"),
     }
 }
