@@ -13,6 +13,7 @@ pub mod checkpoints;
 mod cli;
 mod cluster;
 mod executor;
+mod failpoints;
 mod forward;
 mod grpc;
 mod metrics;

@@ -135,6 +135,11 @@ impl Service {
         }
     }
 
+    /// Drops an environment variable from the spec, for the next start.
+    pub fn remove_env(&mut self, key: &str) {
+        self.spec.envs.retain(|(k, _)| k != key);
+    }
+
     /// Kills the process with SIGKILL (no shutdown, no flush, nothing) and reaps it.
     pub fn kill9(&mut self) -> anyhow::Result<()> {
         let Some(mut child) = self.child.take() else {

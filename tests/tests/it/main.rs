@@ -3,6 +3,7 @@
 //! restart them while an execution runs.
 
 mod corrupt;
+mod failpoints;
 mod faults;
 mod harness;
 mod pause;

@@ -57,6 +57,8 @@ pub struct Options {
     /// the two minutes the services give it: a test of a long task then needs seconds, not
     /// minutes, to reach past the window.
     pub tasks_duplicate_window: Option<Duration>,
+    /// More environment of every coordinator started with the system (`TRELLIS_FAILPOINT`).
+    pub coordinator_env: Vec<(&'static str, String)>,
 }
 
 impl Default for Options {
@@ -67,6 +69,7 @@ impl Default for Options {
             shards: SHARDS,
             worker_flags: Vec::new(),
             tasks_duplicate_window: None,
+            coordinator_env: Vec::new(),
         }
     }
 }
@@ -174,7 +177,15 @@ impl System {
         let mut coordinators = Vec::new();
         for id in &options.coordinators {
             coordinators.push(
-                start_coordinator(id, &nats.url(), store_addr, options.shards, logs.path()).await?,
+                start_coordinator(
+                    id,
+                    &nats.url(),
+                    store_addr,
+                    options.shards,
+                    &options.coordinator_env,
+                    logs.path(),
+                )
+                .await?,
             );
         }
 
@@ -297,8 +308,15 @@ impl System {
             .context("the log directory lives as long as the system")?
             .path()
             .to_owned();
-        let coordinator =
-            start_coordinator(id, &self.nats.url(), self.store_addr, self.shards, &logs).await?;
+        let coordinator = start_coordinator(
+            id,
+            &self.nats.url(),
+            self.store_addr,
+            self.shards,
+            &[],
+            &logs,
+        )
+        .await?;
         self.coordinators.push(coordinator);
         Ok(self.coordinators.len() - 1)
     }
@@ -606,13 +624,17 @@ async fn start_coordinator(
     nats_url: &str,
     store_addr: SocketAddr,
     shards: u32,
+    envs: &[(&str, String)],
     logs: &std::path::Path,
 ) -> anyhow::Result<Coordinator> {
     let addr = harness::free_addr()?;
     let admin = harness::free_addr()?;
+    let mut spec = service_spec(id, env!("CARGO_BIN_EXE_sys-coordinator"), admin);
+    for (key, value) in envs {
+        spec = spec.env(key, value);
+    }
     let service = Service::start(
-        service_spec(id, env!("CARGO_BIN_EXE_sys-coordinator"), admin)
-            .flag("--nats-url", nats_url)
+        spec.flag("--nats-url", nats_url)
             .flag("--listen", addr.to_string())
             .flag("--shards", shards.to_string())
             .flag("--id", id)

@@ -32,6 +32,7 @@ use trellis_proto::v1;
 use trellis_telemetry::propagation;
 
 use crate::checkpoints::StoreClient;
+use crate::failpoints::{self, Point};
 use crate::metrics::Metrics;
 use crate::shards::LeaseEvent;
 use crate::turn::{
@@ -158,6 +159,9 @@ pub(crate) struct Executor {
     /// Shards to hand over after the current turn.
     releases: Vec<(u32, oneshot::Sender<()>)>,
     stats: Arc<crate::cluster::Stats>,
+    /// Subtask groups settled per execution, counted only while the failpoint
+    /// `group-settled` is armed.
+    settled_groups: HashMap<ExecutionId, usize>,
 }
 
 impl Executor {
@@ -188,6 +192,7 @@ impl Executor {
             observers: HashMap::new(),
             releases: Vec::new(),
             stats: setup.stats,
+            settled_groups: HashMap::new(),
         };
         tokio::spawn(executor.run(rx));
         (Handle { tx: tx.clone() }, tx)
@@ -246,10 +251,37 @@ impl Executor {
     /// Runs one turn: decides, appends, then carries out what the appends allow.
     async fn one_turn(&mut self, inputs: Vec<Input>, now: u64) {
         let writes = self.coordinator.turn(inputs, now);
+        let settled = self.settles_groups(&writes);
         let appends = self.before_appends(writes);
         let outcomes = self.append(appends).await;
+        if outcomes
+            .iter()
+            .any(|(_, outcome)| matches!(outcome, crate::turn::Appended::Stored { .. }))
+        {
+            failpoints::reached(Point::AfterAppend);
+            if settled {
+                failpoints::reached(Point::GroupSettled);
+            }
+        }
         let effects = self.coordinator.appended(outcomes, now);
         self.carry_out(effects).await;
+    }
+
+    /// Whether the turn's appends settle a subtask group; looked at only while the failpoint
+    /// `group-settled` is armed.
+    fn settles_groups(&mut self, writes: &Writes) -> bool {
+        if !failpoints::is_armed(Point::GroupSettled) {
+            return false;
+        }
+        let mut settled = false;
+        for append in &writes.appends {
+            let Some(execution) = self.coordinator.execution(append.id) else {
+                continue;
+            };
+            let n = execution.groups().filter(|group| group.2).count();
+            settled |= self.settled_groups.insert(append.id, n).unwrap_or(0) < n;
+        }
+        settled
     }
 
     /// Hands shards over in a turn of their own, after a turn whose appends are all stored:

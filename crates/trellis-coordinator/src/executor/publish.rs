@@ -121,6 +121,9 @@ impl Executor {
         for id in forget {
             self.observers.remove(&id);
         }
+        if !acks.is_empty() {
+            crate::failpoints::reached(crate::failpoints::Point::BeforeAck);
+        }
         self.acknowledge(acks).await;
         self.reply(replies);
         for job in checkpoints {
