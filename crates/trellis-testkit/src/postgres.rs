@@ -111,6 +111,26 @@ impl Postgres {
         self.dir.path().join("data")
     }
 
+    /// Runs `sql` in `database` with `psql` and returns its unaligned output: one line per row,
+    /// columns separated by `|`, no header.
+    pub fn query(&self, database: &str, sql: &str) -> anyhow::Result<String> {
+        let output = Command::new(self.bin_dir.join("psql"))
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-U", SUPERUSER, "-d", database])
+            .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
+            .stdin(Stdio::null())
+            .output()
+            .context("failed to run psql")?;
+        if !output.status.success() {
+            bail!(
+                "psql failed with {} on `{sql}`: {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
     /// Creates an empty database and returns its URL.
     pub fn create_database(&self, name: &str) -> anyhow::Result<String> {
         let output = Command::new(self.bin_dir.join("createdb"))
@@ -279,8 +299,10 @@ impl Postgres {
                 // TCP only: a socket under a long temporary path would exceed the 107-byte limit.
                 .args(["-c", "unix_socket_directories="])
                 // The tests kill processes, not the machine: what reached the OS survives, so
-                // flushing to disk only costs time.
-                .args(["-c", "fsync=off", "-c", "synchronous_commit=off"])
+                // flushing to disk only costs time. A commit must still reach the OS before it
+                // is answered (`synchronous_commit` stays on): off, a SIGKILLed postmaster loses
+                // the commits its WAL writer had not written yet.
+                .args(["-c", "fsync=off"])
                 .args(["-c", "full_page_writes=off"])
                 .args(
                     tls_settings

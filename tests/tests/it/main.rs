@@ -9,5 +9,6 @@ mod harness;
 mod pause;
 mod reads;
 mod secrets;
+mod store_crash;
 mod system;
 mod takeover;

@@ -96,6 +96,9 @@ pub enum Fault {
     Nats,
     /// Stop PostgreSQL (fast shutdown, clients cut off) and start it again.
     Postgres,
+    /// SIGKILL PostgreSQL's postmaster (as an OOM kill would) and start it again: crash
+    /// recovery.
+    PostgresKilled,
     /// SIGKILL the monitor and start it again on the same port.
     Monitor,
 }
@@ -108,6 +111,7 @@ impl std::fmt::Display for Fault {
             Fault::Store => write!(f, "SIGKILL + restart of the checkpoint-store"),
             Fault::Nats => write!(f, "restart of nats-server"),
             Fault::Postgres => write!(f, "restart of PostgreSQL"),
+            Fault::PostgresKilled => write!(f, "SIGKILL + restart of PostgreSQL's postmaster"),
             Fault::Monitor => write!(f, "SIGKILL + restart of the monitor"),
         }
     }
@@ -123,7 +127,7 @@ pub struct System {
     pub workers: Vec<Service>,
     pub coordinators: Vec<Coordinator>,
     pub store: Service,
-    store_addr: SocketAddr,
+    pub store_addr: SocketAddr,
     shards: u32,
     pub postgres: Postgres,
     pub nats: NatsServer,
@@ -292,6 +296,10 @@ impl System {
             // threads for the test's own tasks meanwhile.
             Fault::Nats => tokio::task::block_in_place(|| self.nats.restart())?,
             Fault::Postgres => tokio::task::block_in_place(|| self.postgres.restart())?,
+            Fault::PostgresKilled => tokio::task::block_in_place(|| {
+                self.postgres.kill();
+                self.postgres.restart()
+            })?,
             Fault::Monitor => {
                 self.monitor.kill9()?;
                 self.monitor.restart().await?;
