@@ -203,11 +203,60 @@ async fn throughput(client: CoordinatorClient<Channel>, n: usize) -> Result<Fiel
     ])
 }
 
-/// `throughput` with the coordinator in a child process killed with SIGKILL half-way and
+/// Groups of groups in the `recovery` plan: each `fanout` plan task spawns this many members,
+/// each a `fanout` of this many `sleep` subtasks of [`RECOVERY_SLEEP_MS`], so that the groups
+/// are still open at the kill and settle under the restarted coordinator.
+const RECOVERY_GROUPS: usize = 4;
+const RECOVERY_FANOUT: usize = 10;
+const RECOVERY_SLEEP_MS: u64 = 300;
+/// Long `shell` tasks in the `recovery` plan, each running this long: they run across the kill,
+/// so the restarted coordinator inherits them.
+const RECOVERY_LONG_TASKS: usize = 8;
+const RECOVERY_LONG_SECONDS: u32 = 5;
+
+/// The coordinator in a child process, killed with SIGKILL half-way through a plan of `n` `noop`
+/// tasks, [`RECOVERY_GROUPS`] nested groups and [`RECOVERY_LONG_TASKS`] long `shell` tasks, and
 /// started again under the same id (it takes its lease back at once). `recovery_ms` runs from the
-/// kill to the first task completed after the restart; `lost` counts plan tasks that never
-/// completed and `duplicate_resumes` groups that resumed their parent more than once.
+/// kill to the first task completed after the restart. From the graph and the workers' own marks:
+/// `lost` counts task instances that did not complete, `duplicate_resumes` groups that resumed
+/// their parent more than once, `double_runs` long tasks whose command started more than once.
 async fn recovery(args: &BenchArgs, n: usize) -> Result<Fields, String> {
+    let marks = std::env::temp_dir().join(format!("trellis-bench-marks-{}", std::process::id()));
+    let _ = std::fs::remove_file(&marks);
+    let result = recovery_run(args, n, &marks).await;
+    let _ = std::fs::remove_file(&marks);
+    result
+}
+
+/// The `recovery` plan: `n` `noop` tasks, the nested groups and the long tasks, which append
+/// their instance id to `marks` when they start.
+fn recovery_plan(n: usize, marks: &std::path::Path) -> String {
+    let mut plan = String::with_capacity(n * 32 + 1024);
+    plan.push_str("name: bench-recovery\ntasks:\n");
+    for i in 0..n {
+        plan.push_str(&format!("- {{id: t{i}, type: noop}}\n"));
+    }
+    for g in 0..RECOVERY_GROUPS {
+        plan.push_str(&format!(
+            "- {{id: g{g}, type: fanout, input: {{count: {RECOVERY_FANOUT}, child: {{type: fanout, \
+             input: {{count: {RECOVERY_FANOUT}, child: {{type: sleep, input: {{ms: {RECOVERY_SLEEP_MS}}}}}}}}}}}}}\n"
+        ));
+    }
+    for l in 0..RECOVERY_LONG_TASKS {
+        plan.push_str(&format!(
+            "- {{id: long{l}, type: shell, input: {{command: [sh, -c, 'echo \"$TRELLIS_TASK_INSTANCE_ID\" \
+             >> {}; sleep {RECOVERY_LONG_SECONDS}']}}}}\n",
+            marks.display()
+        ));
+    }
+    plan
+}
+
+async fn recovery_run(
+    args: &BenchArgs,
+    n: usize,
+    marks: &std::path::Path,
+) -> Result<Fields, String> {
     let local = workers_only(args).await?;
     let port = free_port()?;
     let url = format!("http://{port}");
@@ -217,18 +266,13 @@ async fn recovery(args: &BenchArgs, n: usize) -> Result<Fields, String> {
         .await
         .map_err(|e| format!("cannot connect to NATS: {e}"))?;
 
-    let mut plan = String::with_capacity(n * 32);
-    plan.push_str("name: bench-recovery\ntasks:\n");
-    for i in 0..n {
-        plan.push_str(&format!("- {{id: t{i}, type: noop}}\n"));
-    }
     let start = Instant::now();
-    let id = start_plan(&mut client, plan).await?;
+    let id = start_plan(&mut client, recovery_plan(n, marks)).await?;
     let mut log = nats
         .subscribe(trellis_proto::subjects::events(&id))
         .await
         .map_err(|e| format!("cannot follow the log: {e}"))?;
-    // Half-way, by the summary's count of settled tasks.
+    // Half-way, by the summary's count of settled work, and while the long tasks run.
     loop {
         let execution = get(&mut client, &id).await?;
         if execution
@@ -240,6 +284,10 @@ async fn recovery(args: &BenchArgs, n: usize) -> Result<Fields, String> {
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    let running_at_kill = std::fs::read_to_string(marks)
+        .map(|text| text.lines().count())
+        .unwrap_or(0);
+    let resumed_before_kill = resumed_groups(&mut client, &id).await?;
     coordinator.kill();
     let killed = Instant::now();
     // Everything logged before the kill has a sequence at most this.
@@ -281,19 +329,22 @@ async fn recovery(args: &BenchArgs, n: usize) -> Result<Fields, String> {
         .into_inner()
         .graph
         .unwrap_or_default();
+    let root = graph.root_indices.first().map(|idx| *idx as usize);
     let records: Vec<_> = graph
         .nodes
         .iter()
-        .filter_map(|n| n.record.as_ref())
+        .enumerate()
+        .filter(|(idx, _)| Some(*idx) != root)
+        .filter_map(|(_, node)| node.record.as_ref())
         .collect();
-    let completed: std::collections::HashSet<&str> = records
+    // Every plan task and subtask instance, each parent's resumed instance included.
+    let expected =
+        n + RECOVERY_LONG_TASKS + RECOVERY_GROUPS * (2 + RECOVERY_FANOUT * (2 + RECOVERY_FANOUT));
+    let completed = records
         .iter()
         .filter(|r| r.state == v1::TaskState::Completed as i32)
-        .map(|r| r.task_id.as_str())
-        .collect();
-    let lost = (0..n)
-        .filter(|i| !completed.contains(format!("t{i}").as_str()))
         .count();
+    let lost = expected.saturating_sub(completed);
     let mut resumed: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
     for record in &records {
         if let Some(group) = record.resumed_after_subtasks_group_id.as_deref() {
@@ -301,14 +352,55 @@ async fn recovery(args: &BenchArgs, n: usize) -> Result<Fields, String> {
         }
     }
     let duplicate_resumes = resumed.values().filter(|&&k| k > 1).count();
+    let starts = std::fs::read_to_string(marks).unwrap_or_default();
+    let distinct: std::collections::HashSet<&str> = starts.lines().collect();
+    let double_runs = starts.lines().count() - distinct.len();
     coordinator.kill();
     local.stop().await;
+    if distinct.len() != RECOVERY_LONG_TASKS {
+        return Err(format!(
+            "{} of {RECOVERY_LONG_TASKS} long tasks started (marks in {})",
+            distinct.len(),
+            marks.display()
+        ));
+    }
     Ok(vec![
         ("seconds", json!(round(seconds, 3))),
         ("recovery_ms", json!(round(recovery_ms, 1))),
+        ("instances", json!(records.len())),
+        ("groups", json!(resumed.len())),
+        (
+            "groups_open_at_kill",
+            json!(resumed.len().saturating_sub(resumed_before_kill)),
+        ),
+        ("long_running_at_kill", json!(running_at_kill)),
         ("lost", json!(lost)),
         ("duplicate_resumes", json!(duplicate_resumes)),
+        ("double_runs", json!(double_runs)),
     ])
+}
+
+/// How many subtask groups have resumed their parent so far.
+async fn resumed_groups(
+    client: &mut CoordinatorClient<Channel>,
+    id: &str,
+) -> Result<usize, String> {
+    let graph = client
+        .get_execution_graph(v1::GetExecutionGraphRequest {
+            execution_id: id.to_owned(),
+            run_number: 0,
+        })
+        .await
+        .map_err(|s| s.message().to_owned())?
+        .into_inner()
+        .graph
+        .unwrap_or_default();
+    Ok(graph
+        .nodes
+        .iter()
+        .filter_map(|node| node.record.as_ref())
+        .filter(|record| record.resumed_after_subtasks_group_id.is_some())
+        .count())
 }
 
 fn batch_last_sequence(payload: &[u8]) -> u64 {
