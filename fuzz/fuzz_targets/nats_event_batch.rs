@@ -3,7 +3,9 @@
 //!   its `execution_started` (its recorded plan decoded) or going on from the live execution;
 //! - the checkpoint-store's read model ingests it (the message twice, as a redelivery would
 //!   bring it, and then the two halves of the input as two messages);
-//! - the monitor and `Observe` read only the envelope, which the decoder checks.
+//! - the monitor's hub follows it (the message alone, twice, then its two halves) and serves
+//!   what its streams and pages read; `Observe` reads only the envelope, which the decoder
+//!   checks.
 //!
 //! No input panics, hangs or blows up memory; a decoded batch re-encodes to a batch that decodes
 //! to the same entries.
@@ -39,6 +41,9 @@ fuzz_target!(|data: &[u8]| {
     trellis_checkpoint_store::fuzzing::ingest_event_log(&[data, data]);
     let (head, tail) = data.split_at(data.len() / 2);
     trellis_checkpoint_store::fuzzing::ingest_event_log(&[head, tail]);
+    let id = trellis_fuzz::execution_id();
+    trellis_monitor::fuzzing::follow_event_log(id, &[data, data]);
+    trellis_monitor::fuzzing::follow_event_log(id, &[head, tail]);
 });
 
 /// Replays the message the way recovery does: a message that starts the execution decodes its

@@ -581,6 +581,29 @@ async fn follow(hubs: Arc<Hubs>, hub: Arc<Hub>) {
     tracing::debug!(id = %hub.id, "hub stopped");
 }
 
+/// The hub as its reader drives it, for the fuzz targets (feature `fuzzing`).
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) mod fuzzing {
+    use super::*;
+
+    /// Feeds `payloads` to a fresh hub of `id` as its reader does (stream sequences 1, 2, ...;
+    /// a flush after each, a live stream listening), then reads what a new stream and the
+    /// instances page would get. Returns whether the hub still follows the log.
+    pub(crate) fn follow(id: ExecutionId, payloads: &[&[u8]]) -> bool {
+        let hub = Hub::new(id, payloads.len() as u64);
+        let (_, mut live) = hub.subscribe(true);
+        for (idx, payload) in payloads.iter().enumerate() {
+            hub.ingest(payload, idx as u64 + 1, 0);
+            hub.flush();
+            while live.try_recv().is_ok() {}
+        }
+        let _ = hub.subscribe(true);
+        let _ = hub.instances();
+        let _ = hub.plan();
+        !matches!(*hub.readiness.borrow(), Readiness::Failed(_))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use trellis_core::machine::{Event, EventBody};
@@ -626,5 +649,32 @@ mod tests {
             "{message}"
         );
         assert!(hub.plan().is_some(), "the projection keeps what it had");
+    }
+
+    /// What the fuzz target drives: a log that replays is followed, one message that is not an
+    /// event batch fails the hub, whatever came before it.
+    #[test]
+    fn the_fuzzed_reader_follows_a_good_log_and_stops_at_garbage() {
+        let id = ExecutionId(uuid::Uuid::now_v7());
+        let spec = "name: p\ntasks:\n  - {id: a, type: noop}\n";
+        let plan = compile_str(spec, &Limits::default()).expect("the plan compiles");
+        let started = Started {
+            spec: spec.to_owned(),
+            run_number: 1,
+            started_at_ms: 1,
+            compiled_plan: trellis_core::plan::encode(&plan),
+            ..Started::default()
+        };
+        let first = v1::EventBatch {
+            events: vec![started_to_proto(id, &started)],
+        }
+        .encode_to_vec();
+        let resume = Event {
+            at_ms: 2,
+            body: EventBody::resume(),
+        };
+        let second = event_batch_to_proto(id, 2, &[resume]).encode_to_vec();
+        assert!(fuzzing::follow(id, &[&first, &second, &second]));
+        assert!(!fuzzing::follow(id, &[&first, b"\xff\xff garbage"]));
     }
 }

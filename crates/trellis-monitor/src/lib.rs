@@ -30,6 +30,9 @@ use trellis_telemetry::redact::Secret;
 pub mod api;
 mod assets;
 mod cli;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod hub;
 pub mod metrics;
 pub mod views;
