@@ -5,7 +5,9 @@
 //! `TRELLIS_FAILPOINT=<point>[:<n>]` arms one point: the `n`-th time (1 by default) the executor
 //! reaches it, the coordinator writes `failpoint <point> reached` to stderr and stops itself
 //! with SIGSTOP, every thread at once, so nothing after the point happens before the test's
-//! SIGKILL. The points:
+//! SIGKILL (or its SIGCONT). The points:
+//! - `before-append`: a turn decided and its appends are about to be sent (woken past its
+//!   lease, the coordinator sends them to a log another owner has extended since);
 //! - `after-append`: a turn's appends are stored; nothing they allow (assignments, cancels,
 //!   acknowledgements, answers) is carried out;
 //! - `before-ack`: the turn's assignments and cancels are published; the results it consumed
@@ -16,6 +18,7 @@
 /// The points, as `TRELLIS_FAILPOINT` names them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Point {
+    BeforeAppend,
     AfterAppend,
     BeforeAck,
     GroupSettled,
@@ -43,6 +46,7 @@ mod armed {
                 let value = std::env::var("TRELLIS_FAILPOINT").ok()?;
                 let (name, at) = value.split_once(':').unwrap_or((value.as_str(), "1"));
                 let point = match name {
+                    "before-append" => Point::BeforeAppend,
                     "after-append" => Point::AfterAppend,
                     "before-ack" => Point::BeforeAck,
                     "group-settled" => Point::GroupSettled,

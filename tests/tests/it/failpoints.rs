@@ -27,7 +27,7 @@ const PLAN: FanoutPlan = FanoutPlan {
 const WAIT: Duration = Duration::from_secs(90);
 
 /// Waits until the coordinator's log says it reached the failpoint and the process is stopped.
-async fn wait_for_failpoint(system: &mut System, point: &str) -> anyhow::Result<()> {
+pub(crate) async fn wait_for_failpoint(system: &mut System, point: &str) -> anyhow::Result<()> {
     let name = point.split(':').next().unwrap_or(point);
     let line = format!("failpoint {name} reached");
     let deadline = tokio::time::Instant::now() + WAIT;

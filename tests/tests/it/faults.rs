@@ -445,3 +445,88 @@ async fn a_coordinator_stopped_past_its_lease_wakes_up_fenced_and_nothing_is_dou
         })
         .await
 }
+
+/// The stale coordinator of the test above, forced to write: it stops itself (failpoint
+/// `before-append`) with a turn's appends decided and not sent, stays stopped past its lease
+/// while the standby takes the shard over and extends the log, and on SIGCONT sends them. They
+/// are refused, it drops the execution, and nothing is doubled or lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_woken_in_the_middle_of_an_append_is_refused_and_steps_down()
+-> anyhow::Result<()> {
+    const STALE: usize = 0;
+    const STANDBY: usize = 1;
+    // Three groups of 200: the tenth append turn falls early in the run.
+    let plan = FanoutPlan {
+        parents: 3,
+        members: 200,
+        member_ms: 100,
+    };
+    let point = "before-append:10";
+    let system = System::start(Options {
+        coordinators: vec!["coordinator-a", "coordinator-b"],
+        workers: 2,
+        shards: SHARDS,
+        coordinator_env: vec![("TRELLIS_FAILPOINT", point.to_owned())],
+        ..Options::default()
+    })
+    .await?;
+    system
+        .run(async |system: &mut System| {
+            let deadline = tokio::time::Instant::now() + STANDBY_DEADLINE;
+            system
+                .wait_for_balance(
+                    STANDBY,
+                    &[("coordinator-a", 1), ("coordinator-b", 1)],
+                    Duration::from_secs(20),
+                )
+                .await?;
+            system.expect_ready(STALE, true).await?;
+            let execution_id = system.start_plan(STALE, &plan.yaml()).await?;
+            crate::failpoints::wait_for_failpoint(system, point).await?;
+            let stopped_at = tokio::time::Instant::now();
+            let pid = system.coordinators[STALE]
+                .service
+                .pid()
+                .context("the coordinator runs")?;
+            // The standby takes the shard over and moves the execution on.
+            let claimed = system
+                .wait_until(
+                    STANDBY,
+                    &execution_id,
+                    (stopped_at + TAKEOVER_WITHIN).min(deadline),
+                    "the takeover",
+                    |execution| completed(execution) > 0,
+                )
+                .await;
+            tokio::time::sleep(STOPPED_FOR.saturating_sub(stopped_at.elapsed())).await;
+            signal(pid, "CONT")?;
+            claimed?;
+            let execution = system
+                .wait_until(
+                    STANDBY,
+                    &execution_id,
+                    deadline,
+                    "the end of the execution",
+                    is_terminal,
+                )
+                .await?;
+            let graph = system.graph(STANDBY, &execution_id).await?;
+            let events = system.event_log(&execution_id).await?;
+            check_outcome(&plan, &execution, &graph, &events)?;
+            let refused = counter(system, STALE, "trellis_appends_refused_total").await?;
+            anyhow::ensure!(
+                refused >= 1.0,
+                "the woken coordinator's append was not refused (trellis_appends_refused_total \
+                 {refused})"
+            );
+            system
+                .wait_for_balance(
+                    STANDBY,
+                    &[("coordinator-a", 1), ("coordinator-b", 1)],
+                    Duration::from_secs(30),
+                )
+                .await?;
+            Ok(())
+        })
+        .await
+}

@@ -57,7 +57,7 @@ pub struct Options {
     /// the two minutes the services give it: a test of a long task then needs seconds, not
     /// minutes, to reach past the window.
     pub tasks_duplicate_window: Option<Duration>,
-    /// More environment of every coordinator started with the system (`TRELLIS_FAILPOINT`).
+    /// More environment of the first coordinator (`TRELLIS_FAILPOINT`).
     pub coordinator_env: Vec<(&'static str, String)>,
 }
 
@@ -179,14 +179,19 @@ impl System {
         .await?;
 
         let mut coordinators = Vec::new();
-        for id in &options.coordinators {
+        for (idx, id) in options.coordinators.iter().enumerate() {
+            let envs: &[(&str, String)] = if idx == 0 {
+                &options.coordinator_env
+            } else {
+                &[]
+            };
             coordinators.push(
                 start_coordinator(
                     id,
                     &nats.url(),
                     store_addr,
                     options.shards,
-                    &options.coordinator_env,
+                    envs,
                     logs.path(),
                 )
                 .await?,

@@ -253,6 +253,9 @@ impl Executor {
         let writes = self.coordinator.turn(inputs, now);
         let settled = self.settles_groups(&writes);
         let appends = self.before_appends(writes);
+        if !appends.is_empty() {
+            failpoints::reached(Point::BeforeAppend);
+        }
         let outcomes = self.append(appends).await;
         if outcomes
             .iter()
