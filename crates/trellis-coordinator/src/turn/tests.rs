@@ -81,16 +81,15 @@ mod attention {
         Coordinator::new(config, &trellis_telemetry::Registry::default())
     }
 
-    /// Runs one turn with no appends, returning its answers and the result acknowledgements.
-    fn turn(
-        coordinator: &mut Coordinator,
-        inputs: Vec<Input>,
-        now: u64,
-    ) -> (
+    /// A turn's answers (`Debug` of each, or its refusal), result acknowledgements and loads.
+    type Turned = (
         Vec<Result<String, (ErrorKind, String)>>,
         Vec<Ack>,
         Vec<ExecutionId>,
-    ) {
+    );
+
+    /// Runs one turn with no appends, returning its answers and the result acknowledgements.
+    fn turn(coordinator: &mut Coordinator, inputs: Vec<Input>, now: u64) -> Turned {
         let writes = coordinator.turn(inputs, now);
         assert!(writes.appends.is_empty(), "nothing is written for it");
         let mut answers: Vec<_> = writes
