@@ -614,8 +614,8 @@ mod tests {
 
     /// The one replay policy: a gap in the log fails the hub with the execution and the first
     /// missing sequence, and the projection keeps what it had.
-    #[test]
-    fn a_gap_fails_the_hub_with_the_missing_sequence() {
+    /// A new execution of a one-task plan and its first log message (`ExecutionStarted`).
+    fn first_message() -> (ExecutionId, Vec<u8>) {
         let id = ExecutionId(uuid::Uuid::now_v7());
         let spec = "name: p\ntasks:\n  - {id: a, type: noop}\n";
         let plan = compile_str(spec, &Limits::default()).expect("the plan compiles");
@@ -626,11 +626,17 @@ mod tests {
             compiled_plan: trellis_core::plan::encode(&plan),
             ..Started::default()
         };
-        let hub = Hub::new(id, 1);
         let first = v1::EventBatch {
             events: vec![started_to_proto(id, &started)],
         };
-        hub.ingest(&first.encode_to_vec(), 1, 0);
+        (id, first.encode_to_vec())
+    }
+
+    #[test]
+    fn a_gap_fails_the_hub_with_the_missing_sequence() {
+        let (id, first) = first_message();
+        let hub = Hub::new(id, 1);
+        hub.ingest(&first, 1, 0);
         assert_eq!(*hub.readiness.borrow(), Readiness::Ready);
         let resume = Event {
             at_ms: 2,
@@ -655,20 +661,7 @@ mod tests {
     /// event batch fails the hub, whatever came before it.
     #[test]
     fn the_fuzzed_reader_follows_a_good_log_and_stops_at_garbage() {
-        let id = ExecutionId(uuid::Uuid::now_v7());
-        let spec = "name: p\ntasks:\n  - {id: a, type: noop}\n";
-        let plan = compile_str(spec, &Limits::default()).expect("the plan compiles");
-        let started = Started {
-            spec: spec.to_owned(),
-            run_number: 1,
-            started_at_ms: 1,
-            compiled_plan: trellis_core::plan::encode(&plan),
-            ..Started::default()
-        };
-        let first = v1::EventBatch {
-            events: vec![started_to_proto(id, &started)],
-        }
-        .encode_to_vec();
+        let (id, first) = first_message();
         let resume = Event {
             at_ms: 2,
             body: EventBody::resume(),

@@ -12,9 +12,9 @@
 
 use std::time::Duration;
 
-use anyhow::{Context as _, bail, ensure};
+use anyhow::{Context as _, bail};
 
-use crate::system::{FanoutPlan, Options, System, check_outcome, describe, is_terminal};
+use crate::system::{FanoutPlan, Options, System};
 
 /// Three groups of 40 short subtasks: a run of a few dozen turns, more than the counts armed.
 const PLAN: FanoutPlan = FanoutPlan {
@@ -80,23 +80,10 @@ async fn killed_at(point: &str) -> anyhow::Result<()> {
             coordinator.restart().await?;
 
             let deadline = tokio::time::Instant::now() + WAIT;
-            let execution = system
-                .wait_until(
-                    0,
-                    &execution_id,
-                    deadline,
-                    "the end of the execution",
-                    is_terminal,
-                )
-                .await?;
-            ensure!(
-                execution.state == trellis_proto::v1::ExecutionState::Completed as i32,
-                "the execution did not complete: {}",
-                describe(&execution)
-            );
-            let graph = system.graph(0, &execution_id).await?;
-            let events = system.event_log(&execution_id).await?;
-            check_outcome(&PLAN, &execution, &graph, &events)
+            system
+                .check_end(0, &execution_id, &PLAN, deadline)
+                .await
+                .map(drop)
         })
         .await
 }

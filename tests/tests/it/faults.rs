@@ -11,7 +11,8 @@ use anyhow::Context as _;
 use trellis_proto::v1;
 
 use crate::system::{
-    FanoutPlan, Fault, Options, SHARDS, System, check_outcome, completed, describe, is_terminal,
+    Ended, FanoutPlan, Fault, Options, SHARDS, System, check_outcome, completed, describe,
+    is_terminal,
 };
 
 /// The size: 10 plan tasks of type `fanout`, each spawning a group of 1,000 subtasks.
@@ -51,42 +52,17 @@ async fn ten_thousand_subtasks_survive_a_kill_or_restart_of_every_service_in_tur
             let plan = EVERY_SERVICE_PLAN;
             let deadline = tokio::time::Instant::now() + EVERY_SERVICE_DEADLINE;
             let execution_id = system.start_plan(0, &plan.yaml()).await?;
-            for (fault, fraction) in FAULTS_IN_TURN {
-                let threshold = (plan.n_completed() as f64 * fraction) as u64;
-                let execution = system
-                    .wait_until(
-                        0,
-                        &execution_id,
-                        deadline,
-                        &format!("{threshold} completed instances before the {fault}"),
-                        |execution| {
-                            completed(execution) >= threshold
-                                || is_terminal(execution)
-                        },
-                    )
-                    .await?;
-                anyhow::ensure!(
-                    !is_terminal(&execution),
-                    "the execution ended before the {fault} could be injected ({}); the faults must land while it runs, so make the subtasks slower",
-                    describe(&execution)
-                );
-                eprintln!(
-                    "injecting the {fault} at {} completed instances",
-                    completed(&execution)
-                );
-                system.inject(fault).await?;
-            }
-            let execution = system
-                .wait_until(0, &execution_id, deadline, "the end of the execution", is_terminal)
+            system
+                .inject_in_turn(&execution_id, &plan, &FAULTS_IN_TURN, deadline)
                 .await?;
-            let graph = system.graph(0, &execution_id).await?;
-            let events = system.event_log(&execution_id).await?;
-            check_outcome(&plan, &execution, &graph, &events)?;
+            let Ended { execution, .. } =
+                system.check_end(0, &execution_id, &plan, deadline).await?;
             // The restarted monitor rebuilt the execution from the log: it must agree with the
             // coordinator.
             let view = system.monitor_view(&execution_id).await?;
             anyhow::ensure!(
-                view["state"] == "completed" && view["counts"]["completed"] == completed(&execution),
+                view["state"] == "completed"
+                    && view["counts"]["completed"] == completed(&execution),
                 "the monitor shows {view}, the coordinator {}",
                 describe(&execution)
             );
@@ -193,18 +169,10 @@ async fn a_second_coordinator_takes_over_the_shards_of_a_killed_one_and_finishes
             );
             system.expect_ready(STANDBY, true).await?;
 
-            let execution = system
-                .wait_until(
-                    STANDBY,
-                    &execution_id,
-                    deadline,
-                    "the end of the execution",
-                    is_terminal,
-                )
-                .await?;
-            let graph = system.graph(STANDBY, &execution_id).await?;
-            let events = system.event_log(&execution_id).await?;
-            check_outcome(&plan, &execution, &graph, &events)
+            system
+                .check_end(STANDBY, &execution_id, &plan, deadline)
+                .await
+                .map(drop)
         })
         .await
 }
@@ -419,18 +387,9 @@ async fn a_coordinator_stopped_past_its_lease_wakes_up_fenced_and_nothing_is_dou
             // Awake again, the stale coordinator finishes whatever turn it was in.
             signal(pid, "CONT")?;
             result?;
-            let execution = system
-                .wait_until(
-                    STANDBY,
-                    &execution_id,
-                    deadline,
-                    "the end of the execution",
-                    is_terminal,
-                )
+            system
+                .check_end(STANDBY, &execution_id, &plan, deadline)
                 .await?;
-            let graph = system.graph(STANDBY, &execution_id).await?;
-            let events = system.event_log(&execution_id).await?;
-            check_outcome(&plan, &execution, &graph, &events)?;
             // It steps down and rejoins: the two share the shards again, one writer each.
             system
                 .wait_for_balance(
@@ -501,18 +460,9 @@ async fn a_coordinator_woken_in_the_middle_of_an_append_is_refused_and_steps_dow
             tokio::time::sleep(STOPPED_FOR.saturating_sub(stopped_at.elapsed())).await;
             signal(pid, "CONT")?;
             claimed?;
-            let execution = system
-                .wait_until(
-                    STANDBY,
-                    &execution_id,
-                    deadline,
-                    "the end of the execution",
-                    is_terminal,
-                )
+            system
+                .check_end(STANDBY, &execution_id, &plan, deadline)
                 .await?;
-            let graph = system.graph(STANDBY, &execution_id).await?;
-            let events = system.event_log(&execution_id).await?;
-            check_outcome(&plan, &execution, &graph, &events)?;
             let refused = counter(system, STALE, "trellis_appends_refused_total").await?;
             anyhow::ensure!(
                 refused >= 1.0,

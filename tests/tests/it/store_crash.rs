@@ -12,9 +12,7 @@ use trellis_coordinator::{checkpoints, recovery};
 use trellis_core::ids::ExecutionId;
 use trellis_proto::{subjects, v1};
 
-use crate::system::{
-    FanoutPlan, Fault, Options, System, check_outcome, completed, describe, is_terminal,
-};
+use crate::system::{Ended, FanoutPlan, Fault, Options, System};
 
 /// Four groups of 250 subtasks of 400 ms: several seconds of work for two workers, long enough
 /// for both faults to land while it runs.
@@ -96,27 +94,12 @@ async fn after_postgres_and_the_store_are_killed_the_read_model_and_checkpoints_
         .run(async |system: &mut System| {
             let deadline = tokio::time::Instant::now() + WAIT;
             let execution_id = system.start_plan(0, &PLAN.yaml()).await?;
-            for (fault, fraction) in FAULTS {
-                let threshold = (PLAN.n_completed() as f64 * fraction) as u64;
-                let execution = system
-                    .wait_until(0, &execution_id, deadline, "progress", |e| {
-                        completed(e) >= threshold || is_terminal(e)
-                    })
-                    .await?;
-                ensure!(
-                    !is_terminal(&execution),
-                    "the execution ended before the {fault}: {}",
-                    describe(&execution)
-                );
-                eprintln!("{fault} at {} completed instances", completed(&execution));
-                system.inject(fault).await?;
-            }
-            let execution = system
-                .wait_until(0, &execution_id, deadline, "the end of the execution", is_terminal)
+            system
+                .inject_in_turn(&execution_id, &PLAN, &FAULTS, deadline)
                 .await?;
-            let graph = system.graph(0, &execution_id).await?;
-            let events = system.event_log(&execution_id).await?;
-            check_outcome(&PLAN, &execution, &graph, &events)?;
+            let Ended { graph, events, .. } = system
+                .check_end(0, &execution_id, &PLAN, deadline)
+                .await?;
 
             // The read model equals the log: every event once, nothing else.
             let last = events.last().map_or(0, |e| e.sequence);

@@ -438,6 +438,70 @@ impl System {
         }
     }
 
+    /// Waits until the execution of `plan` ends (asking coordinator `idx`), then checks from its
+    /// graph and its log that it lost and doubled nothing ([`check_outcome`]); returns what was
+    /// read.
+    pub async fn check_end(
+        &self,
+        idx: usize,
+        execution_id: &str,
+        plan: &FanoutPlan,
+        deadline: tokio::time::Instant,
+    ) -> anyhow::Result<Ended> {
+        let execution = self
+            .wait_until(
+                idx,
+                execution_id,
+                deadline,
+                "the end of the execution",
+                is_terminal,
+            )
+            .await?;
+        let graph = self.graph(idx, execution_id).await?;
+        let events = self.event_log(execution_id).await?;
+        check_outcome(plan, &execution, &graph, &events)?;
+        Ok(Ended {
+            execution,
+            graph,
+            events,
+        })
+    }
+
+    /// Injects each fault once `fraction` of the work of `plan` completed (as coordinator 0
+    /// reports it); fails when the execution ends before a fault could land.
+    pub async fn inject_in_turn(
+        &mut self,
+        execution_id: &str,
+        plan: &FanoutPlan,
+        faults: &[(Fault, f64)],
+        deadline: tokio::time::Instant,
+    ) -> anyhow::Result<()> {
+        for &(fault, fraction) in faults {
+            let threshold = (plan.n_completed() as f64 * fraction) as u64;
+            let execution = self
+                .wait_until(
+                    0,
+                    execution_id,
+                    deadline,
+                    &format!("{threshold} completed instances before the {fault}"),
+                    |execution| completed(execution) >= threshold || is_terminal(execution),
+                )
+                .await?;
+            anyhow::ensure!(
+                !is_terminal(&execution),
+                "the execution ended before the {fault} could be injected ({}); the faults must \
+                 land while it runs, so make the subtasks slower",
+                describe(&execution)
+            );
+            eprintln!(
+                "injecting the {fault} at {} completed instances",
+                completed(&execution)
+            );
+            self.inject(fault).await?;
+        }
+        Ok(())
+    }
+
     /// The monitor's view of an execution: the `execution` of the first frame of its live stream,
     /// rebuilt by the monitor from the event log.
     pub async fn monitor_view(&self, execution_id: &str) -> anyhow::Result<serde_json::Value> {
@@ -721,6 +785,14 @@ pub fn completed(execution: &v1::Execution) -> u64 {
         .as_ref()
         .map(|counts| counts.completed)
         .unwrap_or(0)
+}
+
+/// An execution that ended, as [`System::check_end`] read it.
+#[derive(Debug)]
+pub struct Ended {
+    pub execution: v1::Execution,
+    pub graph: v1::ExecutionGraph,
+    pub events: Vec<v1::Event>,
 }
 
 /// The plan of the fault tests: `parents` plan tasks of type `fanout`, each spawning a group of

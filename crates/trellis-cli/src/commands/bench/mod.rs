@@ -319,16 +319,7 @@ async fn recovery_run(
         }
     }
     let seconds = start.elapsed().as_secs_f64();
-    let graph = client
-        .get_execution_graph(v1::GetExecutionGraphRequest {
-            execution_id: id.clone(),
-            run_number: 0,
-        })
-        .await
-        .map_err(|s| s.message().to_owned())?
-        .into_inner()
-        .graph
-        .unwrap_or_default();
+    let graph = execution_graph(&mut client, &id).await?;
     let root = graph.root_indices.first().map(|idx| *idx as usize);
     let records: Vec<_> = graph
         .nodes
@@ -380,12 +371,12 @@ async fn recovery_run(
     ])
 }
 
-/// How many subtask groups have resumed their parent so far.
-async fn resumed_groups(
+/// The execution graph of an execution's current run.
+async fn execution_graph(
     client: &mut CoordinatorClient<Channel>,
     id: &str,
-) -> Result<usize, String> {
-    let graph = client
+) -> Result<v1::ExecutionGraph, String> {
+    Ok(client
         .get_execution_graph(v1::GetExecutionGraphRequest {
             execution_id: id.to_owned(),
             run_number: 0,
@@ -394,8 +385,16 @@ async fn resumed_groups(
         .map_err(|s| s.message().to_owned())?
         .into_inner()
         .graph
-        .unwrap_or_default();
-    Ok(graph
+        .unwrap_or_default())
+}
+
+/// How many subtask groups have resumed their parent so far.
+async fn resumed_groups(
+    client: &mut CoordinatorClient<Channel>,
+    id: &str,
+) -> Result<usize, String> {
+    Ok(execution_graph(client, id)
+        .await?
         .nodes
         .iter()
         .filter_map(|node| node.record.as_ref())
