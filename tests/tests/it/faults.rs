@@ -88,6 +88,26 @@ const TAKEOVER_WITHIN: Duration = Duration::from_secs(20);
 /// How long the takeover test's execution may take, the takeover included.
 const STANDBY_DEADLINE: Duration = Duration::from_secs(100);
 
+/// Waits until `coordinator-a` and `coordinator-b` hold one shard each and both are ready, and
+/// starts `plan` through coordinator `on` (without a key, so on a shard it holds).
+async fn start_once_balanced(
+    system: &System,
+    on: usize,
+    other: usize,
+    plan: &FanoutPlan,
+) -> anyhow::Result<String> {
+    system
+        .wait_for_balance(
+            other,
+            &[("coordinator-a", 1), ("coordinator-b", 1)],
+            Duration::from_secs(20),
+        )
+        .await?;
+    system.expect_ready(on, true).await?;
+    system.expect_ready(other, true).await?;
+    system.start_plan(on, &plan.yaml()).await
+}
+
 /// Waits until `coordinator-a` and `coordinator-b` hold one shard each and both are ready,
 /// starts `plan` through coordinator `on` (without a key, so on a shard it holds), and returns once
 /// [`KILL_ACTIVE_AT`] of its work is done, with the execution as `on` reports it then.
@@ -98,16 +118,7 @@ async fn start_on_one_of_two(
     plan: &FanoutPlan,
     deadline: tokio::time::Instant,
 ) -> anyhow::Result<(String, v1::Execution)> {
-    system
-        .wait_for_balance(
-            other,
-            &[("coordinator-a", 1), ("coordinator-b", 1)],
-            Duration::from_secs(20),
-        )
-        .await?;
-    system.expect_ready(on, true).await?;
-    system.expect_ready(other, true).await?;
-    let execution_id = system.start_plan(on, &plan.yaml()).await?;
+    let execution_id = start_once_balanced(system, on, other, plan).await?;
     let threshold = (plan.n_completed() as f64 * KILL_ACTIVE_AT) as u64;
     let execution = system
         .wait_until(
@@ -432,15 +443,7 @@ async fn a_coordinator_woken_in_the_middle_of_an_append_is_refused_and_steps_dow
     system
         .run(async |system: &mut System| {
             let deadline = tokio::time::Instant::now() + STANDBY_DEADLINE;
-            system
-                .wait_for_balance(
-                    STANDBY,
-                    &[("coordinator-a", 1), ("coordinator-b", 1)],
-                    Duration::from_secs(20),
-                )
-                .await?;
-            system.expect_ready(STALE, true).await?;
-            let execution_id = system.start_plan(STALE, &plan.yaml()).await?;
+            let execution_id = start_once_balanced(system, STALE, STANDBY, &plan).await?;
             crate::failpoints::wait_for_failpoint(system, point).await?;
             let stopped_at = tokio::time::Instant::now();
             let pid = system.coordinators[STALE]
