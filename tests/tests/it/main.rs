@@ -6,6 +6,7 @@ mod corrupt;
 mod failpoints;
 mod faults;
 mod harness;
+mod outcome;
 mod pause;
 mod reads;
 mod secrets;
