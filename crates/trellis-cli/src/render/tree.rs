@@ -73,6 +73,9 @@ pub fn json(graph: &ExecutionGraph, rules: &HashMap<String, String>) -> Value {
                 "attempt": record.attempt,
                 "run_number": record.run_number,
                 "worker_id": record.worker_id,
+                "created_at_unix_ms": record.created_at_unix_ms,
+                "started_at_unix_ms": record.started_at_unix_ms,
+                "ended_at_unix_ms": record.ended_at_unix_ms,
                 "parent_task_instance_id": record.parent_task_instance_id,
                 "subtask_group_id": record.subtask_group_id,
                 "resumed_after_subtasks_group_id": record.resumed_after_subtasks_group_id,
@@ -206,6 +209,35 @@ mod tests {
         assert_eq!(object["nodes"][0]["next_group"], 0);
         assert_eq!(object["nodes"][2]["next_node"], 3);
         assert_eq!(object["roots"], json!([0]));
+    }
+
+    /// `--json` records carry the instance's times (unset ones as null).
+    #[test]
+    fn json_records_carry_their_times() {
+        let ended = TaskStatusRecord {
+            started_at_ms: Some(T0 + 10),
+            ended_at_ms: Some(T0 + 25),
+            ..record(1, "build", TaskState::Completed, 1)
+        };
+        let queued = member(record(2, "test", TaskState::Pending, 0), 1, 1);
+        let object = json(&wire(vec![ended, queued]), &HashMap::new());
+        let times = |task_id: &str| {
+            let nodes = object["nodes"].as_array().expect("nodes");
+            let node = nodes
+                .iter()
+                .find(|node| node["task_id"] == task_id)
+                .expect("the node is there");
+            (
+                node["created_at_unix_ms"].clone(),
+                node["started_at_unix_ms"].clone(),
+                node["ended_at_unix_ms"].clone(),
+            )
+        };
+        assert_eq!(
+            times("build"),
+            (json!(T0 + 1), json!(T0 + 10), json!(T0 + 25))
+        );
+        assert_eq!(times("test"), (json!(T0 + 2), Value::Null, Value::Null));
     }
 
     #[test]
