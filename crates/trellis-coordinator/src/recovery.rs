@@ -16,7 +16,7 @@ use trellis_wire::log::Started;
 use trellis_wire::replay::{self, ReplayError, Replayer, Skipped};
 
 use crate::checkpoints::{Restored, StoreClient};
-use crate::turn::{Broken, LogMessage, Recovered};
+use crate::turn::{Broken, LogMessage, Recovered, Recovery};
 
 /// Why an execution could not be recovered.
 #[derive(Debug, thiserror::Error)]
@@ -52,16 +52,6 @@ impl RecoveryError {
             reason: self.to_string(),
         })
     }
-}
-
-/// What reading an execution back found.
-#[derive(Debug)]
-pub(crate) enum Recovery {
-    /// Its log is empty: it never started.
-    Empty,
-    Recovered(Box<Recovered>),
-    /// Its log does not replay: the execution needs attention.
-    Broken(Broken),
 }
 
 /// Returns the stream sequence of the last message of an execution's log, or `None` when the log

@@ -612,8 +612,6 @@ mod tests {
 
     use super::*;
 
-    /// The one replay policy: a gap in the log fails the hub with the execution and the first
-    /// missing sequence, and the projection keeps what it had.
     /// A new execution of a one-task plan and its first log message (`ExecutionStarted`).
     fn first_message() -> (ExecutionId, Vec<u8>) {
         let id = ExecutionId(uuid::Uuid::now_v7());
@@ -632,6 +630,8 @@ mod tests {
         (id, first.encode_to_vec())
     }
 
+    /// The one replay policy: a gap in the log fails the hub with the execution and the first
+    /// missing sequence, and the projection keeps what it had.
     #[test]
     fn a_gap_fails_the_hub_with_the_missing_sequence() {
         let (id, first) = first_message();

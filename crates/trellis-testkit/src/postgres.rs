@@ -114,11 +114,10 @@ impl Postgres {
     /// Runs `sql` in `database` with `psql` and returns its unaligned output: one line per row,
     /// columns separated by `|`, no header.
     pub fn query(&self, database: &str, sql: &str) -> anyhow::Result<String> {
-        let output = Command::new(self.bin_dir.join("psql"))
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
-            .args(["-U", SUPERUSER, "-d", database])
+        let output = self
+            .client("psql")
+            .args(["-d", database])
             .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
-            .stdin(Stdio::null())
             .output()
             .context("failed to run psql")?;
         if !output.status.success() {
@@ -133,10 +132,9 @@ impl Postgres {
 
     /// Creates an empty database and returns its URL.
     pub fn create_database(&self, name: &str) -> anyhow::Result<String> {
-        let output = Command::new(self.bin_dir.join("createdb"))
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
-            .args(["-U", SUPERUSER, "--", name])
-            .stdin(Stdio::null())
+        let output = self
+            .client("createdb")
+            .args(["--", name])
             .output()
             .context("failed to run createdb")?;
         if !output.status.success() {
@@ -360,6 +358,17 @@ impl Postgres {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Returns a command running one of the client binaries (`psql`, `createdb`) against this
+    /// server as the superuser.
+    fn client(&self, name: &str) -> Command {
+        let mut command = Command::new(self.binary(name));
+        command
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-U", SUPERUSER])
+            .stdin(Stdio::null());
+        command
     }
 
     /// Returns a command running one of the server binaries as the server's OS user.

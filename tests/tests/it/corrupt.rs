@@ -30,30 +30,21 @@ fn chain_plan(name: &str, seconds: u32) -> String {
 /// sequence): the sequence after it is where the log breaks.
 async fn last_good_sequence(system: &System, id: &str, garbage: u64) -> anyhow::Result<u64> {
     use prost::Message as _;
-    let js = async_nats::jetstream::new(async_nats::connect(system.nats.url()).await?);
-    let stream = js.get_stream(subjects::EVENTS_STREAM).await?;
-    let subject = subjects::events(id);
     let mut last = 0;
-    let mut next = 1;
-    loop {
-        let message = stream
-            .get_first_raw_message_by_subject(&subject, next)
-            .await
-            .with_context(|| format!("cannot read {subject} from stream sequence {next}"))?;
-        if message.sequence >= garbage {
-            return Ok(last);
+    for (stream_seq, payload) in system.raw_log(id).await? {
+        if stream_seq >= garbage {
+            break;
         }
-        let batch = v1::EventBatch::decode(message.payload.as_ref()).with_context(|| {
-            format!("stream message {} is not an event batch", message.sequence)
-        })?;
+        let batch = v1::EventBatch::decode(payload.as_ref())
+            .with_context(|| format!("stream message {stream_seq} is not an event batch"))?;
         last = batch
             .events
             .iter()
             .map(|e| e.sequence)
             .max()
             .unwrap_or(last);
-        next = message.sequence + 1;
     }
+    Ok(last)
 }
 
 /// Waits until `GetExecution` of `id` is refused as needing attention; returns the message.
@@ -79,15 +70,6 @@ async fn wait_for_attention(system: &System, id: &str) -> anyhow::Result<String>
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-/// Returns the value of an unlabelled metric on the coordinator's `/metrics`.
-async fn coordinator_metric(system: &System, name: &str) -> anyhow::Result<f64> {
-    let url = format!("http://{}/metrics", system.coordinators[0].admin);
-    let text = reqwest::get(&url).await?.text().await?;
-    text.lines()
-        .find_map(|line| line.strip_prefix(&format!("{name} "))?.trim().parse().ok())
-        .with_context(|| format!("{url} has no {name}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -138,7 +120,9 @@ async fn a_corrupt_log_holds_its_execution_as_needing_attention_and_spares_the_o
                 message.contains("needs attention") && message.contains(&expected),
                 "GetExecution of {broken} does not name {expected}: {message}"
             );
-            let held = coordinator_metric(system, "trellis_executions_needing_attention").await?;
+            let held = system
+                .coordinator_metric(0, "trellis_executions_needing_attention")
+                .await?;
             ensure!(
                 held == 1.0,
                 "trellis_executions_needing_attention is {held}, not 1"
@@ -164,7 +148,8 @@ async fn a_corrupt_log_holds_its_execution_as_needing_attention_and_spares_the_o
             );
             let deadline = tokio::time::Instant::now() + WAIT;
             loop {
-                let held = coordinator_metric(system, "trellis_executions_needing_attention")
+                let held = system
+                    .coordinator_metric(0, "trellis_executions_needing_attention")
                     .await
                     .unwrap_or(0.0);
                 if held == 1.0 {

@@ -345,19 +345,6 @@ fn signal(pid: u32, signal: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Reads a counter of a coordinator's `/metrics`.
-async fn counter(system: &System, idx: usize, name: &str) -> anyhow::Result<f64> {
-    let text = reqwest::get(format!("http://{}/metrics", system.coordinators[idx].admin))
-        .await?
-        .text()
-        .await?;
-    Ok(text
-        .lines()
-        .filter(|line| line.starts_with(name))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_coordinator_stopped_past_its_lease_wakes_up_fenced_and_nothing_is_doubled()
 -> anyhow::Result<()> {
@@ -409,7 +396,9 @@ async fn a_coordinator_stopped_past_its_lease_wakes_up_fenced_and_nothing_is_dou
                     Duration::from_secs(30),
                 )
                 .await?;
-            let refused = counter(system, STALE, "trellis_appends_refused_total").await?;
+            let refused = system
+                .coordinator_metric(STALE, "trellis_appends_refused_total")
+                .await?;
             eprintln!("the woken coordinator had {refused} appends refused");
             Ok(())
         })
@@ -466,7 +455,9 @@ async fn a_coordinator_woken_in_the_middle_of_an_append_is_refused_and_steps_dow
             system
                 .check_end(STANDBY, &execution_id, &plan, deadline)
                 .await?;
-            let refused = counter(system, STALE, "trellis_appends_refused_total").await?;
+            let refused = system
+                .coordinator_metric(STALE, "trellis_appends_refused_total")
+                .await?;
             anyhow::ensure!(
                 refused >= 1.0,
                 "the woken coordinator's append was not refused (trellis_appends_refused_total \

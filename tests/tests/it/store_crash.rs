@@ -10,7 +10,7 @@ use anyhow::{Context as _, bail, ensure};
 use trellis_coordinator::turn::LogMessage;
 use trellis_coordinator::{checkpoints, recovery};
 use trellis_core::ids::ExecutionId;
-use trellis_proto::{subjects, v1};
+use trellis_proto::v1;
 
 use crate::system::{Ended, FanoutPlan, Fault, Options, System};
 
@@ -31,28 +31,14 @@ const WAIT: Duration = Duration::from_secs(120);
 /// Every message of an execution's log, as recovery reads it.
 async fn log_messages(system: &System, id: &str) -> anyhow::Result<Vec<LogMessage>> {
     use prost::Message as _;
-    let js = async_nats::jetstream::new(async_nats::connect(system.nats.url()).await?);
-    let stream = js.get_stream(subjects::EVENTS_STREAM).await?;
-    let subject = subjects::events(id);
-    let last = stream
-        .get_last_raw_message_by_subject(&subject)
-        .await
-        .with_context(|| format!("{subject} is empty"))?
-        .sequence;
     let mut messages = Vec::new();
-    let mut next = 1;
-    while next <= last {
-        let message = stream
-            .get_first_raw_message_by_subject(&subject, next)
-            .await
-            .with_context(|| format!("cannot read {subject} from stream sequence {next}"))?;
-        let batch = v1::EventBatch::decode(message.payload.as_ref())?;
+    for (stream_seq, payload) in system.raw_log(id).await? {
+        let batch = v1::EventBatch::decode(payload.as_ref())?;
         messages.push(LogMessage {
-            stream_seq: message.sequence,
+            stream_seq,
             first_seq: batch.events.first().map_or(0, |e| e.sequence),
-            payload: message.payload,
+            payload,
         });
-        next = message.sequence + 1;
     }
     Ok(messages)
 }

@@ -504,6 +504,44 @@ impl System {
         Ok(())
     }
 
+    /// Returns a metric of coordinator `idx`'s `/metrics`, summed over its labels (0 when it has
+    /// no sample).
+    pub async fn coordinator_metric(&self, idx: usize, name: &str) -> anyhow::Result<f64> {
+        let text = reqwest::get(format!("http://{}/metrics", self.coordinators[idx].admin))
+            .await?
+            .text()
+            .await?;
+        Ok(text
+            .lines()
+            .filter(|line| line.starts_with(name))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum())
+    }
+
+    /// Reads an execution's log message by message, as stored (a message that is not an event
+    /// batch included): `(stream sequence, payload)`.
+    pub async fn raw_log(&self, execution_id: &str) -> anyhow::Result<Vec<(u64, bytes::Bytes)>> {
+        let js = async_nats::jetstream::new(async_nats::connect(self.nats.url()).await?);
+        let stream = js.get_stream(subjects::EVENTS_STREAM).await?;
+        let subject = subjects::events(execution_id);
+        let last = stream
+            .get_last_raw_message_by_subject(&subject)
+            .await
+            .with_context(|| format!("{subject} is empty"))?
+            .sequence;
+        let mut messages = Vec::new();
+        let mut next = 1;
+        while next <= last {
+            let message = stream
+                .get_first_raw_message_by_subject(&subject, next)
+                .await
+                .with_context(|| format!("cannot read {subject} from stream sequence {next}"))?;
+            next = message.sequence + 1;
+            messages.push((message.sequence, message.payload));
+        }
+        Ok(messages)
+    }
+
     /// The monitor's view of an execution: the `execution` of the first frame of its live stream,
     /// rebuilt by the monitor from the event log.
     pub async fn monitor_view(&self, execution_id: &str) -> anyhow::Result<serde_json::Value> {

@@ -16,9 +16,9 @@ use trellis_telemetry::propagation;
 use super::append::{MAX_BACKOFF, retry_until};
 use super::{Executor, Inbound};
 use crate::checkpoints::StoreClient;
-use crate::recovery::{self, Recovery};
+use crate::recovery;
 use crate::shards;
-use crate::turn::{CheckpointJob, Input, KEEP_FULL};
+use crate::turn::{CheckpointJob, Input, KEEP_FULL, Recoveries, Recovery};
 
 impl Executor {
     /// Recovers a shard's unfinished executions from the index and their logs.
@@ -38,29 +38,17 @@ impl Executor {
                     }
                 }
             };
-            let mut recovered = Vec::with_capacity(ids.len());
-            let mut missing = Vec::new();
-            let mut broken = Vec::new();
+            let mut found = Recoveries::default();
             for id in ids {
-                match recover_with_retry(&events, store.as_ref(), id).await {
-                    Recovery::Recovered(execution) => recovered.push(*execution),
-                    Recovery::Empty => missing.push(id),
-                    Recovery::Broken(execution) => broken.push(execution),
-                }
+                found.add(id, recover_with_retry(&events, store.as_ref(), id).await);
             }
             tracing::info!(
                 shard,
-                executions = recovered.len(),
+                executions = found.n_recovered(),
                 ms = started.elapsed().as_millis() as u64,
                 "shard recovered"
             );
-            let input = Input::ShardRecovered {
-                shard,
-                recovered,
-                missing,
-                broken,
-            };
-            let _ = tx.send(Inbound::Input(input)).await;
+            let _ = tx.send(Inbound::Input(found.shard_recovered(shard))).await;
         });
     }
 
@@ -89,18 +77,9 @@ impl Executor {
         let store = self.store.clone();
         let tx = self.tx.clone();
         tokio::spawn(async move {
-            let (mut recovered, mut missing, mut broken) = (Vec::new(), Vec::new(), Vec::new());
-            match recover_with_retry(&events, store.as_ref(), id).await {
-                Recovery::Recovered(execution) => recovered.push(*execution),
-                Recovery::Empty => missing.push(id),
-                Recovery::Broken(execution) => broken.push(execution),
-            }
-            let input = Input::Loaded {
-                recovered,
-                missing,
-                broken,
-            };
-            let _ = tx.send(Inbound::Input(input)).await;
+            let mut found = Recoveries::default();
+            found.add(id, recover_with_retry(&events, store.as_ref(), id).await);
+            let _ = tx.send(Inbound::Input(found.loaded())).await;
         });
     }
 

@@ -257,9 +257,11 @@ impl Executor {
             failpoints::reached(Point::BeforeAppend);
         }
         let outcomes = self.append(appends).await;
-        if outcomes
-            .iter()
-            .any(|(_, outcome)| matches!(outcome, crate::turn::Appended::Stored { .. }))
+        // Only an armed failpoint looks at the outcomes (`settled` is never set unarmed).
+        if (settled || failpoints::is_armed(Point::AfterAppend))
+            && outcomes
+                .iter()
+                .any(|(_, outcome)| matches!(outcome, crate::turn::Appended::Stored { .. }))
         {
             failpoints::reached(Point::AfterAppend);
             if settled {

@@ -15,13 +15,13 @@ use trellis_proto::{subjects, v1};
 use trellis_telemetry::propagation;
 
 use super::append::retry_until;
+use super::{Executor, Flushed};
+use crate::shards;
+use crate::turn::{Ack, Assign, Effects};
 
 /// How long a result of an execution whose log does not replay waits before it is delivered
 /// again: long enough not to churn, short enough that a repaired log soon gets it.
 const HOLD_RESULTS: Duration = Duration::from_secs(30);
-use super::{Executor, Flushed};
-use crate::shards;
-use crate::turn::{Ack, Assign, Effects};
 
 /// Task assignments published before their acks are awaited.
 const PUBLISH_CHUNK: usize = 1000;

@@ -79,6 +79,61 @@ pub struct Broken {
     pub reason: String,
 }
 
+/// What reading one execution back from its checkpoint and log found.
+#[derive(Debug)]
+pub enum Recovery {
+    /// Its log is empty: it never started.
+    Empty,
+    /// Boxed: far larger than the other cases.
+    Recovered(Box<Recovered>),
+    /// Its log does not replay: the execution needs attention.
+    Broken(Broken),
+}
+
+/// Executions read back, sorted by what was found: the parts of an [`Input::ShardRecovered`] or
+/// an [`Input::Loaded`].
+#[derive(Debug, Default)]
+pub struct Recoveries {
+    recovered: Vec<Recovered>,
+    missing: Vec<ExecutionId>,
+    broken: Vec<Broken>,
+}
+
+impl Recoveries {
+    /// Adds what reading `id` back found.
+    pub fn add(&mut self, id: ExecutionId, found: Recovery) {
+        match found {
+            Recovery::Empty => self.missing.push(id),
+            Recovery::Recovered(execution) => self.recovered.push(*execution),
+            Recovery::Broken(broken) => self.broken.push(broken),
+        }
+    }
+
+    /// How many were rebuilt.
+    pub fn n_recovered(&self) -> usize {
+        self.recovered.len()
+    }
+
+    /// The input of a shard's recovery.
+    pub fn shard_recovered(self, shard: u32) -> Input {
+        Input::ShardRecovered {
+            shard,
+            recovered: self.recovered,
+            missing: self.missing,
+            broken: self.broken,
+        }
+    }
+
+    /// The input of loads on demand.
+    pub fn loaded(self) -> Input {
+        Input::Loaded {
+            recovered: self.recovered,
+            missing: self.missing,
+            broken: self.broken,
+        }
+    }
+}
+
 /// One consumed result message.
 #[derive(Debug)]
 pub struct Delivery {

@@ -46,7 +46,7 @@ use trellis_proto::subjects;
 pub use checkpoint::{CheckpointJob, FULL_EVERY, KEEP_FULL};
 pub use contract::{
     Ack, Action, Answer, Append, Appended, Assign, Broken, Delivery, Effects, Input, Observation,
-    Observed, Publish, Request, Writes,
+    Observed, Publish, Recoveries, Recovery, Request, Writes,
 };
 pub use error::{Error, ErrorKind};
 pub use shards::{LogMessage, Recovered, index_key};

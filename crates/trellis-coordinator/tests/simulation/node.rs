@@ -3,7 +3,8 @@
 
 use prost::Message as _;
 use trellis_coordinator::turn::{
-    Ack, Append, Appended, Broken, Delivery, Effects, Input, LogMessage, Recovered, Token, Writes,
+    Ack, Append, Appended, Broken, Delivery, Effects, Input, LogMessage, Recoveries, Recovery,
+    Token, Writes,
 };
 use trellis_coordinator::{checkpoints, recovery};
 use trellis_core::ids::ExecutionId;
@@ -380,17 +381,9 @@ impl World {
             self.schedule(idx, delay, input);
         }
         for id in load {
-            let (mut recovered, mut missing, mut broken) = (Vec::new(), Vec::new(), Vec::new());
-            match self.recover(id) {
-                Ok(Some(execution)) => recovered.push(execution),
-                Ok(None) => missing.push(id),
-                Err(execution) => broken.push(execution),
-            }
-            let input = Input::Loaded {
-                recovered,
-                missing,
-                broken,
-            };
+            let mut found = Recoveries::default();
+            found.add(id, self.recover(id));
+            let input = found.loaded();
             let delay = self.rng.between(1, 30);
             self.schedule(idx, delay, input);
         }
@@ -472,27 +465,15 @@ impl World {
             .iter()
             .filter_map(|key| key.strip_prefix(&prefix)?.parse().ok())
             .collect();
-        let mut recovered = Vec::new();
-        let mut missing = Vec::new();
-        let mut broken = Vec::new();
+        let mut found = Recoveries::default();
         for id in ids {
-            match self.recover(id) {
-                Ok(Some(execution)) => recovered.push(execution),
-                Ok(None) => missing.push(id),
-                Err(execution) => broken.push(execution),
-            }
+            found.add(id, self.recover(id));
         }
-        Input::ShardRecovered {
-            shard,
-            recovered,
-            missing,
-            broken,
-        }
+        found.shard_recovered(shard)
     }
 
-    /// Rebuilds one execution from its log, as `recovery::recover` does: `None` when the log is
-    /// empty, an error when it does not replay.
-    pub(crate) fn recover(&self, id: ExecutionId) -> Result<Option<Recovered>, Broken> {
+    /// Rebuilds one execution from its log, as `recovery::recover` does.
+    pub(crate) fn recover(&self, id: ExecutionId) -> Recovery {
         let log: Vec<LogMessage> = self
             .nats
             .events
@@ -505,10 +486,13 @@ impl World {
             })
             .collect();
         let (Some(first), Some(last)) = (log.first(), log.last()) else {
-            return Ok(None);
+            return Recovery::Empty;
         };
         let last = last.stream_seq;
-        let (started, plan) = recovery::started_of(id, first).map_err(|err| broken(err, None))?;
+        let (started, plan) = match recovery::started_of(id, first) {
+            Ok(started) => started,
+            Err(err) => return Recovery::Broken(broken(err, None)),
+        };
         let namespace = started.namespace().to_owned();
         // The newest checkpoint chain, as recovery restores it, then the log after it.
         let restored = self
@@ -523,9 +507,10 @@ impl World {
             _ => 0,
         };
         let log = log.into_iter().filter(|m| m.stream_seq > after).collect();
-        recovery::replay(id, started, plan, restored, log, last)
-            .map(Some)
-            .map_err(|err| broken(err, Some(&namespace)))
+        match recovery::replay(id, started, plan, restored, log, last) {
+            Ok(recovered) => Recovery::Recovered(Box::new(recovered)),
+            Err(err) => Recovery::Broken(broken(err, Some(&namespace))),
+        }
     }
 }
 
