@@ -88,6 +88,19 @@ const TAKEOVER_WITHIN: Duration = Duration::from_secs(20);
 /// How long the takeover test's execution may take, the takeover included.
 const STANDBY_DEADLINE: Duration = Duration::from_secs(100);
 
+/// Starts `coordinator-a` (with `env` besides) and `coordinator-b` over [`SHARDS`] shards, and
+/// two workers.
+async fn start_two(env: Vec<(&'static str, String)>) -> anyhow::Result<System> {
+    System::start(Options {
+        coordinators: vec!["coordinator-a", "coordinator-b"],
+        workers: 2,
+        shards: SHARDS,
+        coordinator_env: env,
+        ..Options::default()
+    })
+    .await
+}
+
 /// Waits until `coordinator-a` and `coordinator-b` hold one shard each and both are ready, and
 /// starts `plan` through coordinator `on` (without a key, so on a shard it holds).
 async fn start_once_balanced(
@@ -141,13 +154,7 @@ async fn start_on_one_of_two(
 async fn a_second_coordinator_takes_over_the_shards_of_a_killed_one_and_finishes()
 -> anyhow::Result<()> {
     // The two coordinators hold one shard each; the execution runs on one of `coordinator-a`'s.
-    let system = System::start(Options {
-        coordinators: vec!["coordinator-a", "coordinator-b"],
-        workers: 2,
-        shards: SHARDS,
-        ..Options::default()
-    })
-    .await?;
+    let system = start_two(Vec::new()).await?;
     system
         .run(async |system: &mut System| {
             const ACTIVE: usize = 0;
@@ -348,13 +355,7 @@ fn signal(pid: u32, signal: &str) -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_coordinator_stopped_past_its_lease_wakes_up_fenced_and_nothing_is_doubled()
 -> anyhow::Result<()> {
-    let system = System::start(Options {
-        coordinators: vec!["coordinator-a", "coordinator-b"],
-        workers: 2,
-        shards: SHARDS,
-        ..Options::default()
-    })
-    .await?;
+    let system = start_two(Vec::new()).await?;
     system
         .run(async |system: &mut System| {
             const STALE: usize = 0;
@@ -421,14 +422,7 @@ async fn a_coordinator_woken_in_the_middle_of_an_append_is_refused_and_steps_dow
         member_ms: 100,
     };
     let point = "before-append:10";
-    let system = System::start(Options {
-        coordinators: vec!["coordinator-a", "coordinator-b"],
-        workers: 2,
-        shards: SHARDS,
-        coordinator_env: vec![("TRELLIS_FAILPOINT", point.to_owned())],
-        ..Options::default()
-    })
-    .await?;
+    let system = start_two(vec![("TRELLIS_FAILPOINT", point.to_owned())]).await?;
     system
         .run(async |system: &mut System| {
             let deadline = tokio::time::Instant::now() + STANDBY_DEADLINE;
