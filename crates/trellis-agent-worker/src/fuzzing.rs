@@ -42,6 +42,7 @@ pub fn pure_builtin_result(assignment: &TaskAssignment, worker_id: &str) -> Opti
         worker_id: worker_id.to_owned(),
         usage: Some(v1::Usage::default()),
         sent_at_unix_ms: now_unix_ms(),
+        started_at_unix_ms: None,
         outcome: Some(outcome_to_proto(outcome)),
     })
 }

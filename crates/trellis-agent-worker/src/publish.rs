@@ -127,6 +127,7 @@ impl ResultSink {
             worker_id: self.worker_id.clone(),
             usage: Some(running.usage()),
             sent_at_unix_ms: now_unix_ms(),
+            started_at_unix_ms: Some(running.started_at_unix_ms),
             outcome: Some(outcome),
         }
     }

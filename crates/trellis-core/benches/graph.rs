@@ -43,10 +43,12 @@ fn record(n: usize, task_id: &str) -> TaskStatusRecord {
         state: TaskState::Completed,
         worker_id: None,
         created_at_ms: T0 + n as u64 / 1000,
+        dispatched_at_ms: None,
         started_at_ms: Some(T0 + n as u64 / 1000),
         ended_at_ms: Some(T0 + n as u64 / 1000 + 5),
         output: None,
         error: None,
+        earlier_attempts: Vec::new(),
     }
 }
 

@@ -91,11 +91,31 @@ pub struct TaskStatusRecord {
     pub run_number: u32,
     pub attempt: u32,
     pub state: TaskState,
+    /// The worker that took the current attempt; `None` until one reported it (with its result,
+    /// or in a heartbeat while it runs).
     pub worker_id: Option<WorkerId>,
     /// Milliseconds since the Unix epoch.
     pub created_at_ms: u64,
+    /// When the current attempt was handed to the task queue.
+    pub dispatched_at_ms: Option<u64>,
+    /// When a worker took the current attempt and started its handler: the time between
+    /// dispatched and started is the wait in the queue.
     pub started_at_ms: Option<u64>,
     pub ended_at_ms: Option<u64>,
     pub output: Option<serde_json::Value>,
     pub error: Option<String>,
+    /// The attempts before the current one, oldest first (empty for most instances).
+    pub earlier_attempts: Vec<AttemptRecord>,
+}
+
+/// One attempt of an instance that ended and was followed by another.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    pub attempt: u32,
+    pub worker_id: Option<WorkerId>,
+    pub dispatched_at_ms: Option<u64>,
+    pub started_at_ms: Option<u64>,
+    pub ended_at_ms: u64,
+    /// Why it ended: the failure, or that its worker was lost or a pause stopped it.
+    pub error: String,
 }

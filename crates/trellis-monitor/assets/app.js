@@ -1608,10 +1608,15 @@
         h('div', { class: 'mono' }, inst.id),
         h('div', null, `attempt ${inst.attempt ?? '—'} · run ${inst.run ?? '—'}${inst.worker ? ` · ${inst.worker}` : ''}`),
         h('div', null, `created ${fmtClock(inst.created_ms, true)}` +
+          (inst.dispatched_ms != null ? ` · dispatched ${fmtClock(inst.dispatched_ms, true)}` : '') +
           (inst.started_ms != null ? ` · started ${fmtClock(inst.started_ms, true)}` : '') +
           (inst.ended_ms != null ? ` · ended ${fmtClock(inst.ended_ms, true)}` : '')),
+        inst.dispatched_ms != null && inst.started_ms != null
+          ? h('div', null, `waited ${fmtDuration(span(inst.dispatched_ms, inst.started_ms))} in the queue`) : null,
         dur != null ? h('div', null, `ran ${fmtDuration(dur)}`) : null,
-        inst.error ? h('div', { class: 'err' }, inst.error) : null);
+        inst.error ? h('div', { class: 'err' }, inst.error) : null,
+        ...(inst.earlier_attempts || []).map((a) => h('div', { class: 'meta' },
+          `attempt ${a.attempt}${a.worker_id ? ` on ${a.worker_id}` : ''}: ${a.error}`)));
       this.tip.hidden = false;
       const box = this.scroll.getBoundingClientRect();
       const left = Math.min(x + 14, box.width - this.tip.offsetWidth - 4);

@@ -7,7 +7,7 @@ use serde::Serialize;
 use trellis_core::analysis;
 use trellis_core::machine::{Execution as Machine, StateCounts};
 use trellis_core::plan::Plan;
-use trellis_core::record::{TaskState, TaskStatusRecord};
+use trellis_core::record::{AttemptRecord, TaskState, TaskStatusRecord};
 use trellis_proto::v1;
 use trellis_wire::log::Started;
 use trellis_wire::read;
@@ -156,9 +156,14 @@ pub struct InstanceView {
     pub state: &'static str,
     pub worker: Option<String>,
     pub created_ms: u64,
+    /// When the current attempt was handed to the task queue.
+    pub dispatched_ms: Option<u64>,
+    /// When a worker took it: from dispatched to started it waited in the queue.
     pub started_ms: Option<u64>,
     pub ended_ms: Option<u64>,
     pub error: Option<String>,
+    /// The attempts before the current one, oldest first.
+    pub earlier_attempts: Vec<AttemptRecord>,
 }
 
 impl From<&TaskStatusRecord> for InstanceView {
@@ -177,9 +182,11 @@ impl From<&TaskStatusRecord> for InstanceView {
             state: record.state.as_str(),
             worker: record.worker_id.as_ref().map(ToString::to_string),
             created_ms: record.created_at_ms,
+            dispatched_ms: record.dispatched_at_ms,
             started_ms: record.started_at_ms,
             ended_ms: record.ended_at_ms,
             error: record.error.clone(),
+            earlier_attempts: record.earlier_attempts.clone(),
         }
     }
 }

@@ -8,7 +8,7 @@ use std::borrow::Cow;
 use trellis_core::graph::{self, ExecutionGraph};
 use trellis_core::ids::WorkerId;
 use trellis_core::machine::{ExecutionState, Progress, StateCounts};
-use trellis_core::record::{TaskState, TaskStatusRecord};
+use trellis_core::record::{AttemptRecord, TaskState, TaskStatusRecord};
 use trellis_proto::v1;
 
 use crate::common::{instant_to_proto, json_to_bytes};
@@ -204,10 +204,23 @@ pub fn record_to_proto(record: &TaskStatusRecord) -> v1::TaskInstance {
         state: task_state_to_proto(record.state),
         worker_id: record.worker_id.as_ref().map(|worker| worker.0.clone()),
         created_at_unix_ms: instant_to_proto(record.created_at_ms),
+        dispatched_at_unix_ms: record.dispatched_at_ms.map(instant_to_proto),
         started_at_unix_ms: record.started_at_ms.map(instant_to_proto),
         ended_at_unix_ms: record.ended_at_ms.map(instant_to_proto),
         output: record.output.as_ref().map(json_to_bytes),
         error: record.error.clone(),
+        earlier_attempts: record
+            .earlier_attempts
+            .iter()
+            .map(|attempt| v1::TaskAttempt {
+                attempt: attempt.attempt,
+                worker_id: attempt.worker_id.as_ref().map(|worker| worker.0.clone()),
+                dispatched_at_unix_ms: attempt.dispatched_at_ms.map(instant_to_proto),
+                started_at_unix_ms: attempt.started_at_ms.map(instant_to_proto),
+                ended_at_unix_ms: instant_to_proto(attempt.ended_at_ms),
+                error: attempt.error.clone(),
+            })
+            .collect(),
     }
 }
 
@@ -248,6 +261,7 @@ fn parse_record(at: &At<'_>, record: &v1::TaskInstance) -> Result<TaskStatusReco
         state: parse_task_state(&at.field("state"), record.state)?,
         worker_id: record.worker_id.clone().map(WorkerId),
         created_at_ms: parse_instant(&at.field("created_at_unix_ms"), record.created_at_unix_ms)?,
+        dispatched_at_ms: optional_instant("dispatched_at_unix_ms", record.dispatched_at_unix_ms)?,
         started_at_ms: optional_instant("started_at_unix_ms", record.started_at_unix_ms)?,
         ended_at_ms: optional_instant("ended_at_unix_ms", record.ended_at_unix_ms)?,
         output: record
@@ -256,6 +270,29 @@ fn parse_record(at: &At<'_>, record: &v1::TaskInstance) -> Result<TaskStatusReco
             .map(|output| parse_json(&at.field("output"), output))
             .transpose()?,
         error: record.error.clone(),
+        earlier_attempts: record
+            .earlier_attempts
+            .iter()
+            .enumerate()
+            .map(|(n, attempt)| parse_attempt(&at.field("earlier_attempts").index(n), attempt))
+            .collect::<Result<_, _>>()?,
+    })
+}
+
+/// Reads one earlier attempt of a record at path `at`.
+fn parse_attempt(at: &At<'_>, attempt: &v1::TaskAttempt) -> Result<AttemptRecord, ConvertError> {
+    let optional_instant = |field: &'static str, unix_ms: Option<i64>| {
+        unix_ms
+            .map(|unix_ms| parse_instant(&at.field(field), unix_ms))
+            .transpose()
+    };
+    Ok(AttemptRecord {
+        attempt: attempt.attempt,
+        worker_id: attempt.worker_id.clone().map(WorkerId),
+        dispatched_at_ms: optional_instant("dispatched_at_unix_ms", attempt.dispatched_at_unix_ms)?,
+        started_at_ms: optional_instant("started_at_unix_ms", attempt.started_at_unix_ms)?,
+        ended_at_ms: parse_instant(&at.field("ended_at_unix_ms"), attempt.ended_at_unix_ms)?,
+        error: attempt.error.clone(),
     })
 }
 

@@ -384,7 +384,62 @@ fn parse_result(
         }
         Reported::Preempted(_) => EventBody::TaskPreempted { instance, attempt },
     };
+    let at_ms = match &body {
+        EventBody::TaskStarted { .. } => started_at(result.started_at_unix_ms, at_ms),
+        _ => at_ms,
+    };
     Ok((execution_id, Event { at_ms, body }))
+}
+
+/// The worker's start time, as the coordinator records it at `now`: never in the future (a
+/// worker's clock may run ahead), `now` when the worker did not say.
+fn started_at(started_at_unix_ms: Option<i64>, now: u64) -> u64 {
+    started_at_unix_ms
+        .and_then(|ms| u64::try_from(ms).ok())
+        .map_or(now, |ms| ms.min(now))
+}
+
+/// The `TaskStarted` a result implies: each result carries the worker that ran its attempt and
+/// when that worker started it, so the coordinator records the start together with the outcome
+/// of a task that ended before any heartbeat named it. `None` for a result without a start time,
+/// or one that names no attempt (`result_to_event` reports why).
+pub fn started_from_result(result: &v1::TaskResult, now: u64) -> Option<Event> {
+    if result.started_at_unix_ms.is_none()
+        || result.worker_id.is_empty()
+        || matches!(result.outcome, Some(v1::task_result::Outcome::Started(_)))
+    {
+        return None;
+    }
+    let body = EventBody::TaskStarted {
+        instance: result.task_instance_id.parse().ok()?,
+        attempt: result.attempt,
+        worker: WorkerId(result.worker_id.clone()),
+    };
+    Some(Event {
+        at_ms: started_at(result.started_at_unix_ms, now),
+        body,
+    })
+}
+
+/// The `TaskStarted` a heartbeat implies for one of the attempts its worker runs: a long task
+/// shows its worker and start time within a heartbeat interval, without a message of its own.
+/// `None` when the heartbeat names no valid attempt.
+pub fn started_from_heartbeat(
+    worker_id: &str,
+    running: &v1::RunningTask,
+    now: u64,
+) -> Option<(ExecutionId, Event)> {
+    if worker_id.is_empty() {
+        return None;
+    }
+    let execution_id = running.execution_id.parse().ok()?;
+    let body = EventBody::TaskStarted {
+        instance: running.task_instance_id.parse().ok()?,
+        attempt: running.attempt,
+        worker: WorkerId(worker_id.to_owned()),
+    };
+    let at_ms = started_at(Some(running.started_at_unix_ms), now);
+    Some((execution_id, Event { at_ms, body }))
 }
 
 // ------------------------------------------------------------------------------------------------

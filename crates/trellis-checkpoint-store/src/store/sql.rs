@@ -18,7 +18,7 @@ use async_trait::async_trait;
 use sqlx::{QueryBuilder, Row as _};
 use trellis_core::ids::{ExecutionId, TaskInstanceId, WorkerId};
 use trellis_core::machine::{Question, StateCounts, TimeoutAction, Usage};
-use trellis_core::record::TaskStatusRecord;
+use trellis_core::record::{AttemptRecord, TaskStatusRecord};
 use uuid::Uuid;
 
 use super::{
@@ -96,8 +96,8 @@ fn checkpoint_metadata_from_row(row: &DbRow) -> Result<CheckpointMetadata, Error
 
 const INSTANCE_COLUMNS: &str = "execution_id, task_instance_id, task_id, parent_task_instance_id, \
      subtask_group_id, resumed_after_subtasks_group_id, continues_task_instance_id, run_number, \
-     attempt, state, worker_id, created_at_unix_ms, started_at_unix_ms, ended_at_unix_ms, output, \
-     error";
+     attempt, state, worker_id, created_at_unix_ms, dispatched_at_unix_ms, started_at_unix_ms, \
+     ended_at_unix_ms, output, error, earlier_attempts";
 
 fn instance_from_row(row: &DbRow) -> Result<TaskStatusRecord, Error> {
     let state: String = column(row, "state")?;
@@ -109,6 +109,12 @@ fn instance_from_row(row: &DbRow) -> Result<TaskStatusRecord, Error> {
     let optional_instant = |name: &str| -> Result<Option<u64>, Error> {
         Ok(column::<Option<i64>>(row, name)?.map(from_i64))
     };
+    let earlier_attempts: Option<String> = column(row, "earlier_attempts")?;
+    let earlier_attempts = earlier_attempts
+        .map(|text| serde_json::from_str(&text))
+        .transpose()
+        .map_err(|err| corrupt_row("task instance attempts", err.to_string()))?
+        .unwrap_or_default();
     Ok(TaskStatusRecord {
         task_instance_id: TaskInstanceId(column(row, "task_instance_id")?),
         task_id: column(row, "task_id")?,
@@ -129,10 +135,12 @@ fn instance_from_row(row: &DbRow) -> Result<TaskStatusRecord, Error> {
             .ok_or_else(|| corrupt_row("task state", format!("{state:?}")))?,
         worker_id: column::<Option<String>>(row, "worker_id")?.map(WorkerId),
         created_at_ms: from_i64(column(row, "created_at_unix_ms")?),
+        dispatched_at_ms: optional_instant("dispatched_at_unix_ms")?,
         started_at_ms: optional_instant("started_at_unix_ms")?,
         ended_at_ms: optional_instant("ended_at_unix_ms")?,
         output,
         error: column(row, "error")?,
+        earlier_attempts,
     })
 }
 
@@ -447,7 +455,7 @@ impl Store for StoreImpl {
                     .map(move |rows| executions_upsert(rows, now))
                     .chain(chunks(&sequences, 7).map(move |rows| last_sequences_upsert(rows, now)))
                     .chain(chunks(&labels, 3).map(labels_insert))
-                    .chain(chunks(&batch.instances, 16).map(instances_upsert))
+                    .chain(chunks(&batch.instances, 18).map(instances_upsert))
                     .chain(chunks(&batch.events, 6).map(events_insert))
                     .chain(chunks(&batch.questions_asked, 13).map(questions_insert))
                     .chain(batch.questions_resolved.iter().map(question_resolve)),

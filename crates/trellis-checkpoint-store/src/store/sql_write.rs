@@ -163,10 +163,12 @@ fn instances_upsert<'a>(records: &'a [TaskStatusRecord]) -> QueryBuilder<'a, Db>
             .push_bind(record.state.as_str())
             .push_bind(record.worker_id.as_ref().map(|worker| text(&worker.0)))
             .push_bind(to_i64(record.created_at_ms))
+            .push_bind(record.dispatched_at_ms.map(to_i64))
             .push_bind(record.started_at_ms.map(to_i64))
             .push_bind(record.ended_at_ms.map(to_i64))
             .push_bind(record.output.as_ref().map(|output| output.to_string()))
-            .push_bind(record.error.as_deref().map(text));
+            .push_bind(record.error.as_deref().map(text))
+            .push_bind(attempts_json(&record.earlier_attempts));
     });
     query.push(
         " ON CONFLICT (execution_id, task_instance_id) DO UPDATE SET \
@@ -178,11 +180,18 @@ fn instances_upsert<'a>(records: &'a [TaskStatusRecord]) -> QueryBuilder<'a, Db>
          run_number = excluded.run_number, attempt = excluded.attempt, \
          state = excluded.state, worker_id = excluded.worker_id, \
          created_at_unix_ms = excluded.created_at_unix_ms, \
+         dispatched_at_unix_ms = excluded.dispatched_at_unix_ms, \
          started_at_unix_ms = excluded.started_at_unix_ms, \
          ended_at_unix_ms = excluded.ended_at_unix_ms, output = excluded.output, \
-         error = excluded.error",
+         error = excluded.error, earlier_attempts = excluded.earlier_attempts",
     );
     query
+}
+
+/// The earlier attempts of a record as stored: a JSON array, NULL for none (most instances).
+fn attempts_json(attempts: &[AttemptRecord]) -> Option<String> {
+    // Serializing plain integers and strings to JSON cannot fail.
+    (!attempts.is_empty()).then(|| serde_json::to_string(attempts).unwrap_or_default())
 }
 
 /// Inserts log events; one already stored is left as it is.

@@ -13,7 +13,7 @@ use trellis_checkpoint_store::store::{
 };
 use trellis_core::ids::{ExecutionId, GroupId, QuestionId, TaskInstanceId, WorkerId};
 use trellis_core::machine::{ExecutionState, Question, StateCounts, TimeoutAction, Usage};
-use trellis_core::record::{TaskState, TaskStatusRecord};
+use trellis_core::record::{AttemptRecord, TaskState, TaskStatusRecord};
 use trellis_proto::v1;
 use uuid::Uuid;
 
@@ -392,10 +392,12 @@ fn record(
         state,
         worker_id: None,
         created_at_ms: 1_000,
+        dispatched_at_ms: None,
         started_at_ms: None,
         ended_at_ms: None,
         output: None,
         error: None,
+        earlier_attempts: Vec::new(),
     }
 }
 
@@ -456,7 +458,19 @@ async fn read_model_writes_are_idempotent_and_queryable(store: TestStore) -> any
         member.subtask_group_id = Some(group);
         member.worker_id = Some(WorkerId("worker-1".to_owned()));
         member.output = (n < 3).then(|| serde_json::json!({ "n": n, "list": [1.5, "x"] }));
+        member.dispatched_at_ms = Some(1_050);
         member.started_at_ms = Some(1_100);
+        if n == 1 {
+            member.attempt = 2;
+            member.earlier_attempts = vec![AttemptRecord {
+                attempt: 1,
+                worker_id: Some(WorkerId("worker-0".to_owned())),
+                dispatched_at_ms: Some(1_010),
+                started_at_ms: None,
+                ended_at_ms: 1_040,
+                error: "its worker was lost".to_owned(),
+            }];
+        }
         records.push(member);
     }
     let question_id = QuestionId(Uuid::now_v7());

@@ -74,8 +74,17 @@ pub fn json(graph: &ExecutionGraph, rules: &HashMap<String, String>) -> Value {
                 "run_number": record.run_number,
                 "worker_id": record.worker_id,
                 "created_at_unix_ms": record.created_at_unix_ms,
+                "dispatched_at_unix_ms": record.dispatched_at_unix_ms,
                 "started_at_unix_ms": record.started_at_unix_ms,
                 "ended_at_unix_ms": record.ended_at_unix_ms,
+                "earlier_attempts": record.earlier_attempts.iter().map(|attempt| json!({
+                    "attempt": attempt.attempt,
+                    "worker_id": attempt.worker_id,
+                    "dispatched_at_unix_ms": attempt.dispatched_at_unix_ms,
+                    "started_at_unix_ms": attempt.started_at_unix_ms,
+                    "ended_at_unix_ms": attempt.ended_at_unix_ms,
+                    "error": attempt.error,
+                })).collect::<Vec<_>>(),
                 "parent_task_instance_id": record.parent_task_instance_id,
                 "subtask_group_id": record.subtask_group_id,
                 "resumed_after_subtasks_group_id": record.resumed_after_subtasks_group_id,
@@ -104,8 +113,8 @@ pub fn json(graph: &ExecutionGraph, rules: &HashMap<String, String>) -> Value {
 #[cfg(test)]
 mod tests {
     use trellis_core::graph::{self, MAX_DRAWN_LEVELS};
-    use trellis_core::ids::{ExecutionId, TaskInstanceId};
-    use trellis_core::record::{TaskState, TaskStatusRecord};
+    use trellis_core::ids::{ExecutionId, TaskInstanceId, WorkerId};
+    use trellis_core::record::{AttemptRecord, TaskState, TaskStatusRecord};
     use trellis_proto::v1::GraphNode;
     use trellis_wire::read::graph_to_proto;
 
@@ -138,10 +147,12 @@ mod tests {
             state,
             worker_id: None,
             created_at_ms: T0 + n,
+            dispatched_at_ms: None,
             started_at_ms: None,
             ended_at_ms: None,
             output: None,
             error: None,
+            earlier_attempts: Vec::new(),
         }
     }
 
@@ -211,13 +222,24 @@ mod tests {
         assert_eq!(object["roots"], json!([0]));
     }
 
-    /// `--json` records carry the instance's times (unset ones as null).
+    /// `--json` records carry the instance's worker, times (unset ones as null) and earlier
+    /// attempts.
     #[test]
     fn json_records_carry_their_times() {
         let ended = TaskStatusRecord {
+            worker_id: Some(WorkerId("w-2".to_owned())),
+            dispatched_at_ms: Some(T0 + 8),
             started_at_ms: Some(T0 + 10),
             ended_at_ms: Some(T0 + 25),
-            ..record(1, "build", TaskState::Completed, 1)
+            earlier_attempts: vec![AttemptRecord {
+                attempt: 1,
+                worker_id: Some(WorkerId("w-1".to_owned())),
+                dispatched_at_ms: Some(T0 + 2),
+                started_at_ms: Some(T0 + 3),
+                ended_at_ms: T0 + 5,
+                error: "exit status 1".to_owned(),
+            }],
+            ..record(1, "build", TaskState::Completed, 2)
         };
         let queued = member(record(2, "test", TaskState::Pending, 0), 1, 1);
         let object = json(&wire(vec![ended, queued]), &HashMap::new());
@@ -229,15 +251,42 @@ mod tests {
                 .expect("the node is there");
             (
                 node["created_at_unix_ms"].clone(),
+                node["dispatched_at_unix_ms"].clone(),
                 node["started_at_unix_ms"].clone(),
                 node["ended_at_unix_ms"].clone(),
+                node["worker_id"].clone(),
+                node["earlier_attempts"].clone(),
             )
         };
         assert_eq!(
             times("build"),
-            (json!(T0 + 1), json!(T0 + 10), json!(T0 + 25))
+            (
+                json!(T0 + 1),
+                json!(T0 + 8),
+                json!(T0 + 10),
+                json!(T0 + 25),
+                json!("w-2"),
+                json!([{
+                    "attempt": 1,
+                    "worker_id": "w-1",
+                    "dispatched_at_unix_ms": T0 + 2,
+                    "started_at_unix_ms": T0 + 3,
+                    "ended_at_unix_ms": T0 + 5,
+                    "error": "exit status 1",
+                }]),
+            )
         );
-        assert_eq!(times("test"), (json!(T0 + 2), Value::Null, Value::Null));
+        assert_eq!(
+            times("test"),
+            (
+                json!(T0 + 2),
+                Value::Null,
+                Value::Null,
+                Value::Null,
+                Value::Null,
+                json!([])
+            )
+        );
     }
 
     #[test]

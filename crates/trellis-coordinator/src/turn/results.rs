@@ -129,6 +129,20 @@ impl Coordinator {
                 Some(metrics::task_labels(assignment.queue, assignment.task_type))
             })
             .flatten();
+        // The result also says which worker took the attempt, and when: recorded first, once
+        // (a heartbeat may have told already). Refused or stale, it is simply not recorded.
+        let started = worker::started_from_result(&result, now).is_some_and(|started| {
+            matches!(
+                live.record(id, started, &self.metrics),
+                Ok(Applied::Changed { .. })
+            )
+        });
+        if started {
+            self.mark(id);
+        }
+        let Some(live) = self.executions.get_mut(&id) else {
+            return Fed::Done(Some(id));
+        };
         match live.record(id, event, &self.metrics) {
             Ok(Applied::Changed { .. }) => {
                 if let Some(labels) = labels {

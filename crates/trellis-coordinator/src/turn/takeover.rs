@@ -20,9 +20,10 @@
 //! another worker when the one running it dies.
 
 use trellis_core::ids::{ExecutionId, TaskInstanceId};
-use trellis_core::machine::{Event, EventBody};
+use trellis_core::machine::{Applied, Event, EventBody};
 use trellis_core::record::TaskState;
 use trellis_proto::v1;
+use trellis_wire::worker;
 
 use super::Coordinator;
 use super::live::Live;
@@ -108,8 +109,23 @@ impl Live {
 }
 
 impl Coordinator {
-    /// A heartbeat names the attempts its worker runs: inherited ones among them stay.
+    /// A heartbeat names the attempts its worker runs: each of this coordinator's that has not
+    /// recorded its start yet records it now (`TaskStarted`, with the worker's start time), and
+    /// inherited ones among them stay.
     pub(super) fn heard(&mut self, heartbeat: &v1::WorkerHeartbeat, now: u64) {
+        for running in &heartbeat.running {
+            let Some((id, started)) =
+                worker::started_from_heartbeat(&heartbeat.worker_id, running, now)
+            else {
+                continue;
+            };
+            let Some(live) = self.executions.get_mut(&id) else {
+                continue;
+            };
+            if let Ok(Applied::Changed { .. }) = live.record(id, started, &self.metrics) {
+                self.mark(id);
+            }
+        }
         if self.inheriting.is_empty() {
             return;
         }

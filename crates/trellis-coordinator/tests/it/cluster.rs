@@ -192,6 +192,7 @@ impl Run {
             .iter()
             .filter_map(|e| match e.kind.as_ref()? {
                 Kind::TaskDispatched(d) => Some((name(&d.task_instance_id), "dispatched")),
+                Kind::TaskStarted(d) => Some((name(&d.task_instance_id), "started")),
                 Kind::TaskCompleted(c) => Some((name(&c.task_instance_id), "completed")),
                 Kind::TaskFailed(f) => Some((name(&f.task_instance_id), "failed")),
                 Kind::SubtasksSpawned(s) => Some((name(&s.task_instance_id), "spawned")),
@@ -210,6 +211,7 @@ impl Run {
             }
             match what {
                 "dispatched" => running += 1,
+                "started" => {}
                 _ => running = running.saturating_sub(1),
             }
             max = max.max(running);

@@ -172,6 +172,104 @@ async fn failures_are_retried_skipped_or_abort_as_the_policy_says() {
     );
 }
 
+/// Every instance says which worker ran it and when it was created, dispatched, started on the
+/// worker and ended; a retried one keeps its first attempt. A long task shows its worker while
+/// it runs (a heartbeat tells); a short one gets it with its result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_instance_records_its_worker_and_its_four_times() {
+    let mut cluster = cluster::start(1).await;
+    let id = cluster
+        .start_plan(
+            "name: record\noptions: {failure: {default_action: retry, max_retries: 2, backoff: {kind: constant, base: 10ms}}}\ntasks:\n- {id: quick, type: noop}\n- {id: slow, type: sleep, input: {ms: 5000}}\n- {id: flaky, type: fail, input: {times: 1, retryable: true}}\n",
+        )
+        .await;
+    let record_of = |graph: &v1::ExecutionGraph, task: &str| {
+        graph
+            .nodes
+            .iter()
+            .filter_map(|n| n.record.clone())
+            .find(|r| r.task_id == task)
+    };
+    // While `slow` sleeps, a heartbeat names it: its worker and start show before it ends.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(4);
+    let running = loop {
+        let graph = cluster
+            .client
+            .get_execution_graph(v1::GetExecutionGraphRequest {
+                execution_id: id.clone(),
+                run_number: 0,
+            })
+            .await
+            .expect("graph")
+            .into_inner()
+            .graph
+            .expect("graph");
+        let slow = record_of(&graph, "slow").expect("slow was instantiated at the start");
+        if slow.worker_id.is_some() {
+            break slow;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no worker recorded for the running task within 4 s: {slow:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(running.state, v1::TaskState::Running as i32);
+    assert!(running.ended_at_unix_ms.is_none());
+    let run = cluster.wait(&id, Duration::from_secs(60)).await;
+    assert_eq!(
+        run.state(),
+        ExecutionState::Completed,
+        "{:?}",
+        run.execution.reason
+    );
+    for task in ["quick", "slow", "flaky"] {
+        let record = record_of(&run.graph, task).expect("every task has a record");
+        let worker = record.worker_id.clone().unwrap_or_default();
+        assert!(!worker.is_empty(), "{task} names no worker: {record:?}");
+        let times = [
+            Some(record.created_at_unix_ms),
+            record.dispatched_at_unix_ms,
+            record.started_at_unix_ms,
+            record.ended_at_unix_ms,
+        ];
+        assert!(
+            times.iter().all(Option::is_some) && times.is_sorted(),
+            "{task}: created, dispatched, started and ended must all be set and in order: {times:?}"
+        );
+    }
+    let slow = record_of(&run.graph, "slow").expect("slow");
+    assert_eq!(
+        slow.started_at_unix_ms, running.started_at_unix_ms,
+        "one start, recorded once"
+    );
+    let ran = slow.ended_at_unix_ms.unwrap_or(0) - slow.started_at_unix_ms.unwrap_or(0);
+    assert!(
+        ran >= 5000,
+        "slow ran {ran} ms between its start and its end, not its 5 s"
+    );
+    let flaky = record_of(&run.graph, "flaky").expect("flaky");
+    assert_eq!(flaky.attempt, 2);
+    let [first] = flaky.earlier_attempts.as_slice() else {
+        panic!(
+            "flaky keeps its first attempt only: {:?}",
+            flaky.earlier_attempts
+        );
+    };
+    assert_eq!(first.attempt, 1);
+    assert!(first.worker_id.as_deref().is_some_and(|w| !w.is_empty()));
+    assert!(first.error.contains("fails on purpose"), "{}", first.error);
+    assert!(
+        first.dispatched_at_unix_ms <= first.started_at_unix_ms
+            && first.started_at_unix_ms <= Some(first.ended_at_unix_ms)
+            && Some(first.ended_at_unix_ms) <= flaky.dispatched_at_unix_ms,
+        "the first attempt's times are in order and before the second's: {first:?} {flaky:?}"
+    );
+    // Each start is one `task_started` event.
+    assert_eq!(run.count("slow", "started"), 1);
+    assert_eq!(run.count("flaky", "started"), 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicate_and_corrupt_results_change_nothing() {
     let mut cluster = cluster::start(1).await;
@@ -196,6 +294,7 @@ async fn duplicate_and_corrupt_results_change_nothing() {
         worker_id: "intruder".into(),
         usage: None,
         sent_at_unix_ms: 0,
+        started_at_unix_ms: None,
         outcome: Some(v1::task_result::Outcome::Completed(
             v1::task_result::Completed {
                 output: b"{\"again\":true}".to_vec(),

@@ -226,6 +226,31 @@ impl Checker {
                     machine.reason().unwrap_or(""),
                 ));
             }
+            // Every result tells who ran its attempt and when it started: each completed
+            // instance knows its worker, and its times are in order.
+            for record in machine.records() {
+                let root = record.parent_task_instance_id.is_none()
+                    && record.resumed_after_subtasks_group_id.is_none()
+                    && record.continues_task_instance_id.is_none();
+                if record.state != TaskState::Completed || root {
+                    continue;
+                }
+                let times = [
+                    Some(record.created_at_ms),
+                    record.dispatched_at_ms,
+                    record.started_at_ms,
+                    record.ended_at_ms,
+                ];
+                if record.worker_id.is_none()
+                    || times.iter().any(Option::is_none)
+                    || !times.is_sorted()
+                {
+                    return Err(format!(
+                        "completed instance {} of {id} has worker {:?} and times {times:?}",
+                        record.task_instance_id, record.worker_id
+                    ));
+                }
+            }
             for (group, parent, settled, abandoned) in machine.groups() {
                 if settled && !abandoned && machine.resumptions_of(group) != 1 {
                     return Err(format!(

@@ -20,6 +20,8 @@ pub struct Run {
     pub seq: u64,
     pub assignment: v1::TaskAssignment,
     pub done_at: u64,
+    /// When this worker took it: every result carries it, and so does each heartbeat.
+    pub started_at: u64,
 }
 
 /// One simulated worker.
@@ -55,6 +57,7 @@ impl Worker {
                     execution_id: run.assignment.execution_id.clone(),
                     task_instance_id: run.assignment.task_instance_id.clone(),
                     attempt: run.assignment.attempt,
+                    started_at_unix_ms: run.started_at as i64,
                     ..Default::default()
                 })
                 .collect(),
@@ -94,7 +97,7 @@ impl Worker {
                 continue;
             }
             let result = outcome(&run.assignment, self.idx, now);
-            publish_result(nats, self.idx, &run.assignment, result, now);
+            publish_result(nats, self.idx, &run, result, now);
             // Died between publishing and acknowledging: the task runs again elsewhere.
             if rng.one_in(200) {
                 self.die();
@@ -132,15 +135,21 @@ impl Worker {
                 nats.tasks.ack(seq, self.idx);
                 continue;
             }
-            let started = v1::task_result::Outcome::Started(v1::task_result::Started {});
-            publish_result(nats, self.idx, &assignment, started, now);
             let slow = sim(&assignment)["slow"] == json!(true) && assignment.attempt == 1;
             let duration = if slow { 200 } else { rng.between(1, 25) };
-            self.runs.push(Run {
+            let run = Run {
                 seq,
                 assignment,
                 done_at: now + duration,
-            });
+                started_at: now,
+            };
+            // Like the real worker, only some say so on their own: the others' results (and
+            // heartbeats) tell that they started.
+            if rng.percent(30) {
+                let started = v1::task_result::Outcome::Started(v1::task_result::Started {});
+                publish_result(nats, self.idx, &run, started, now);
+            }
+            self.runs.push(run);
         }
     }
 
@@ -260,10 +269,11 @@ fn outcome(assignment: &v1::TaskAssignment, worker: usize, now: u64) -> v1::task
 fn publish_result(
     nats: &mut Nats,
     worker: usize,
-    assignment: &v1::TaskAssignment,
+    run: &Run,
     outcome: v1::task_result::Outcome,
     now: u64,
 ) {
+    let assignment = &run.assignment;
     let result = v1::TaskResult {
         execution_id: assignment.execution_id.clone(),
         task_instance_id: assignment.task_instance_id.clone(),
@@ -271,6 +281,7 @@ fn publish_result(
         worker_id: name(worker),
         usage: None,
         sent_at_unix_ms: now as i64,
+        started_at_unix_ms: Some(run.started_at as i64),
         outcome: Some(outcome),
     };
     let shard = assignment.results_shard.unwrap_or(0) as usize;

@@ -270,10 +270,12 @@ mod tests {
             state,
             worker_id: None,
             created_at_ms: T0 + n,
+            dispatched_at_ms: None,
             started_at_ms: None,
             ended_at_ms: None,
             output: None,
             error: None,
+            earlier_attempts: Vec::new(),
         }
     }
 

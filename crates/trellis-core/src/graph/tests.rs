@@ -38,10 +38,12 @@ fn rec(n: u128, task: &str) -> TaskStatusRecord {
         state: TaskState::Completed,
         worker_id: None,
         created_at_ms: T0 + n as u64,
+        dispatched_at_ms: None,
         started_at_ms: None,
         ended_at_ms: None,
         output: None,
         error: None,
+        earlier_attempts: Vec::new(),
     }
 }
 

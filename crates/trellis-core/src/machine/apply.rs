@@ -27,7 +27,7 @@ impl Execution {
                 instance,
                 attempt,
                 worker,
-            } => self.on_task_started(*instance, *attempt, worker),
+            } => self.on_task_started(*instance, *attempt, worker, at),
             EventBody::StepCheckpointed {
                 instance,
                 attempt,
@@ -100,11 +100,15 @@ impl Execution {
         Ok(Applied::Changed { stop: Vec::new() })
     }
 
+    /// A worker took the attempt at `at` (its own clock, never before the dispatch). A second
+    /// report from the same worker is a duplicate; one from another worker (the message was
+    /// delivered again after the first one died) names the worker running it now.
     fn on_task_started(
         &mut self,
         instance: TaskInstanceId,
         attempt: u32,
         worker: &WorkerId,
+        at: u64,
     ) -> Result<Applied, ApplyError> {
         let Ok(idx) = self.running_attempt(instance, attempt, "task_started")? else {
             return Ok(Applied::Ignored(Ignored::StaleAttempt));
@@ -114,6 +118,7 @@ impl Execution {
             return Ok(Applied::Ignored(Ignored::Duplicate));
         }
         inst.worker = Some(worker.clone());
+        inst.started_at_ms = Some(inst.dispatched_at_ms.map_or(at, |d| at.max(d)));
         self.changed.0.push(idx);
         Ok(Applied::Changed { stop: Vec::new() })
     }
@@ -208,6 +213,7 @@ impl Execution {
             return Ok(Applied::Ignored(Ignored::Duplicate));
         };
         self.end_turn(idx);
+        self.archive_attempt(idx, at, "its worker was lost".to_owned());
         let inst = &mut self.instances[idx as usize];
         inst.avoid_worker = inst.worker.take();
         self.schedule_retry(idx, at);
@@ -226,6 +232,7 @@ impl Execution {
             return Ok(Applied::Ignored(Ignored::Duplicate));
         };
         self.end_turn(idx);
+        self.archive_attempt(idx, at, "stopped at a step boundary by a pause".to_owned());
         self.instances[idx as usize].worker = None;
         self.schedule_retry(idx, at);
         Ok(Applied::Changed { stop: Vec::new() })

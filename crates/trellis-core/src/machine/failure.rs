@@ -27,6 +27,13 @@ impl Execution {
             }
             Escalation::Exhausted => None,
         };
+        if matches!(
+            action,
+            Some(FailureAction::Retry { .. } | FailureAction::Reassign | FailureAction::Pause)
+        ) {
+            // The instance runs again: this attempt joins its history.
+            self.archive_attempt(idx, at, error.clone());
+        }
         match action {
             Some(FailureAction::Retry { backoff, .. }) => {
                 let retry = self.instances[idx as usize].chain_position.used;

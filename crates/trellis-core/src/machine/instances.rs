@@ -5,6 +5,7 @@
 use super::{
     ChainPosition, Execution, InstIdx, Instance, Origin, TaskInstanceId, TaskState, Usage, Work,
 };
+use crate::record::AttemptRecord;
 
 impl Execution {
     pub(super) fn set_state(&mut self, idx: InstIdx, state: TaskState) {
@@ -45,7 +46,8 @@ impl Execution {
         let inst = &mut self.instances[idx as usize];
         inst.attempt += 1;
         inst.worker = None;
-        inst.started_at_ms = Some(at);
+        inst.dispatched_at_ms = Some(at);
+        inst.started_at_ms = None;
         inst.deadline_ms = timeout.map(|t| at.saturating_add(t.as_millis() as u64));
         if let Some(deadline) = inst.deadline_ms {
             self.deadlines.insert((deadline, idx));
@@ -54,6 +56,20 @@ impl Execution {
         if let Some(lock) = lock {
             self.slots[lock].locked = true;
         }
+    }
+
+    /// Keeps the attempt that just ended at `at` in the instance's history: another one follows.
+    pub(super) fn archive_attempt(&mut self, idx: InstIdx, at: u64, error: String) {
+        let inst = &mut self.instances[idx as usize];
+        let record = AttemptRecord {
+            attempt: inst.attempt,
+            worker_id: inst.worker.clone(),
+            dispatched_at_ms: inst.dispatched_at_ms,
+            started_at_ms: inst.started_at_ms,
+            ended_at_ms: at,
+            error,
+        };
+        inst.earlier_attempts.push(record);
     }
 
     /// Ends the running attempt's turn: frees its slot and its deadline.
@@ -85,7 +101,7 @@ impl Execution {
             worker: None,
             avoid_worker: None,
             created_at_ms: at,
-            started_at_ms: None,
+            dispatched_at_ms: None,
             ended_at_ms: None,
             deadline_ms: None,
             not_before_ms: 0,
@@ -96,6 +112,8 @@ impl Execution {
             next: None,
             resume: None,
             steps: Vec::new(),
+            started_at_ms: None,
+            earlier_attempts: Vec::new(),
         });
         self.by_id.insert(id, idx);
         idx

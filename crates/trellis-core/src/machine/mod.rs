@@ -59,7 +59,7 @@ pub use types::{
 use crate::ids::{ExecutionId, GroupId, QuestionId, TaskInstanceId, WorkerId};
 use crate::plan::{Plan, TaskIdx};
 use crate::policy::ChainPosition;
-use crate::record::TaskState;
+use crate::record::{AttemptRecord, TaskState};
 
 type InstIdx = u32;
 type GroupIdx = u32;
@@ -105,10 +105,13 @@ struct Instance {
     state: TaskState,
     /// The last dispatched attempt, 0 before the first dispatch.
     attempt: u32,
+    /// The worker that took the current attempt, once one reported it.
     worker: Option<WorkerId>,
     avoid_worker: Option<WorkerId>,
     created_at_ms: u64,
-    started_at_ms: Option<u64>,
+    /// When the current attempt was dispatched (snapshots before the task record kept this
+    /// field under the name `started_at_ms`; the encoding is positional).
+    dispatched_at_ms: Option<u64>,
     ended_at_ms: Option<u64>,
     deadline_ms: Option<u64>,
     not_before_ms: u64,
@@ -120,6 +123,12 @@ struct Instance {
     next: Option<Next>,
     resume: Option<Box<ResumeContext>>,
     steps: Vec<StepRecord>,
+    /// When a worker took the current attempt (`task_started`).
+    #[serde(default)]
+    started_at_ms: Option<u64>,
+    /// The attempts before the current one (empty unless an attempt ended and another followed).
+    #[serde(default)]
+    earlier_attempts: Vec<AttemptRecord>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -397,7 +406,7 @@ impl Execution {
     /// then) and when its current attempt was dispatched, if it was.
     pub fn instance_times(&self, instance: TaskInstanceId) -> Option<(u64, Option<u64>)> {
         let inst = &self.instances[*self.by_id.get(&instance)? as usize];
-        Some((inst.created_at_ms, inst.started_at_ms))
+        Some((inst.created_at_ms, inst.dispatched_at_ms))
     }
 
     /// Returns the plan task an instance runs, if it runs one.

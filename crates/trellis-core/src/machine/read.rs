@@ -181,10 +181,12 @@ impl Execution {
             },
             worker_id: None,
             created_at_ms: self.started_at_ms,
+            dispatched_at_ms: Some(self.started_at_ms),
             started_at_ms: Some(self.started_at_ms),
             ended_at_ms: self.ended_at_ms,
             output: None,
             error: self.reason.clone(),
+            earlier_attempts: Vec::new(),
         }
     }
 
@@ -219,10 +221,12 @@ impl Execution {
             state: self.display_state(idx),
             worker_id: inst.worker.clone(),
             created_at_ms: inst.created_at_ms,
+            dispatched_at_ms: inst.dispatched_at_ms,
             started_at_ms: inst.started_at_ms,
             ended_at_ms: inst.ended_at_ms,
             output: inst.output.clone(),
             error: inst.error.clone(),
+            earlier_attempts: inst.earlier_attempts.clone(),
         }
     }
 
@@ -250,6 +254,7 @@ impl Execution {
                     asked_at_ms: inst
                         .ended_at_ms
                         .or(inst.started_at_ms)
+                        .or(inst.dispatched_at_ms)
                         .unwrap_or(inst.created_at_ms),
                 }
             })

@@ -6,9 +6,9 @@ use trellis_core::machine::{
     PauseScope, Question, ResumeContext, SubtaskSpec, TimeoutAction, Usage,
 };
 use trellis_core::policy::{Backoff, BackoffKind, FailureAction};
-use trellis_core::record::TaskState;
+use trellis_core::record::{AttemptRecord, TaskState};
 
-use crate::common::{PlanBuilder, Sim, chain, ms};
+use crate::common::{PlanBuilder, Sim, T0, chain, ms};
 
 fn running(sim: &Sim) -> Vec<TaskInstanceId> {
     sim.exec.instances_in(TaskState::Running).collect()
@@ -385,6 +385,97 @@ fn retry_waits_for_its_backoff() {
     );
     sim.decide();
     assert_eq!(sim.exec.state(), ExecutionState::Failed);
+}
+
+/// The record of an instance tells when each attempt was dispatched, which worker took it and
+/// when, and keeps the attempts before the current one with why they ended.
+#[test]
+fn the_record_keeps_each_attempts_worker_and_times() {
+    let plan = PlanBuilder::new()
+        .task("api", &[])
+        .edit("api", |t| {
+            t.on_failure = chain(vec![FailureAction::Retry {
+                max: 2,
+                backoff: Backoff {
+                    base: ms(0),
+                    ..Backoff::default()
+                },
+            }]);
+        })
+        .build();
+    let mut sim = Sim::new(plan);
+    let record = |sim: &Sim, api| {
+        sim.exec
+            .records()
+            .into_iter()
+            .find(|r| r.task_instance_id == api)
+            .expect("the instance has a record")
+    };
+    sim.now = T0 + 10;
+    sim.decide();
+    let api = running(&sim)[0];
+    let first = record(&sim, api);
+    assert_eq!(
+        (first.dispatched_at_ms, first.started_at_ms, first.worker_id),
+        (Some(T0 + 10), None, None),
+        "dispatched, not taken by a worker yet"
+    );
+    // The worker's clock said it started before the dispatch: the start is the dispatch.
+    sim.now = T0 + 5;
+    sim.apply(EventBody::TaskStarted {
+        instance: api,
+        attempt: 1,
+        worker: WorkerId::from("w1"),
+    })
+    .expect("started");
+    sim.now = T0 + 30;
+    fail(&mut sim, api, true);
+    sim.now = T0 + 40;
+    sim.decide();
+    sim.now = T0 + 47;
+    let started = sim
+        .apply(EventBody::TaskStarted {
+            instance: api,
+            attempt: 2,
+            worker: WorkerId::from("w2"),
+        })
+        .expect("started");
+    assert!(matches!(started, Applied::Changed { .. }));
+    let again = sim
+        .apply(EventBody::TaskStarted {
+            instance: api,
+            attempt: 2,
+            worker: WorkerId::from("w2"),
+        })
+        .expect("a second report is accepted");
+    assert_eq!(again, Applied::Ignored(Ignored::Duplicate));
+    sim.now = T0 + 60;
+    complete(&mut sim, api);
+    let done = record(&sim, api);
+    assert_eq!(done.attempt, 2);
+    assert_eq!(done.worker_id, Some(WorkerId::from("w2")));
+    assert_eq!(
+        (done.dispatched_at_ms, done.started_at_ms, done.ended_at_ms),
+        (Some(T0 + 40), Some(T0 + 47), Some(T0 + 60))
+    );
+    assert_eq!(
+        done.earlier_attempts,
+        vec![AttemptRecord {
+            attempt: 1,
+            worker_id: Some(WorkerId::from("w1")),
+            dispatched_at_ms: Some(T0 + 10),
+            started_at_ms: Some(T0 + 10),
+            ended_at_ms: T0 + 30,
+            error: "boom".to_owned(),
+        }]
+    );
+    // A snapshot keeps all of it.
+    let restored = trellis_core::machine::Execution::restore(
+        std::sync::Arc::clone(sim.exec.plan()),
+        &sim.exec.snapshot(),
+    )
+    .expect("restores");
+    assert!(restored.records().contains(&done));
 }
 
 #[test]

@@ -28,6 +28,7 @@ fn task_result(outcome: task_result::Outcome) -> TaskResult {
             cost: 0.25,
         }),
         sent_at_unix_ms: 1_760_000_000_000,
+        started_at_unix_ms: Some(1_759_999_999_990),
         outcome: Some(outcome),
     }
 }

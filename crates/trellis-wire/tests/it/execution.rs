@@ -107,6 +107,7 @@ fn run() -> Run {
                     cost: 0.1,
                 }),
                 sent_at_unix_ms,
+                started_at_unix_ms: Some(sent_at_unix_ms),
                 outcome: Some(outcome),
             };
             let mut outcomes = vec![

@@ -12,7 +12,7 @@ use trellis_proto::v1::{self, task_result};
 use trellis_wire::error::ConvertErrorKind;
 use trellis_wire::worker::{
     assignment_from_proto, assignment_to_proto, decode_heartbeat, decode_task_assignment,
-    decode_task_result, result_to_event,
+    decode_task_result, result_to_event, started_from_heartbeat, started_from_result,
 };
 
 use crate::support::{AT_MS, example_question, execution_id, group_id, instance_id, question_id};
@@ -32,6 +32,7 @@ pub(crate) fn task_result(outcome: Option<task_result::Outcome>) -> v1::TaskResu
             cost: 0.25,
         }),
         sent_at_unix_ms: 1,
+        started_at_unix_ms: None,
         outcome,
     }
 }
@@ -51,6 +52,69 @@ fn check_result(outcome: task_result::Outcome, expected: EventBody) {
     // The same through bytes, as the coordinator receives it.
     let (_, event) = decode_task_result(&result.encode_to_vec(), AT_MS).expect("decodes");
     assert_eq!(event.body, expected);
+}
+
+/// Every result says which worker started its attempt and when; the coordinator records that
+/// as `TaskStarted` at the worker's time, never later than its own now.
+#[test]
+fn results_and_heartbeats_tell_when_an_attempt_started() {
+    let completed = task_result::Outcome::Completed(task_result::Completed {
+        output: b"{}".to_vec(),
+    });
+    let started = EventBody::TaskStarted {
+        instance: instance_id(2),
+        attempt: 2,
+        worker: WorkerId::from("worker-7"),
+    };
+    let mut result = task_result(Some(completed));
+    assert_eq!(
+        started_from_result(&result, AT_MS),
+        None,
+        "no start time: none"
+    );
+    result.started_at_unix_ms = Some(AT_MS as i64 - 40);
+    assert_eq!(
+        started_from_result(&result, AT_MS),
+        Some(Event {
+            at_ms: AT_MS - 40,
+            body: started.clone()
+        })
+    );
+    // A worker clock ahead of the coordinator's does not start it in the future.
+    result.started_at_unix_ms = Some(AT_MS as i64 + 5_000);
+    assert_eq!(
+        started_from_result(&result, AT_MS).map(|event| event.at_ms),
+        Some(AT_MS)
+    );
+    // A `started` result is that event itself, at the worker's time.
+    let mut report = task_result(Some(task_result::Outcome::Started(task_result::Started {})));
+    report.started_at_unix_ms = Some(AT_MS as i64 - 7);
+    assert_eq!(started_from_result(&report, AT_MS), None);
+    let (_, event) = result_to_event(&report, AT_MS).expect("converts");
+    assert_eq!(event.at_ms, AT_MS - 7);
+    // A heartbeat names the attempts its worker runs, with their start.
+    let running = v1::RunningTask {
+        execution_id: execution_id().to_string(),
+        task_instance_id: instance_id(2).to_string(),
+        attempt: 2,
+        started_at_unix_ms: AT_MS as i64 - 900,
+        ..Default::default()
+    };
+    assert_eq!(
+        started_from_heartbeat("worker-7", &running, AT_MS),
+        Some((
+            execution_id(),
+            Event {
+                at_ms: AT_MS - 900,
+                body: started
+            }
+        ))
+    );
+    let nameless = v1::RunningTask {
+        task_instance_id: "not an id".to_owned(),
+        ..running
+    };
+    assert_eq!(started_from_heartbeat("worker-7", &nameless, AT_MS), None);
 }
 
 #[test]
