@@ -41,6 +41,7 @@ mod fences;
 #[doc(hidden)]
 pub mod fuzzing;
 mod intake;
+mod logs;
 mod metrics;
 mod publish;
 pub mod sdk;

@@ -22,6 +22,7 @@ use trellis_proto::v1::{self, TaskAssignment};
 use trellis_proto::v1::resume_context::ResumedAfter;
 pub use trellis_proto::v1::{GroupSummary, HumanAnswer, QuestionTimeoutAction, RecordedStep};
 
+use crate::logs::AttemptLog;
 use crate::publish::{ResultSink, json_bytes};
 use crate::steps;
 
@@ -254,6 +255,8 @@ pub(crate) struct Running {
     /// The W3C `traceparent` of the attempt's run span, sent with its results; `None` when
     /// tracing is off.
     pub(crate) traceparent: Option<String>,
+    /// Log lines written and not published yet.
+    pub(crate) log: AttemptLog,
 }
 
 impl Running {
@@ -279,6 +282,7 @@ impl Running {
             progress_subject,
             results_subject,
             steps_stored: AtomicBool::new(false),
+            log: AttemptLog::default(),
         }
     }
 
@@ -400,6 +404,21 @@ impl TaskContext {
             sink,
             steps: Mutex::new(step_log),
         }
+    }
+
+    /// Writes `text` to the task's log, one line per line of it: `trellis logs` and the monitor
+    /// show it with the time it was written and the attempt. Never waits: a line over 16 KiB is
+    /// cut (and says so), and lines written faster than the worker publishes them (past 4 MiB
+    /// waiting) are dropped and counted.
+    pub fn log(&self, text: impl AsRef<str>) {
+        self.running
+            .log
+            .write(v1::LogSource::Handler, text.as_ref());
+    }
+
+    /// Writes one line of a command's output (`source` stdout or stderr), already cut.
+    pub(crate) fn log_output(&self, source: v1::LogSource, line: String, cut_from: Option<u64>) {
+        self.running.log.push(source, line, cut_from);
     }
 
     /// Returns the input, parsed once on first use; `null` when it is empty or not JSON.

@@ -23,6 +23,7 @@ use trellis_telemetry::propagation;
 
 use crate::fences::Fences;
 use crate::intake::{SetAside, accept_assignment, cancel_request};
+use crate::logs::{self, LogPublisher};
 use crate::metrics::Metrics;
 use crate::publish::{self, Finished, PUBLISH_BATCH, ResultSink, now_unix_ms};
 use crate::sdk::{HandlerRegistry, Outcome, Running, TaskContext, TaskHandler, lock};
@@ -137,6 +138,7 @@ pub(crate) async fn run(
         max_deliveries: i64::from(config.max_deliveries),
         completed: AtomicU64::new(0),
         failed: AtomicU64::new(0),
+        logs: LogPublisher::new(js.clone(), worker_id.clone()),
     });
     let fence_watch = tokio::spawn(worker.fences.clone().watch(fences_bucket, abandon.clone()));
     metrics.slots.inc_by(config.slots as i64);
@@ -155,6 +157,7 @@ pub(crate) async fn run(
         stop_beats.clone(),
     ));
     let canceller = tokio::spawn(cancel_loop(worker.clone(), cancel_sub, stop_beats.clone()));
+    let log_flusher = tokio::spawn(log_loop(worker.clone(), stop_beats.clone()));
     // The fetch loops stop on shutdown, and also when this future is dropped (a child token of
     // `abandon`), so a dropped worker takes no more messages.
     let stop_fetching = abandon.child_token();
@@ -222,6 +225,7 @@ pub(crate) async fn run(
     stop_beats.cancel();
     let _ = heartbeats.await;
     let _ = canceller.await;
+    let _ = log_flusher.await;
     fence_watch.abort();
     if let Err(error) = client.flush().await {
         tracing::warn!(%error, "failed to flush the nats connection");
@@ -252,6 +256,8 @@ struct Worker {
     /// Attempts completed and failed since the process started, for heartbeats.
     completed: AtomicU64,
     failed: AtomicU64,
+    /// Publishes the attempts' log lines.
+    logs: LogPublisher,
 }
 
 /// How a handler task ended.
@@ -566,6 +572,10 @@ impl Worker {
                     map.remove(&running.task_instance_id);
                 }
             }
+            // Its last lines are stored before its result: a recorded result has its whole log.
+            if !matches!(ending, Ending::Abandoned) {
+                worker.logs.flush(&running, true).await;
+            }
             match ending {
                 Ending::Done(outcome) => {
                     // A failure keeps the steps for the retry; every other outcome ends the
@@ -765,6 +775,24 @@ async fn heartbeat_loop(worker: Arc<Worker>, config: Config, stop: CancellationT
     worker
         .beat(&config, &mut cpu, v1::WorkerState::Terminated)
         .await;
+}
+
+/// Publishes the running attempts' log lines every [`logs::FLUSH_EVERY`] until `stop`.
+async fn log_loop(worker: Arc<Worker>, stop: CancellationToken) {
+    let mut interval = tokio::time::interval(logs::FLUSH_EVERY);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = worker.abandon.cancelled() => return,
+            _ = stop.cancelled() => return,
+            _ = interval.tick() => {
+                let running: Vec<Arc<Running>> = lock(&worker.running).values().cloned().collect();
+                for attempt in running {
+                    worker.logs.flush(&attempt, false).await;
+                }
+            }
+        }
+    }
 }
 
 /// Cancels running attempts named by `CancelTask` messages.

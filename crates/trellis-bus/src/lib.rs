@@ -141,6 +141,30 @@ pub struct Streams {
     pub events: stream::Stream,
 }
 
+/// How long `TRELLIS_LOGS` keeps a task's log lines.
+pub const LOGS_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 60 * 60);
+/// Most bytes `TRELLIS_LOGS` holds; past it the oldest lines go first.
+pub const LOGS_MAX_BYTES: i64 = 2 * 1024 * 1024 * 1024;
+
+/// Creates the stream of task log lines if it does not exist (idempotent): limits retention,
+/// [`LOGS_MAX_AGE`] and [`LOGS_MAX_BYTES`], oldest dropped first. The coordinator calls it at
+/// start, beside [`ensure_streams`]; workers publish into it and readers open it.
+pub async fn ensure_logs_stream(
+    js: &jetstream::Context,
+    replicas: usize,
+) -> Result<stream::Stream, Error> {
+    let mut config = config(
+        subjects::LOGS_STREAM,
+        subjects::LOGS_WILDCARD,
+        stream::RetentionPolicy::Limits,
+        replicas,
+    );
+    config.max_age = LOGS_MAX_AGE;
+    config.max_bytes = LOGS_MAX_BYTES;
+    config.discard = stream::DiscardPolicy::Old;
+    ensure(js, config).await
+}
+
 /// Waits until the coordinator has created the streams (at most `timeout`) and returns them.
 /// Workers call this rather than [`ensure_streams`], so that one service alone creates them.
 pub async fn wait_for_streams(

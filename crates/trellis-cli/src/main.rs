@@ -40,6 +40,7 @@ use clap::{Parser, Subcommand};
         trellis dev\n  \
         trellis submit --wait examples/seed-001.yaml\n  \
         trellis tree 0190a5c4-7d1e-7000-8000-000000000001\n  \
+        trellis logs -f 0190a5c4-7d1e-7000-8000-000000000001 build\n  \
         TRELLIS_COORDINATOR=http://coordinator:7400 trellis list --state running"
 )]
 struct Cli {
@@ -67,6 +68,7 @@ enum Command {
     List(commands::inspect::ListArgs),
     Tree(commands::inspect::TreeArgs),
     Events(commands::inspect::EventsArgs),
+    Logs(commands::logs::LogsArgs),
     // pause, resume, cancel, retry, checkpoint and answer, each with its own help.
     #[command(flatten)]
     Control(commands::control::Control),
@@ -119,6 +121,7 @@ fn main() -> ExitCode {
         Command::List(args) => run_remote(inspect::list(url, args)),
         Command::Tree(args) => run_remote(inspect::tree(url, args)),
         Command::Events(args) => run_remote(inspect::events(url, args)),
+        Command::Logs(args) => run_remote(commands::logs::run(url, args)),
         Command::Control(command) => run_remote(control::run(url, command)),
         Command::Workers(args) => run_remote(workers::run(url, args)),
         Command::Cluster(args) => run_remote(commands::cluster::run(url, args)),

@@ -526,8 +526,8 @@ fn bad_coordinator_address_or_label_is_bad_input() {
 #[test]
 fn help_of_every_command_shows_an_example() {
     for command in [
-        "submit", "status", "list", "tree", "events", "pause", "resume", "cancel", "answer",
-        "workers", "cluster", "plan", "planner",
+        "submit", "status", "list", "tree", "events", "logs", "pause", "resume", "cancel",
+        "answer", "workers", "cluster", "plan", "planner",
     ] {
         let output = run(&[command, "--help"]);
         assert_eq!(output.status.code(), Some(0), "{command}");
@@ -908,6 +908,64 @@ mod fake {
         type ObserveExecutionStream =
             tokio_stream::Iter<std::vec::IntoIter<Result<ObserveExecutionResponse, Status>>>;
 
+        type GetTaskLogsStream =
+            tokio_stream::Iter<std::vec::IntoIter<Result<GetTaskLogsResponse, Status>>>;
+
+        /// Two batches of `build` (instance b1: one line, then a cut line after two dropped),
+        /// one of a `noop` member (b2); filtered by instance and attempt as the coordinator does.
+        async fn get_task_logs(
+            &self,
+            request: Request<GetTaskLogsRequest>,
+        ) -> Result<Response<Self::GetTaskLogsStream>, Status> {
+            let request = request.into_inner();
+            Self::check_id(&request.execution_id)?;
+            let line = |at: i64, source: LogSource, text: &str, cut: Option<u64>| LogLine {
+                at_unix_ms: START_MS + at,
+                source: source as i32,
+                text: text.to_owned(),
+                cut_from_bytes: cut,
+            };
+            let batch = |n: u32, attempt: u32, lines: Vec<LogLine>, dropped_before: u64| {
+                GetTaskLogsResponse {
+                    batch: Some(TaskLogBatch {
+                        execution_id: EXECUTION_ID.to_owned(),
+                        task_instance_id: format!("0190a5c4-7d1e-7000-8000-0000000000b{n}"),
+                        attempt,
+                        worker_id: "w-1".to_owned(),
+                        lines,
+                        dropped_before,
+                        batch: 1,
+                    }),
+                }
+            };
+            let batches = vec![
+                batch(1, 1, vec![line(1, LogSource::Stdout, "compiling", None)], 0),
+                batch(
+                    2,
+                    1,
+                    vec![line(2, LogSource::Handler, "member says hi", None)],
+                    0,
+                ),
+                batch(
+                    1,
+                    2,
+                    vec![line(3, LogSource::Stderr, "xxx", Some(20_000))],
+                    2,
+                ),
+            ];
+            let items: Vec<_> = batches
+                .into_iter()
+                .filter(|item| {
+                    let batch = item.batch.as_ref().expect("set above");
+                    (request.task_instance_id.is_empty()
+                        || batch.task_instance_id == request.task_instance_id)
+                        && (request.attempt == 0 || batch.attempt == request.attempt)
+                })
+                .map(Ok)
+                .collect();
+            Ok(Response::new(tokio_stream::iter(items)))
+        }
+
         async fn observe_execution(
             &self,
             request: Request<ObserveExecutionRequest>,
@@ -1169,6 +1227,61 @@ fn submit_wait_asks_for_the_summary_when_the_stream_ends_early() {
         )
     );
     assert_eq!(fake.n_get_execution.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn logs_name_each_line_by_task_and_attempt() {
+    let (url, _fake) = fake::start();
+    let id = fake::EXECUTION_ID;
+    let output = run(&["--coordinator", &url, "logs", id]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let out = stdout(&output);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 4, "{out}");
+    assert!(lines[0].ends_with(" build#1 stdout| compiling"), "{out}");
+    assert!(
+        lines[1].ends_with(" noop#1    log| member says hi"),
+        "{out}"
+    );
+    assert!(
+        lines[2].contains(" build#2 ------| 2 lines dropped here"),
+        "{out}"
+    );
+    assert!(
+        lines[3].ends_with(" build#2 stderr| xxx … [cut from 20000 bytes]"),
+        "{out}"
+    );
+
+    // One plan task, one attempt, as JSON.
+    let output = run(&[
+        "--coordinator",
+        &url,
+        "logs",
+        "--attempt",
+        "1",
+        "--json",
+        id,
+        "build",
+    ]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let out = stdout(&output);
+    let objects: Vec<serde_json::Value> = out
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
+        .collect();
+    assert_eq!(objects.len(), 1, "{out}");
+    assert_eq!(objects[0]["task_id"], "build");
+    assert_eq!(objects[0]["text"], "compiling");
+    assert_eq!(objects[0]["source"], "stdout");
+
+    // A task the execution does not have is bad input that names the ones it has.
+    let output = run(&["--coordinator", &url, "logs", id, "deploy"]);
+    assert_eq!(output.status.code(), Some(2));
+    let err = stderr(&output);
+    assert!(
+        err.contains("has no task \"deploy\" (its tasks: build, noop)"),
+        "{err}"
+    );
 }
 
 #[test]

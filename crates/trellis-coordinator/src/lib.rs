@@ -185,6 +185,7 @@ pub async fn run(
     let js = async_nats::jetstream::new(nats.clone());
     let replicas = config.nats.replicas;
     let streams = trellis_bus::ensure_streams(&js, replicas).await?;
+    let logs = trellis_bus::ensure_logs_stream(&js, replicas).await?;
     let (leases, index) = shards::buckets(&js, config.lease_ttl, replicas).await?;
     let members = cluster::bucket(&js, config.lease_ttl, replicas).await?;
     // Workers keep durable steps here; creating it with the streams saves each worker the race.
@@ -271,7 +272,8 @@ pub async fn run(
         config.store_client.clone(),
         config.lease_ttl,
     );
-    let service = grpc::CoordinatorService::new(handle, events, router, store, pause_bucket, nats);
+    let service =
+        grpc::CoordinatorService::new(handle, events, router, store, pause_bucket, nats, logs);
     let authenticate =
         Authenticate::new(config.security.access.clone(), &config.telemetry.registry);
     let routes = tonic::service::Routes::new(InterceptedService::new(

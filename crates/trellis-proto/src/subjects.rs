@@ -10,6 +10,9 @@ pub const EVENTS_STREAM: &str = "TRELLIS_EVENTS";
 pub const TASKS_STREAM: &str = "TRELLIS_TASKS";
 /// JetStream stream of task results (`trellis.results.>`).
 pub const RESULTS_STREAM: &str = "TRELLIS_RESULTS";
+/// JetStream stream of task log lines (`trellis.logs.>`, limits retention: bounded by age and
+/// size, oldest dropped first).
+pub const LOGS_STREAM: &str = "TRELLIS_LOGS";
 
 /// JetStream KV bucket where workers keep the durable steps of running task instances, keyed by
 /// instance id (`RecordedSteps` values), so a redelivered attempt resumes after them.
@@ -26,6 +29,8 @@ pub const TASKS_PREFIX: &str = "trellis.tasks";
 pub const RESULTS_PREFIX: &str = "trellis.results";
 /// Prefix of event subjects; an execution's subject is `trellis.events.<execution_id>`.
 pub const EVENTS_PREFIX: &str = "trellis.events";
+/// Prefix of log subjects; an instance's lines go to `trellis.logs.<execution_id>.<instance_id>`.
+pub const LOGS_PREFIX: &str = "trellis.logs";
 /// Prefix of progress subjects; an execution's subject is `trellis.progress.<execution_id>`.
 pub const PROGRESS_PREFIX: &str = "trellis.progress";
 /// Prefix of heartbeat subjects; a worker's subject is `trellis.workers.heartbeat.<worker_id>`.
@@ -41,6 +46,8 @@ pub const TASKS_WILDCARD: &str = "trellis.tasks.>";
 pub const RESULTS_WILDCARD: &str = "trellis.results.>";
 /// Subjects captured by [`EVENTS_STREAM`].
 pub const EVENTS_WILDCARD: &str = "trellis.events.>";
+/// Subjects captured by [`LOGS_STREAM`].
+pub const LOGS_WILDCARD: &str = "trellis.logs.>";
 /// Every progress subject, for observers of all executions.
 pub const PROGRESS_WILDCARD: &str = "trellis.progress.>";
 /// Every heartbeat subject, which the coordinator subscribes to.
@@ -70,6 +77,21 @@ pub fn results(shard: u32) -> String {
 /// Returns the subject of an execution's event log: `trellis.events.<execution_id>`.
 pub fn events(execution_id: impl std::fmt::Display) -> String {
     format!("{EVENTS_PREFIX}.{execution_id}")
+}
+
+/// Returns the subject a task instance's log lines go to:
+/// `trellis.logs.<execution_id>.<task_instance_id>`.
+pub fn logs(
+    execution_id: impl std::fmt::Display,
+    task_instance_id: impl std::fmt::Display,
+) -> String {
+    format!("{LOGS_PREFIX}.{execution_id}.{task_instance_id}")
+}
+
+/// Returns the filter matching the log lines of every instance of an execution:
+/// `trellis.logs.<execution_id>.*`.
+pub fn execution_logs(execution_id: impl std::fmt::Display) -> String {
+    format!("{LOGS_PREFIX}.{execution_id}.*")
 }
 
 /// Returns the subject of an execution's progress snapshots: `trellis.progress.<execution_id>`.

@@ -6,6 +6,7 @@ mod corrupt;
 mod failpoints;
 mod faults;
 mod harness;
+mod logs;
 mod outcome;
 mod pause;
 mod reads;

@@ -1,5 +1,6 @@
-//! The `shell` handler: runs a command (no shell unless the command names one), captures bounded
-//! stdout and stderr, and kills the process when the task is cancelled.
+//! The `shell` handler: runs a command (no shell unless the command names one), writes its stdout
+//! and stderr to the task's log line by line as they come, keeps a bounded copy of each for the
+//! output, and kills the process when the task is cancelled.
 //!
 //! The command runs as the leader of a process group of its own, and everything in that group is
 //! killed when the task ends in any way (done, cancelled, handed back, the worker stopping), so
@@ -15,6 +16,9 @@ use serde_json::json;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 
+use trellis_proto::v1::LogSource;
+
+use crate::logs::LineSplitter;
 use crate::sdk::{Outcome, TaskContext};
 
 /// Most bytes kept of each of stdout and stderr; the rest is read and dropped.
@@ -71,7 +75,13 @@ pub(super) async fn run(ctx: TaskContext) -> Outcome {
             let _ = child.kill().await;
             return Outcome::failed("cancelled", false);
         }
-        done = async { tokio::join!(child.wait(), capture(stdout), capture(stderr)) } => done,
+        done = async {
+            tokio::join!(
+                child.wait(),
+                capture(stdout, &ctx, LogSource::Stdout),
+                capture(stderr, &ctx, LogSource::Stderr),
+            )
+        } => done,
     };
     let status = match status {
         Ok(status) => status,
@@ -149,18 +159,26 @@ fn tie_to_worker(cmd: &mut Command) {
     }
 }
 
-/// Reads a pipe to its end, keeping the first [`CAPTURE_LIMIT`] bytes (lossy UTF-8).
-async fn capture(pipe: Option<impl AsyncRead + Unpin>) -> (String, bool) {
+/// Reads a pipe to its end, writing each line to the task's log as `source` and keeping the first
+/// [`CAPTURE_LIMIT`] bytes (lossy UTF-8).
+async fn capture(
+    pipe: Option<impl AsyncRead + Unpin>,
+    ctx: &TaskContext,
+    source: LogSource,
+) -> (String, bool) {
     let Some(mut pipe) = pipe else {
         return (String::new(), false);
     };
     let mut kept = Vec::new();
     let mut truncated = false;
+    let mut lines = LineSplitter::default();
+    let mut log = |line, cut_from| ctx.log_output(source, line, cut_from);
     let mut chunk = [0u8; 8192];
     loop {
         match pipe.read(&mut chunk).await {
             Ok(0) | Err(_) => break,
             Ok(n) => {
+                lines.feed(&chunk[..n], &mut log);
                 let room = CAPTURE_LIMIT - kept.len();
                 if n > room {
                     truncated = true;
@@ -169,5 +187,6 @@ async fn capture(pipe: Option<impl AsyncRead + Unpin>) -> (String, bool) {
             }
         }
     }
+    lines.end(&mut log);
     (String::from_utf8_lossy(&kept).into_owned(), truncated)
 }

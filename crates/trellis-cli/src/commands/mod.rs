@@ -7,6 +7,7 @@ pub mod control;
 pub mod demo;
 pub mod dev;
 pub mod inspect;
+pub mod logs;
 pub mod plan;
 pub mod submit;
 pub mod token;

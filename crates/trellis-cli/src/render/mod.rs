@@ -7,6 +7,7 @@
 //! - [`plan_graph`] draws a plan as Mermaid or DOT.
 
 pub mod events;
+pub mod logs;
 pub mod plan_graph;
 pub mod progress;
 pub mod tree;

@@ -39,6 +39,7 @@ macro_rules! forward {
 }
 
 mod list;
+mod logs;
 mod observe;
 mod pauses;
 
@@ -57,6 +58,8 @@ pub struct CoordinatorService {
     pauses: async_nats::jetstream::kv::Store,
     /// Drain requests go to workers over core NATS.
     nats: async_nats::Client,
+    /// The stream of task log lines, `TRELLIS_LOGS`.
+    logs: async_nats::jetstream::stream::Stream,
 }
 
 /// Returns the gRPC status of a domain error: the one place the two meet.
@@ -82,6 +85,7 @@ impl CoordinatorService {
         store: Option<StoreClient>,
         pauses: async_nats::jetstream::kv::Store,
         nats: async_nats::Client,
+        logs: async_nats::jetstream::stream::Stream,
     ) -> Self {
         Self {
             executor,
@@ -90,6 +94,7 @@ impl CoordinatorService {
             store,
             pauses,
             nats,
+            logs,
         }
     }
 
@@ -193,6 +198,17 @@ impl CoordinatorService {
         let shard = trellis_proto::subjects::shard_of(&id.to_string(), self.router.shards());
         Ok((id, shard))
     }
+}
+
+/// True for the states an execution does not leave (until a retry starts a new run).
+fn terminal(state: i32) -> bool {
+    [
+        v1::ExecutionState::Completed,
+        v1::ExecutionState::Failed,
+        v1::ExecutionState::Cancelled,
+    ]
+    .iter()
+    .any(|terminal| *terminal as i32 == state)
 }
 
 /// Returns `text`, or `default` when it is empty.
@@ -484,6 +500,66 @@ impl Coordinator for CoordinatorService {
                 Box::pin(async move {
                     let response = client.observe_execution(request).await?;
                     let stream: EventStream = Box::pin(response.into_inner());
+                    Ok(Response::new(stream))
+                })
+            },
+        )
+        .await
+    }
+
+    type GetTaskLogsStream = logs::LogStream;
+
+    async fn get_task_logs(
+        &self,
+        request: Request<v1::GetTaskLogsRequest>,
+    ) -> Result<Response<Self::GetTaskLogsStream>, Status> {
+        let (id, shard) = self.shard(&request.get_ref().execution_id)?;
+        let instance = logs::instance(&request.get_ref().task_instance_id)?;
+        self.routed(
+            request,
+            Some(shard),
+            move |principal, request: v1::GetTaskLogsRequest| {
+                Box::pin(async move {
+                    // The caller must be able to see the execution, which must exist (in memory,
+                    // or in the read model once it left the coordinator's memory).
+                    let scope = principal.scope.clone();
+                    if let Err(status) = self.on(principal.scope, id, Action::Get).await {
+                        if status.code() != tonic::Code::NotFound {
+                            return Err(status);
+                        }
+                        self.read_model_record(&scope, id, status).await?;
+                    }
+                    let executor = self.executor.clone();
+                    let ended = move || -> BoxFuture<'static, bool> {
+                        let executor = executor.clone();
+                        let scope = scope.clone();
+                        Box::pin(async move {
+                            let request = turn::Request::On {
+                                id,
+                                scope,
+                                action: Action::Get,
+                            };
+                            match executor.ask(request).await {
+                                Ok(Answer::Execution(execution)) => terminal(execution.state),
+                                Ok(_) => false,
+                                // Gone from memory: finished long enough ago.
+                                Err(err) => err.kind == ErrorKind::NotFound,
+                            }
+                        })
+                    };
+                    let wanted = logs::Wanted {
+                        execution: id,
+                        instance,
+                        attempt: request.attempt,
+                        follow: request.follow,
+                    };
+                    logs::open(&self.logs, wanted, ended).await
+                })
+            },
+            |mut client: Client, request| {
+                Box::pin(async move {
+                    let response = client.get_task_logs(request).await?;
+                    let stream: logs::LogStream = Box::pin(response.into_inner());
                     Ok(Response::new(stream))
                 })
             },
