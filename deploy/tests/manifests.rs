@@ -106,7 +106,7 @@ const INTERFACE_ENV: &[(&str, &[&str])] = &[
 ];
 
 /// The worker's queues when `TRELLIS_QUEUES` is unset.
-const DEFAULT_QUEUES: &str = "noop,sleep,fail,fanout,steps,shell,http,question";
+const DEFAULT_QUEUES: &str = "noop,sleep,log,fail,fanout,steps,shell,http,question";
 /// The worker's `TRELLIS_SHUTDOWN_GRACE_MS` when unset.
 const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 10_000;
 /// The stream of task messages and the worker's consumer name per queue.
@@ -2544,7 +2544,7 @@ fn a_scaled_object_out_of_step_with_the_queues_is_reported() {
             set(
                 map,
                 "/data/TRELLIS_QUEUES",
-                json!("noop,sleep,fail,fanout,steps,shell,http,question,email"),
+                json!("noop,sleep,log,fail,fanout,steps,shell,http,question,email"),
             );
         },
         &["no nats-jetstream trigger for consumer workers-email"],

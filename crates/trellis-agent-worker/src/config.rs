@@ -31,8 +31,8 @@ pub struct Config {
 }
 
 /// The queues of the built-in handlers.
-pub const DEFAULT_QUEUES: [&str; 8] = [
-    "noop", "sleep", "fail", "fanout", "steps", "shell", "http", "question",
+pub const DEFAULT_QUEUES: [&str; 9] = [
+    "noop", "sleep", "log", "fail", "fanout", "steps", "shell", "http", "question",
 ];
 
 impl Default for Config {

@@ -2163,6 +2163,85 @@
     }
   }
 
+  /** Most task log lines kept on the page; older ones leave it first. */
+  const MAX_LOG_LINES = 5000;
+
+  /**
+   * Task log lines (`ctx.log`, a shell command's stdout and stderr), of every task or one,
+   * read every second while the execution runs and once more after it ended.
+   */
+  class TaskLogs {
+    constructor(view) {
+      this.view = view;
+      this.next = 0;
+      this.instance = '';
+      this.busy = false;
+      this.readAfterEnd = false;
+      this.known = -1;
+      this.select = h('select', { 'aria-label': 'Task', class: 'log-task' },
+        h('option', { value: '' }, 'All tasks'));
+      this.select.addEventListener('change', () => {
+        this.instance = this.select.value;
+        this.next = 0;
+        this.readAfterEnd = false;
+        this.body.replaceChildren();
+        this.refresh();
+      });
+      this.body = h('div', { class: 'log-lines mono' });
+      this.empty = h('div', { class: 'empty' }, 'No log lines yet.');
+      this.info = h('span', { class: 'sub grow' });
+      this.el = h('section', { class: 'card', id: 'task-logs' },
+        h('div', { class: 'card-head' }, h('h3', null, 'Task logs'), this.info, this.select),
+        this.body, this.empty);
+    }
+
+    /** Offers each instance of the execution, by task and attempt. */
+    updateTasks() {
+      const instances = [...this.view.instances.values()].filter((i) => i.attempt > 0);
+      if (instances.length === this.known) return;
+      this.known = instances.length;
+      this.select.replaceChildren(h('option', { value: '' }, 'All tasks'),
+        ...instances.map((i) => h('option', { value: i.id }, `${i.task_id} · ${shortId(i.id)}`)));
+      this.select.value = this.instance;
+    }
+
+    label(line) {
+      const inst = this.view.instances.get(line.instance);
+      return `${inst ? inst.task_id : shortId(line.instance)}#${line.attempt}`;
+    }
+
+    async refresh() {
+      if (this.busy || this.readAfterEnd) return;
+      this.busy = true;
+      const ended = this.view.finished;
+      try {
+        this.updateTasks();
+        const query = new URLSearchParams({ after: String(this.next) });
+        if (this.instance) query.set('instance', this.instance);
+        const data = await api(`/api/executions/${enc(this.view.id)}/logs?${query}`, { signal: this.view.ctl.signal });
+        banner.clear('logs');
+        const lines = data.lines || [];
+        const body = this.body;
+        const stick = body.scrollTop + body.clientHeight >= body.scrollHeight - 4;
+        body.append(...lines.map((line) => h('div', { class: `log-line src-${line.source}`, title: line.worker ? `on ${line.worker}` : null },
+          h('span', { class: 'muted' }, fmtClock(line.at_ms, true)), ' ',
+          h('span', { class: 'who' }, this.label(line)), ' ',
+          h('span', { class: 'text' }, line.text + (line.cut_from_bytes ? ` … [cut from ${line.cut_from_bytes} bytes]` : '')))));
+        while (body.childElementCount > MAX_LOG_LINES) body.firstElementChild.remove();
+        this.next = Number(data.next) || this.next + lines.length;
+        if (stick) body.scrollTop = body.scrollHeight;
+        this.empty.hidden = this.next > 0;
+        setText(this.info, this.next ? `${this.next} lines` : '');
+        // A page ends the log once it holds everything: read again only while more may come.
+        if (ended && lines.length === 0) this.readAfterEnd = true;
+      } catch (err) {
+        report('logs', err);
+      } finally {
+        this.busy = false;
+      }
+    }
+  }
+
   // ------------------------------------------------------------------------------------------
   // execution page: data and wiring
   // ------------------------------------------------------------------------------------------
@@ -2208,18 +2287,20 @@
       this.tree = new TreeView(this);
       this.events = new EventLog(this);
       this.checkpoints = new Checkpoints(this);
+      this.logs = new TaskLogs(this);
       const legend = h('div', { class: 'legend', id: 'legend' },
         TASK_STATES.map((s) => h('span', { 'data-state': s }, h('span', { class: 'swatch' }), s)));
       this.root.replaceChildren(h('div', { class: 'exec-page' },
         this.header.el, this.questions.el, legend, this.dag.el, this.timeline.el,
         h('div', { class: 'split' }, this.tree.el, this.events.el),
-        this.checkpoints.el));
+        this.logs.el, this.checkpoints.el));
       this.header.controls.update();
 
       this.loadDetail();
       this.loadPlan();
       this.events.loadInitial();
       poll(() => this.checkpoints.refresh(), 10000, this.ctl.signal);
+      poll(() => this.logs.refresh(), 1000, this.ctl.signal);
       this.openLive();
       this.timers.push(setInterval(() => this.tick(), 1000));
       this.schedule();

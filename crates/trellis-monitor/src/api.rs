@@ -219,6 +219,7 @@ pub fn router(app: App) -> Router {
         .route("/api/executions/{id}/instances", get(instances))
         .route("/api/executions/{id}/events", get(events))
         .route("/api/executions/{id}/checkpoints", get(checkpoints))
+        .route("/api/executions/{id}/logs", get(logs))
         .route("/api/executions/{id}/live", get(live))
         .route("/api/workers", get(workers))
         .route("/api/cluster", get(cluster))
@@ -462,6 +463,91 @@ async fn events(
         .events(&hub, query.from.unwrap_or(1), limit)
         .await?;
     Ok(json(&json!({ "events": events, "next": next })))
+}
+
+/// Most log lines one `/logs` answer carries; the page asks again from `next`.
+const MAX_LOG_LINES_PAGE: usize = 2000;
+
+#[derive(Debug, Deserialize)]
+struct LogsQuery {
+    /// One task instance; every instance by default.
+    instance: Option<String>,
+    /// How many lines of the log the page already has.
+    after: Option<usize>,
+}
+
+/// The task log lines of an execution (or one instance) after the first `after`, oldest first,
+/// as `GetTaskLogs` reads them: `{lines: [{instance, attempt, worker, at_ms, source, text,
+/// cut_from_bytes}], next}`; lines a worker dropped show as one line of source `dropped`.
+async fn logs(
+    State(mut app): State<App>,
+    caller: Caller,
+    Path(id): Path<String>,
+    query: Result<Query<LogsQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult {
+    let Query(query) = query.map_err(|err| {
+        ApiError::bad_request(format!(
+            "{}: `after` must be a whole number",
+            err.body_text()
+        ))
+    })?;
+    let id = execution_id(&id)?;
+    let instance = query.instance.unwrap_or_default();
+    if !instance.is_empty() && instance.parse::<uuid::Uuid>().is_err() {
+        return Err(ApiError::bad_request(format!(
+            "instance `{instance}` is not a task instance id"
+        )));
+    }
+    let after = query.after.unwrap_or(0);
+    let mut stream = app
+        .coordinator
+        .get_task_logs(caller.request(v1::GetTaskLogsRequest {
+            execution_id: id.to_string(),
+            task_instance_id: instance,
+            attempt: 0,
+            follow: false,
+        })?)
+        .await?
+        .into_inner();
+    let mut lines = Vec::new();
+    let mut seen = 0usize;
+    while let Some(item) = stream.message().await? {
+        let Some(batch) = item.batch else { continue };
+        let mut push = |line: Value| {
+            seen += 1;
+            if seen > after && lines.len() < MAX_LOG_LINES_PAGE {
+                lines.push(line);
+            }
+        };
+        if batch.dropped_before > 0 {
+            push(json!({
+                "instance": batch.task_instance_id,
+                "attempt": batch.attempt,
+                "worker": batch.worker_id,
+                "at_ms": batch.lines.first().map_or(0, |line| line.at_unix_ms),
+                "source": "dropped",
+                "text": format!("{} lines dropped here: the task wrote faster than its worker could publish", batch.dropped_before),
+            }));
+        }
+        for line in batch.lines {
+            let source = match v1::LogSource::try_from(line.source) {
+                Ok(v1::LogSource::Stdout) => "stdout",
+                Ok(v1::LogSource::Stderr) => "stderr",
+                _ => "log",
+            };
+            push(json!({
+                "instance": batch.task_instance_id,
+                "attempt": batch.attempt,
+                "worker": batch.worker_id,
+                "at_ms": line.at_unix_ms,
+                "source": source,
+                "text": line.text,
+                "cut_from_bytes": line.cut_from_bytes,
+            }));
+        }
+    }
+    let next = after + lines.len();
+    Ok(json(&json!({ "lines": lines, "next": next })))
 }
 
 async fn checkpoints(State(app): State<App>, caller: Caller, Path(id): Path<String>) -> ApiResult {

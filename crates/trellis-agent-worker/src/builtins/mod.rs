@@ -21,6 +21,7 @@ pub(crate) fn register(registry: &mut HandlerRegistry) {
     registry
         .register("noop", noop)
         .register("sleep", sleep)
+        .register("log", log)
         .register("fail", fail)
         .register("fanout", fanout)
         .register("steps", steps)
@@ -120,6 +121,30 @@ async fn sleep(ctx: TaskContext) -> Outcome {
     ctx.progress(0, "sleeping");
     tokio::time::sleep(Duration::from_millis(ms)).await;
     Outcome::Completed(json!({ "slept_ms": ms }))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LogInput {
+    lines: u32,
+    #[serde(default = "default_log_text")]
+    text: String,
+}
+
+fn default_log_text() -> String {
+    "line".to_owned()
+}
+
+/// Writes `lines` lines (`<text> <n>`, from 1) to the task's log, then completes with `{lines}`.
+async fn log(ctx: TaskContext) -> Outcome {
+    let LogInput { lines, text } = match input(&ctx) {
+        Ok(input) => input,
+        Err(outcome) => return outcome,
+    };
+    for n in 1..=lines {
+        ctx.log(format!("{text} {n}"));
+    }
+    Outcome::Completed(json!({ "lines": lines }))
 }
 
 fn default_true() -> bool {

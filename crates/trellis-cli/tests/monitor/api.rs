@@ -282,3 +282,99 @@ async fn api_streams_an_execution_and_guards_its_controls() {
         "{workers}"
     );
 }
+
+/// A `shell` task that prints a line every 100 ms for two seconds.
+const TICKING_PLAN: &str = "name: monitor-logs\ntasks:\n\
+    - {id: tick, type: shell, input: {command: [sh, -c, 'i=0; while [ $i -lt 20 ]; do echo tick $i; i=$((i+1)); sleep 0.1; done; echo done >&2']}}\n";
+
+/// `trellis logs -f` prints a task's lines as they are written and exits once the execution
+/// ended; `trellis logs` reads them back; the monitor serves them page by page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trellis_logs_follows_a_running_task_and_the_monitor_serves_its_lines() {
+    use std::io::BufRead as _;
+    let dev = start_dev();
+    let id = dev.start(TICKING_PLAN).await;
+    let mut follow = std::process::Command::new(crate::TRELLIS)
+        .args(["--coordinator", &dev.coordinator, "logs", "-f", &id])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("trellis logs -f starts");
+    let stdout = follow.stdout.take().expect("piped stdout");
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let first = lines
+        .recv_timeout(Duration::from_secs(30))
+        .expect("a first line within 30 s");
+    assert!(first.ends_with(" tick#1 stdout| tick 0"), "{first}");
+    let state = dev.execution(&id).await.state;
+    assert_eq!(
+        state,
+        trellis_proto::v1::ExecutionState::Running as i32,
+        "the first line is printed while the task runs"
+    );
+    // It exits by itself after the execution ended, having printed every line.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = follow.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "trellis logs -f still runs 60 s later"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "trellis logs -f exited with {status}");
+    let mut followed = vec![first];
+    followed.extend(lines.try_iter());
+    let expected: Vec<String> = (0..20).map(|n| format!("tick {n}")).collect();
+    let texts: Vec<String> = followed
+        .iter()
+        .filter(|line| line.contains(" stdout| "))
+        .filter_map(|line| line.split(" stdout| ").nth(1).map(str::to_owned))
+        .collect();
+    assert_eq!(texts, expected, "followed:\n{}", followed.join("\n"));
+    assert!(
+        followed
+            .iter()
+            .any(|line| line.ends_with(" tick#1 stderr| done")),
+        "{followed:?}"
+    );
+
+    // Read back afterwards, one task by its plan id.
+    let output = std::process::Command::new(crate::TRELLIS)
+        .args(["--coordinator", &dev.coordinator, "logs", &id, "tick"])
+        .output()
+        .expect("trellis logs runs");
+    assert!(output.status.success());
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(out.lines().count(), 21, "{out}");
+
+    // The monitor's page of lines, then the rest after the first five.
+    let logs = format!("{}/api/executions/{id}/logs", dev.monitor);
+    let (status, body) = get(&logs).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["next"], 21, "{body}");
+    assert_eq!(body["lines"][0]["text"], "tick 0");
+    assert_eq!(body["lines"][0]["source"], "stdout");
+    assert_eq!(body["lines"][20]["source"], "stderr");
+    let (_, rest) = get(&format!("{logs}?after=5")).await;
+    assert_eq!(rest["lines"][0]["text"], "tick 5", "{rest}");
+    assert_eq!(rest["next"], 21);
+    let (status, body) = get(&format!("{logs}?instance=nope")).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("not a task instance id")),
+        "{body}"
+    );
+}

@@ -24,10 +24,11 @@ use recovery::recovery;
 type Fields = Vec<(&'static str, Value)>;
 
 /// The scenarios, in the order they run by default.
-const SCENARIOS: [&str; 8] = [
+const SCENARIOS: [&str; 9] = [
     "fanout",
     "chain",
     "throughput",
+    "logs",
     "executions",
     "latency",
     "checkpoint",
@@ -53,7 +54,7 @@ const LONG_SCENARIOS: [&str; 2] = ["soak", "scale"];
         trellis bench --scenario latency --scenario chain --workers 2"
 )]
 pub struct BenchArgs {
-    /// A scenario to run (repeatable): fanout, chain, throughput, executions, latency,
+    /// A scenario to run (repeatable): fanout, chain, throughput, logs, executions, latency,
     /// checkpoint, recovery, observers; and, only when named, soak (many executions of 100
     /// tasks through one coordinator process, its RSS before, at the peak and after
     /// --keep-finished) and scale (throughput and executions through 1, 2 and 3 coordinator
@@ -110,6 +111,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
             ("fanout", None) => vec![1000, 10_000],
             ("chain", None) => vec![200],
             ("throughput", None) => vec![20_000],
+            ("logs", None) => vec![20_000],
             ("executions", None) => vec![2000],
             ("checkpoint", None) => vec![10_000],
             ("recovery", None) => vec![20_000],
@@ -124,6 +126,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
                 "fanout" => fanout(client.clone(), n).await,
                 "chain" => chain(client.clone(), n).await,
                 "throughput" => throughput(client.clone(), n).await,
+                "logs" => logs(client.clone(), n).await,
                 "executions" => executions(client.clone(), n).await,
                 "checkpoint" => checkpoint(&local, n).await,
                 "recovery" => recovery(&args, n).await,
@@ -202,6 +205,31 @@ async fn throughput(client: CoordinatorClient<Channel>, n: usize) -> Result<Fiel
     Ok(vec![
         ("seconds", json!(round(seconds, 3))),
         ("tasks_per_s", json!(round(n as f64 / seconds, 0))),
+    ])
+}
+
+/// Lines each task of the `logs` scenario writes.
+const LOG_LINES_PER_TASK: u32 = 100;
+
+/// `throughput` with tasks that each write [`LOG_LINES_PER_TASK`] lines to their log (the
+/// built-in `log`): what task logs cost, next to `throughput`'s figure.
+async fn logs(client: CoordinatorClient<Channel>, n: usize) -> Result<Fields, String> {
+    let mut plan = String::with_capacity(n * 56);
+    plan.push_str("name: bench-logs\ntasks:\n");
+    for i in 0..n {
+        plan.push_str(&format!(
+            "- {{id: t{i}, type: log, input: {{lines: {LOG_LINES_PER_TASK}}}}}\n"
+        ));
+    }
+    let seconds = run_one(client, plan).await?.as_secs_f64();
+    Ok(vec![
+        ("seconds", json!(round(seconds, 3))),
+        ("tasks_per_s", json!(round(n as f64 / seconds, 0))),
+        ("lines_per_task", json!(LOG_LINES_PER_TASK)),
+        (
+            "lines_per_s",
+            json!(round(n as f64 * f64::from(LOG_LINES_PER_TASK) / seconds, 0)),
+        ),
     ])
 }
 
