@@ -2211,7 +2211,8 @@
     }
 
     async refresh() {
-      if (this.busy || this.readAfterEnd) return;
+      // Nothing to read before the execution is known (an unknown id never is).
+      if (this.busy || this.readAfterEnd || !this.view.execution) return;
       this.busy = true;
       const ended = this.view.finished;
       try {
