@@ -34,6 +34,20 @@ async fn collect_lines(
     Ok(lines)
 }
 
+/// Waits for the end of `id` and checks that it completed.
+async fn completed(system: &System, id: &str, what: &str) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let ended = system
+        .wait_until(0, id, deadline, "the end of the execution", is_terminal)
+        .await?;
+    ensure!(
+        ended.state == v1::ExecutionState::Completed as i32,
+        "{what} did not complete: {}",
+        ended.reason
+    );
+    Ok(())
+}
+
 /// Opens `GetTaskLogs` of every task of `id`.
 async fn logs(
     system: &System,
@@ -69,15 +83,7 @@ async fn shell_lines_are_read_back_followed_live_and_kept_across_a_worker_kill()
                     "name: printed\ntasks:\n- {id: print, type: shell, input: {command: [sh, -c, 'for i in 1 2 3; do echo out $i; echo err $i >&2; sleep 0.05; done']}}\n",
                 )
                 .await?;
-            let deadline = tokio::time::Instant::now() + WAIT;
-            let ended = system
-                .wait_until(0, &id, deadline, "the end of the execution", is_terminal)
-                .await?;
-            ensure!(
-                ended.state == v1::ExecutionState::Completed as i32,
-                "the printing task did not complete: {}",
-                ended.reason
-            );
+            completed(system, &id, "the printing task").await?;
             let lines = collect_lines(logs(system, &id, false).await?).await?;
             let out: Vec<&str> = lines
                 .iter()
@@ -117,14 +123,8 @@ async fn shell_lines_are_read_back_followed_live_and_kept_across_a_worker_kill()
                 seen.extend(item.batch.into_iter().flat_map(|b| b.lines).map(|l| l.text));
             }
             let execution = system
-                .client(0)?
-                .get_execution(v1::GetExecutionRequest {
-                    execution_id: id.clone(),
-                })
-                .await?
-                .into_inner()
-                .execution
-                .context("no execution")?;
+                .wait_until(0, &id, deadline, "an answer", |_| true)
+                .await?;
             ensure!(
                 !is_terminal(&execution),
                 "tick 5 should arrive while the task still runs"
@@ -145,14 +145,7 @@ async fn shell_lines_are_read_back_followed_live_and_kept_across_a_worker_kill()
                 seen.iter().filter(|text| *text == "tick 29").count() == 1,
                 "followed: the rerun's last tick arrives once: {seen:?}"
             );
-            let ended = system
-                .wait_until(0, &id, deadline, "the end of the execution", is_terminal)
-                .await?;
-            ensure!(
-                ended.state == v1::ExecutionState::Completed as i32,
-                "the ticking task did not complete after its worker died: {}",
-                ended.reason
-            );
+            completed(system, &id, "the ticking task, after its worker died,").await?;
             let lines = collect_lines(logs(system, &id, false).await?).await?;
             let texts: Vec<&str> = lines.iter().map(|l| l.1.as_str()).collect();
             let runs: Vec<usize> = texts

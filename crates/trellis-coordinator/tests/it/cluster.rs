@@ -282,17 +282,7 @@ impl Cluster {
             .into_inner()
             .execution
             .expect("execution");
-        let graph = self
-            .client
-            .get_execution_graph(v1::GetExecutionGraphRequest {
-                execution_id: id.to_owned(),
-                run_number: 0,
-            })
-            .await
-            .expect("graph")
-            .into_inner()
-            .graph
-            .expect("graph");
+        let graph = self.graph(id).await;
         Run {
             id: id.to_owned(),
             execution,
@@ -328,6 +318,20 @@ impl Cluster {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         panic!("execution {id}: {what} did not happen within 60 s");
+    }
+
+    /// The execution graph of `id` (every run), as `GetExecutionGraph` answers it.
+    pub async fn graph(&mut self, id: &str) -> v1::ExecutionGraph {
+        self.client
+            .get_execution_graph(v1::GetExecutionGraphRequest {
+                execution_id: id.to_owned(),
+                run_number: 0,
+            })
+            .await
+            .expect("graph")
+            .into_inner()
+            .graph
+            .expect("graph")
     }
 
     pub async fn run(&mut self, yaml: &str) -> Run {

@@ -193,17 +193,7 @@ async fn every_instance_records_its_worker_and_its_four_times() {
     // While `slow` sleeps, a heartbeat names it: its worker and start show before it ends.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(4);
     let running = loop {
-        let graph = cluster
-            .client
-            .get_execution_graph(v1::GetExecutionGraphRequest {
-                execution_id: id.clone(),
-                run_number: 0,
-            })
-            .await
-            .expect("graph")
-            .into_inner()
-            .graph
-            .expect("graph");
+        let graph = cluster.graph(&id).await;
         let slow = record_of(&graph, "slow").expect("slow was instantiated at the start");
         if slow.worker_id.is_some() {
             break slow;
