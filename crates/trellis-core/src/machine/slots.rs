@@ -77,6 +77,10 @@ impl Execution {
             settle.extend(members.iter().copied());
         }
         if state == TaskState::Failed {
+            let why = self.slots[task_idx]
+                .result
+                .and_then(|idx| self.instances[idx as usize].error.clone())
+                .unwrap_or_else(|| "it was not run".to_owned());
             for &target in &plan.tasks[task_idx].tests {
                 if let SlotStatus::Done {
                     state: TaskState::Completed,
@@ -88,6 +92,14 @@ impl Execution {
                         ok: false,
                     };
                     self.failed_slots += 1;
+                    // Its record says so too: the instance that stood for it failed its tests.
+                    if let Some(idx) = self.slots[target].result {
+                        self.instances[idx as usize].error = Some(format!(
+                            "completed, but {}, which tests it, failed: {why}",
+                            plan.tasks[task_idx].id
+                        ));
+                        self.set_state(idx, TaskState::Failed);
+                    }
                 }
             }
         }

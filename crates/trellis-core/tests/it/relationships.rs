@@ -107,6 +107,23 @@ fn a_failing_test_task_fails_its_target() {
         "the target's run fails with its test"
     );
     assert_eq!(sim.exec.state(), ExecutionState::Failed);
+    // The target's record says why, rather than `completed`.
+    let build = sim
+        .exec
+        .records()
+        .into_iter()
+        .find(|r| r.task_id == "build")
+        .expect("build has a record");
+    assert_eq!(build.state, TaskState::Failed);
+    assert!(
+        build
+            .error
+            .as_deref()
+            .is_some_and(|e| e.starts_with("completed, but build-tests, which tests it, failed: ")),
+        "{:?}",
+        build.error
+    );
+    assert_eq!(sim.replay(), sim.exec, "a replay agrees");
 }
 
 #[test]

@@ -41,6 +41,7 @@ fn services_have_their_rpcs() {
                 "ListExecutions",
                 "ObserveExecution",
                 "GetExecutionGraph",
+                "GetTaskLogs",
                 "AnswerQuestion",
                 "ListWorkers",
                 "CheckpointExecution",
