@@ -449,14 +449,23 @@ async fn a_coordinator_woken_in_the_middle_of_an_append_is_refused_and_steps_dow
             system
                 .check_end(STANDBY, &execution_id, &plan, deadline)
                 .await?;
-            let refused = system
-                .coordinator_metric(STALE, "trellis_appends_refused_total")
-                .await?;
-            anyhow::ensure!(
-                refused >= 1.0,
-                "the woken coordinator's append was not refused (trellis_appends_refused_total \
-                 {refused})"
-            );
+            // The execution may have ended before the woken coordinator got to its append: wait
+            // for the refusal rather than read the counter once.
+            let refused_by = tokio::time::Instant::now() + Duration::from_secs(20);
+            loop {
+                let refused = system
+                    .coordinator_metric(STALE, "trellis_appends_refused_total")
+                    .await?;
+                if refused >= 1.0 {
+                    break;
+                }
+                anyhow::ensure!(
+                    tokio::time::Instant::now() < refused_by,
+                    "the woken coordinator's append was not refused within 20 s \
+                     (trellis_appends_refused_total {refused})"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
             system
                 .wait_for_balance(
                     STANDBY,
