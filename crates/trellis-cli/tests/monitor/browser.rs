@@ -195,6 +195,37 @@ async fn browser_watches_controls_and_answers() {
     .await;
     assert_eq!(node_state(&client, "publish").await, "pending");
     screenshot(&client, "1-running").await;
+    // A heartbeat records each build's start (one `task_started` each, within 2 s): let them land
+    // first, so the log stands still unless the pause writes to it.
+    let started_by = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let graph = dev
+            .client()
+            .await
+            .get_execution_graph(v1::GetExecutionGraphRequest {
+                execution_id: id.clone(),
+                run_number: 0,
+            })
+            .await
+            .expect("the graph")
+            .into_inner()
+            .graph
+            .unwrap_or_default();
+        let started = graph
+            .nodes
+            .iter()
+            .filter_map(|node| node.record.as_ref())
+            .filter(|r| r.task_id.starts_with("build-") && r.worker_id.is_some())
+            .count();
+        if started == 4 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < started_by,
+            "only {started} of the 4 builds have a recorded start after 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let before = dev.execution(&id).await;
     click(&client, "#btn-pause").await;
     wait_page(
