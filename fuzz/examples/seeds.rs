@@ -49,6 +49,7 @@ fn main() -> std::io::Result<()> {
                 }),
                 sent_at_unix_ms: (T0 + 5) as i64,
                 started_at_unix_ms: Some((T0 + 1) as i64),
+                validation: Vec::new(),
                 outcome: Some(outcome),
             };
             let mut bytes = vec![0u8];

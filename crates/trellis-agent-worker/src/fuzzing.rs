@@ -43,6 +43,7 @@ pub fn pure_builtin_result(assignment: &TaskAssignment, worker_id: &str) -> Opti
         usage: Some(v1::Usage::default()),
         sent_at_unix_ms: now_unix_ms(),
         started_at_unix_ms: None,
+        validation: Vec::new(),
         outcome: Some(outcome_to_proto(outcome)),
     })
 }

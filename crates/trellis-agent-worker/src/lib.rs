@@ -47,6 +47,7 @@ mod publish;
 pub mod sdk;
 mod steps;
 mod sysinfo;
+mod validate;
 mod worker;
 
 pub use cli::main_entry;

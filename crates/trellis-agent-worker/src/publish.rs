@@ -28,7 +28,7 @@ use tokio_util::task::TaskTracker;
 use trellis_proto::subjects;
 use trellis_proto::v1::{self, RecordedStep, RecordedSteps, TaskAssignment, task_result};
 
-use crate::sdk::{Outcome, Running};
+use crate::sdk::{Outcome, Running, lock};
 use crate::steps;
 
 /// Most results sent before their publish acks are awaited together.
@@ -128,6 +128,7 @@ impl ResultSink {
             usage: Some(running.usage()),
             sent_at_unix_ms: now_unix_ms(),
             started_at_unix_ms: Some(running.started_at_unix_ms),
+            validation: lock(&running.validation).clone(),
             outcome: Some(outcome),
         }
     }

@@ -257,6 +257,8 @@ pub(crate) struct Running {
     pub(crate) traceparent: Option<String>,
     /// Log lines written and not published yet.
     pub(crate) log: AttemptLog,
+    /// The `validate:` checks run on the handler's output, once they ran.
+    pub(crate) validation: Mutex<Vec<v1::CheckResult>>,
 }
 
 impl Running {
@@ -283,6 +285,7 @@ impl Running {
             results_subject,
             steps_stored: AtomicBool::new(false),
             log: AttemptLog::default(),
+            validation: Mutex::new(Vec::new()),
         }
     }
 

@@ -29,6 +29,7 @@ use crate::publish::{self, Finished, PUBLISH_BATCH, ResultSink, now_unix_ms};
 use crate::sdk::{HandlerRegistry, Outcome, Running, TaskContext, TaskHandler, lock};
 use crate::steps::wants_stored_steps;
 use crate::sysinfo::{self, CpuMeter};
+use crate::validate::validate;
 use crate::{Config, Error};
 
 /// Most messages one fetch asks for (also bounded by the free slots).
@@ -666,12 +667,16 @@ impl Worker {
         let deadline = assignment.deadline_unix_ms.unwrap_or(0);
         let sink = self.sink.clone();
         let attempt_running = running.clone();
+        let checks = std::mem::take(&mut assignment.validate);
         let attempt = async move {
             if wants_stored_steps(delivered, &assignment) {
                 sink.load_steps(&mut assignment, &attempt_running).await;
             }
-            let ctx = TaskContext::new(assignment, attempt_running, sink);
-            handler.run(ctx).await
+            let ctx = TaskContext::new(assignment, attempt_running.clone(), sink);
+            let outcome = handler.run(ctx).await;
+            let (outcome, results) = validate(&checks, outcome, &attempt_running).await;
+            *lock(&attempt_running.validation) = results;
+            outcome
         };
         let handler_future = std::panic::AssertUnwindSafe(attempt).catch_unwind();
         let until_deadline = async move {

@@ -82,6 +82,14 @@ pub struct Args {
     /// listening on 0.0.0.0).
     #[arg(long, env = "TRELLIS_COORDINATOR_ADVERTISE")]
     advertise: Option<String>,
+    /// Circuit breakers: after this many consecutive failed attempts of one queue and task type,
+    /// new dispatches of that type wait (they do not fail) for `--breaker-cooldown`, then one
+    /// probe goes; its success closes the breaker, its failure opens it again. 0 turns them off.
+    #[arg(long, env = "TRELLIS_BREAKER_FAILURES", default_value_t = 0)]
+    breaker_failures: u32,
+    /// How long an open circuit breaker holds dispatches before its probe (e.g. `30s`, `2m`).
+    #[arg(long, env = "TRELLIS_BREAKER_COOLDOWN", default_value = "30s", value_parser = humantime::parse_duration)]
+    breaker_cooldown: std::time::Duration,
     #[command(flatten)]
     server: trellis_grpc::ServerArgs,
     #[command(flatten)]
@@ -146,6 +154,8 @@ async fn main_async(args: Args, client: &trellis_grpc::ClientArgs) -> ExitCode {
         checkpoint_store: args.checkpoint_store,
         checkpoint_every: args.checkpoint_every,
         keep_finished: args.keep_finished,
+        breaker_failures: args.breaker_failures,
+        breaker_cooldown: args.breaker_cooldown,
         advertise: args.advertise,
         security,
         store_client,

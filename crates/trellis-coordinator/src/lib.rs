@@ -69,6 +69,12 @@ pub struct Config {
     /// (`http://host:port`); by default the listen address, or the host name when listening on
     /// every interface.
     pub advertise: Option<String>,
+    /// Consecutive failed attempts of one queue and task type that open its circuit breaker
+    /// (0: no breakers).
+    pub breaker_failures: u32,
+    /// How long an open breaker holds dispatches before it lets one probe through.
+    #[serde(with = "millis")]
+    pub breaker_cooldown: Duration,
     /// TLS of the gRPC port and token authentication with namespaces, quotas and limits.
     #[serde(skip)]
     pub security: ServerSecurity,
@@ -92,6 +98,8 @@ impl Default for Config {
             checkpoint_every: Duration::from_secs(10),
             keep_finished: Duration::from_secs(300),
             advertise: None,
+            breaker_failures: 0,
+            breaker_cooldown: Duration::from_secs(30),
             security: ServerSecurity::default(),
             store_client: ClientSecurity::default(),
             telemetry: Telemetry::default(),
@@ -208,6 +216,10 @@ pub async fn run(
             index_scan_every_ms: INDEX_SCAN_EVERY.as_millis() as u64,
             seed: rand_seed(),
             keep_finished_ms: config.keep_finished.as_millis() as u64,
+            breakers: turn::BreakerConfig {
+                failures: config.breaker_failures,
+                cooldown_ms: u64::try_from(config.breaker_cooldown.as_millis()).unwrap_or(u64::MAX),
+            },
         },
         &config.telemetry.registry,
     );

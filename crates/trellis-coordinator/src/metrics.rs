@@ -18,7 +18,9 @@
 //! - `trellis_executions_started` by `namespace`, `trellis_executions_finished` by `namespace` and
 //!   `state`, `trellis_executions_live` (in this coordinator's memory),
 //!   `trellis_executions_forgotten` (finished ones that left memory after `--keep-finished`);
-//! - `trellis_results_set_aside` by `reason`: result messages that could not be applied.
+//! - `trellis_results_set_aside` by `reason`: result messages that could not be applied;
+//! - `trellis_circuit_breaker_state` by `queue` and `type` (0 closed, 1 half open, 2 open) and
+//!   `trellis_circuit_breaker_transitions` by `queue`, `type` and `to`.
 //!
 //! Each is counted where the log line or the state change happens, never from a replay.
 
@@ -34,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 use trellis_proto::subjects;
 use trellis_telemetry::Registry;
 use trellis_telemetry::metrics::{
-    HistogramFamily, Labels1, Labels2, latency_buckets, latency_family, size_family,
+    HistogramFamily, Labels1, Labels2, Labels3, latency_buckets, latency_family, size_family,
 };
 
 /// How often queue depths are read from JetStream.
@@ -64,12 +66,25 @@ pub(crate) struct Metrics {
     pub(crate) executions_needing_attention: Gauge,
     pub(crate) executions_forgotten: Counter,
     pub(crate) results_set_aside: Family<Labels1, Counter>,
+    pub(crate) breaker_state: Family<Labels2, Gauge>,
+    pub(crate) breaker_transitions: Family<Labels3, Counter>,
 }
 
 impl Metrics {
     /// Registers the families in `registry` (or finds them there).
     pub(crate) fn new(registry: &Registry) -> Self {
         Self {
+            breaker_state: registry.metric(
+                "trellis_circuit_breaker_state",
+                "Circuit breaker of a queue and task type: 0 closed, 1 half open (one probe), \
+                 2 open (dispatches wait).",
+                Family::default,
+            ),
+            breaker_transitions: registry.metric(
+                "trellis_circuit_breaker_transitions",
+                "Circuit breaker state changes, by queue, task type and the state entered.",
+                Family::default,
+            ),
             dispatched: registry.metric(
                 "trellis_tasks_dispatched",
                 "Task attempts published to a worker queue, by queue and task type.",

@@ -49,6 +49,7 @@ fn record(n: usize, task_id: &str) -> TaskStatusRecord {
         output: None,
         error: None,
         earlier_attempts: Vec::new(),
+        validation: Vec::new(),
     }
 }
 

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{ExecutionId, GroupId, TaskInstanceId, WorkerId};
+use crate::plan::CheckLevel;
 
 /// The state of a task instance (docs/design.md §4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -106,7 +107,25 @@ pub struct TaskStatusRecord {
     pub error: Option<String>,
     /// The attempts before the current one, oldest first (empty for most instances).
     pub earlier_attempts: Vec<AttemptRecord>,
+    /// The current attempt's `validate:` checks, in the order they ran (empty when the task has
+    /// none or they have not run yet).
+    pub validation: Vec<CheckResult>,
 }
+
+/// How one `validate:` check of an attempt went.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckResult {
+    pub name: String,
+    pub level: CheckLevel,
+    pub passed: bool,
+    pub duration_ms: u64,
+    /// What it printed or answered (the last lines, at most [`CHECK_OUTPUT_LIMIT`] bytes), or
+    /// why it could not run.
+    pub output: String,
+}
+
+/// Most bytes of a check's output kept in its result.
+pub const CHECK_OUTPUT_LIMIT: usize = 4096;
 
 /// One attempt of an instance that ended and was followed by another.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -118,4 +137,7 @@ pub struct AttemptRecord {
     pub ended_at_ms: u64,
     /// Why it ended: the failure, or that its worker was lost or a pause stopped it.
     pub error: String,
+    /// Its `validate:` checks, when they ran.
+    #[serde(default)]
+    pub validation: Vec<CheckResult>,
 }

@@ -91,6 +91,89 @@ tasks:
     }
 
     #[test]
+    fn checks_compile_with_their_defaults() {
+        let plan = compile_ok(
+            r#"
+name: p
+tasks:
+  - id: a
+    type: noop
+    validate:
+      - {name: lint, level: codebase, command: "make lint"}
+      - {name: up, level: api, http: {url: "http://h:8080/up"}, timeout: 10s}
+      - {name: ui.smoke, level: ui, command: [npx, playwright, test]}
+"#,
+        );
+        let checks = &plan.tasks[0].validate;
+        assert_eq!(
+            checks[0].probe,
+            trellis_core::plan::Probe::Command(vec!["sh".into(), "-c".into(), "make lint".into()])
+        );
+        assert_eq!(checks[0].timeout, Duration::from_secs(300));
+        assert_eq!(
+            checks[1].probe,
+            trellis_core::plan::Probe::Http {
+                method: "GET".into(),
+                url: "http://h:8080/up".into(),
+                status: 200,
+                body_contains: None,
+            }
+        );
+        assert_eq!(checks[1].timeout, Duration::from_secs(10));
+        assert_eq!(checks[2].level, trellis_core::plan::CheckLevel::Ui);
+    }
+
+    #[test]
+    fn bad_checks_get_precise_errors() {
+        let errors = errors_of(
+            r#"
+name: p
+tasks:
+  - id: a
+    type: noop
+    validate:
+      - {name: lint, level: codebase}
+      - {name: lint, level: codebase, command: ""}
+      - {name: up, level: codebase, http: {url: "http://h/up"}}
+      - {name: "bad name", level: api, http: {url: "ftp://h", status: 700, method: "GE T"}}
+      - {name: both, level: api, command: x, http: {url: "http://h"}, timeout: -5s}
+"#,
+        );
+        for expected in [
+            r#"tasks[0].validate[0]: check "lint" has neither `command` nor `http`"#,
+            r#"tasks[0].validate[1].name: the task already has a check named "lint""#,
+            "tasks[0].validate[1].command: command must not be empty",
+            "tasks[0].validate[2].http: an `http` check is an api check, not a codebase one",
+            r#"tasks[0].validate[3].name: check name "bad name" contains ' ': use letters, digits, `_`, `.` and `-`"#,
+            r#"tasks[0].validate[3].http.url: "ftp://h" is not an http:// or https:// URL with a host"#,
+            r#"tasks[0].validate[3].http.method: "GE T" is not an HTTP method (GET, POST, HEAD, ...)"#,
+            "tasks[0].validate[3].http.status: status 700 is outside 100–599",
+            r#"tasks[0].validate[4]: check "both" has both `command` and `http`: give one"#,
+        ] {
+            assert!(
+                errors.iter().any(|e| e.starts_with(expected)),
+                "expected {expected:?}, got {errors:#?}"
+            );
+        }
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.starts_with("tasks[0].validate[4].timeout: invalid duration \"-5s\"")),
+            "a negative timeout is refused: {errors:#?}"
+        );
+        // An unknown level is a parse error naming the field and the levels there are.
+        let errors = errors_of(
+            "name: p\ntasks:\n  - {id: a, type: noop, validate: [{name: x, level: db, command: y}]}\n",
+        );
+        assert!(
+            errors[0].starts_with(
+                "tasks[0].validate[0].level: unknown variant `db`, expected one of `codebase`, `api`, `ui`"
+            ),
+            "{errors:#?}"
+        );
+    }
+
+    #[test]
     fn every_error_is_reported_not_just_the_first() {
         let errors = errors_of(
             "
@@ -231,7 +314,7 @@ tasks:
     fn parse_errors_carry_path_and_location() {
         check_error(
             "name: p\ntasks:\n  - id: a\n    type: noop\n    depends: [b]\n",
-            "tasks[0].depends: unknown field `depends`, expected one of `id`, `type`, `use`, `for_each`, `queue`, `input`, `files`, `depends_on`, `timeout`, `fallback`, `on_failure`, `retry`, `relationships`, `route` (line 5, column 5)",
+            "tasks[0].depends: unknown field `depends`, expected one of `id`, `type`, `use`, `for_each`, `queue`, `input`, `files`, `depends_on`, `timeout`, `fallback`, `on_failure`, `retry`, `relationships`, `route`, `validate` (line 5, column 5)",
         );
         let errors =
             errors_of("name: p\ntasks:\n  - {id: a, type: noop}\n  - id: b\n    type: x: y\n");

@@ -1615,6 +1615,8 @@
           ? h('div', null, `waited ${fmtDuration(span(inst.dispatched_ms, inst.started_ms))} in the queue`) : null,
         dur != null ? h('div', null, `ran ${fmtDuration(dur)}`) : null,
         inst.error ? h('div', { class: 'err' }, inst.error) : null,
+        ...(inst.validation || []).map((c) => h('div', { class: c.passed ? 'meta' : 'err' },
+          `check ${c.name} (${c.level}) ${c.passed ? 'passed' : 'failed'} in ${fmtDuration(c.duration_ms)}`)),
         ...(inst.earlier_attempts || []).map((a) => h('div', { class: 'meta' },
           `attempt ${a.attempt}${a.worker_id ? ` on ${a.worker_id}` : ''}: ${a.error}`)));
       this.tip.hidden = false;
@@ -1857,10 +1859,13 @@
       refs.inst = inst;
       if (refs.el.getAttribute('data-state') !== inst.state) refs.el.setAttribute('data-state', inst.state);
       setBadge(refs.badge, inst.state);
-      setText(refs.attempt, `attempt ${inst.attempt ?? '—'}`);
+      const checks = inst.validation || [];
+      const passed = checks.filter((c) => c.passed).length;
+      setText(refs.attempt, `attempt ${inst.attempt ?? '—'}${checks.length ? ` · checks ${passed}/${checks.length}` : ''}`);
       setText(refs.worker, inst.worker || '');
       setText(refs.dur, fmtDuration(span(inst.started_ms, inst.ended_ms)));
-      const title = inst.error || '';
+      const title = [inst.error || '', ...checks.filter((c) => !c.passed)
+        .map((c) => `check ${c.name} (${c.level}) failed: ${c.output}`)].filter(Boolean).join('\n');
       if (refs.el.title !== title) refs.el.title = title;
     }
 

@@ -530,11 +530,7 @@ async fn logs(
             }));
         }
         for line in batch.lines {
-            let source = match v1::LogSource::try_from(line.source) {
-                Ok(v1::LogSource::Stdout) => "stdout",
-                Ok(v1::LogSource::Stderr) => "stderr",
-                _ => "log",
-            };
+            let source = v1::LogSource::label_of(line.source);
             push(json!({
                 "instance": batch.task_instance_id,
                 "attempt": batch.attempt,

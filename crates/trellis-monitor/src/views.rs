@@ -7,7 +7,7 @@ use serde::Serialize;
 use trellis_core::analysis;
 use trellis_core::machine::{Execution as Machine, StateCounts};
 use trellis_core::plan::Plan;
-use trellis_core::record::{AttemptRecord, TaskState, TaskStatusRecord};
+use trellis_core::record::{AttemptRecord, CheckResult, TaskState, TaskStatusRecord};
 use trellis_proto::v1;
 use trellis_wire::log::Started;
 use trellis_wire::read;
@@ -164,6 +164,8 @@ pub struct InstanceView {
     pub error: Option<String>,
     /// The attempts before the current one, oldest first.
     pub earlier_attempts: Vec<AttemptRecord>,
+    /// The current attempt's `validate:` checks, once they ran.
+    pub validation: Vec<CheckResult>,
 }
 
 impl From<&TaskStatusRecord> for InstanceView {
@@ -187,6 +189,7 @@ impl From<&TaskStatusRecord> for InstanceView {
             ended_ms: record.ended_at_ms,
             error: record.error.clone(),
             earlier_attempts: record.earlier_attempts.clone(),
+            validation: record.validation.clone(),
         }
     }
 }
@@ -296,6 +299,11 @@ impl EventView {
                 e.attempt,
                 format!("on {}", e.worker_id),
             ),
+            Some(Kind::TaskValidated(e)) => {
+                let passed = e.results.iter().filter(|r| r.passed).count();
+                let detail = format!("{passed} of {} checks passed", e.results.len());
+                on("task_validated", &e.task_instance_id, e.attempt, detail)
+            }
             Some(Kind::TaskCompleted(e)) => on(
                 "task_completed",
                 &e.task_instance_id,

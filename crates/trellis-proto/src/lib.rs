@@ -27,3 +27,31 @@ pub mod v1 {
 /// source info (comments), for gRPC reflection (`tonic-reflection`) and schema tests.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/trellis_descriptor.bin"));
+
+impl v1::LogSource {
+    /// Returns the short name a log line's source is shown and exported with (`log` for the
+    /// handler's own lines, `stdout`, `stderr`, `validation`); `unknown` for a value this build
+    /// does not know.
+    pub fn label_of(source: i32) -> &'static str {
+        match Self::try_from(source) {
+            Ok(Self::Handler) => "log",
+            Ok(Self::Stdout) => "stdout",
+            Ok(Self::Stderr) => "stderr",
+            Ok(Self::Validation) => "validation",
+            Ok(Self::Unspecified) | Err(_) => "unknown",
+        }
+    }
+}
+
+impl v1::CheckLevel {
+    /// Returns the lowercase name a check level is written with in plans and shown
+    /// (`codebase`, `api`, `ui`); `unknown` for a value this build does not know.
+    pub fn label_of(level: i32) -> &'static str {
+        match Self::try_from(level) {
+            Ok(Self::Codebase) => "codebase",
+            Ok(Self::Api) => "api",
+            Ok(Self::Ui) => "ui",
+            Ok(Self::Unspecified) | Err(_) => "unknown",
+        }
+    }
+}

@@ -39,6 +39,8 @@ pub const HEARTBEAT_PREFIX: &str = "trellis.workers.heartbeat";
 pub const CANCEL_PREFIX: &str = "trellis.cancel";
 /// Prefix of the drain requests to one worker (`DrainWorker`, core NATS).
 pub const DRAIN_PREFIX: &str = "trellis.workers.drain";
+/// Prefix of circuit breaker transitions; a queue's are on `trellis.breakers.<queue>`.
+pub const BREAKERS_PREFIX: &str = "trellis.breakers";
 
 /// Subjects captured by [`TASKS_STREAM`].
 pub const TASKS_WILDCARD: &str = "trellis.tasks.>";
@@ -108,6 +110,11 @@ pub fn heartbeat(worker_id: impl std::fmt::Display) -> String {
 /// `trellis.cancel.<task_instance_id>`.
 pub fn cancel(task_instance_id: impl std::fmt::Display) -> String {
     format!("{CANCEL_PREFIX}.{task_instance_id}")
+}
+
+/// Returns the subject a queue's circuit breaker transitions go to (core NATS).
+pub fn breakers(queue: &str) -> String {
+    format!("{BREAKERS_PREFIX}.{queue}")
 }
 
 /// Returns the `Nats-Msg-Id` of a task assignment, `<task_instance_id>:<attempt>`, which is also

@@ -8,6 +8,8 @@
 use serde_json::Value;
 use trellis_core::ids::GroupId;
 use trellis_core::machine::{GroupRule, Question, SubtaskSpec, TimeoutAction, Usage};
+use trellis_core::plan::{Check, CheckLevel, Probe};
+use trellis_core::record::CheckResult;
 use trellis_proto::v1;
 
 use crate::error::{
@@ -197,4 +199,112 @@ pub(crate) fn question_from_proto(
             .transpose()?,
         timeout_action,
     })
+}
+
+/// Returns the wire form of a check level.
+pub fn check_level_to_proto(level: CheckLevel) -> v1::CheckLevel {
+    match level {
+        CheckLevel::Codebase => v1::CheckLevel::Codebase,
+        CheckLevel::Api => v1::CheckLevel::Api,
+        CheckLevel::Ui => v1::CheckLevel::Ui,
+    }
+}
+
+/// Reads a check level; unset is refused.
+pub(crate) fn check_level_from_proto(at: &At<'_>, level: i32) -> Result<CheckLevel, ConvertError> {
+    Ok(match parse_enum(at, level)? {
+        v1::CheckLevel::Unspecified => return Err(at.error(ConvertErrorKind::Unspecified)),
+        v1::CheckLevel::Codebase => CheckLevel::Codebase,
+        v1::CheckLevel::Api => CheckLevel::Api,
+        v1::CheckLevel::Ui => CheckLevel::Ui,
+    })
+}
+
+/// Returns the wire form of a declared check, as a worker runs it.
+pub fn check_to_proto(check: &Check) -> v1::Check {
+    v1::Check {
+        name: check.name.clone(),
+        level: check_level_to_proto(check.level).into(),
+        probe: Some(match &check.probe {
+            Probe::Command(argv) => {
+                v1::check::Probe::Command(v1::CommandProbe { argv: argv.clone() })
+            }
+            Probe::Http {
+                method,
+                url,
+                status,
+                body_contains,
+            } => v1::check::Probe::Http(v1::HttpProbe {
+                method: method.clone(),
+                url: url.clone(),
+                status: u32::from(*status),
+                body_contains: body_contains.clone(),
+            }),
+        }),
+        timeout_ms: u64::try_from(check.timeout.as_millis()).unwrap_or(u64::MAX),
+    }
+}
+
+/// Reads a declared check at path `at`.
+pub(crate) fn check_from_proto(at: &At<'_>, check: &v1::Check) -> Result<Check, ConvertError> {
+    let probe = match &check.probe {
+        None => return Err(at.field("probe").missing()),
+        Some(v1::check::Probe::Command(command)) => {
+            if command.argv.first().is_none_or(String::is_empty) {
+                return Err(at.field("command").field("argv").missing());
+            }
+            Probe::Command(command.argv.clone())
+        }
+        Some(v1::check::Probe::Http(http)) => Probe::Http {
+            method: non_empty(&at.field("http").field("method"), &http.method)?.to_owned(),
+            url: non_empty(&at.field("http").field("url"), &http.url)?.to_owned(),
+            status: u16::try_from(http.status).map_err(|_| {
+                at.field("http")
+                    .field("status")
+                    .error(ConvertErrorKind::Inconsistent("a status is 100–599"))
+            })?,
+            body_contains: http.body_contains.clone(),
+        },
+    };
+    Ok(Check {
+        name: non_empty(&at.field("name"), &check.name)?.to_owned(),
+        level: check_level_from_proto(&at.field("level"), check.level)?,
+        probe,
+        timeout: std::time::Duration::from_millis(check.timeout_ms),
+    })
+}
+
+/// Returns the wire form of check results.
+pub fn check_results_to_proto(results: &[CheckResult]) -> Vec<v1::CheckResult> {
+    results
+        .iter()
+        .map(|result| v1::CheckResult {
+            name: result.name.clone(),
+            level: check_level_to_proto(result.level).into(),
+            passed: result.passed,
+            duration_ms: result.duration_ms,
+            output: result.output.clone(),
+        })
+        .collect()
+}
+
+/// Reads check results at path `at` (a repeated field): each needs a name and a level.
+pub(crate) fn check_results_from_proto(
+    at: &At<'_>,
+    results: &[v1::CheckResult],
+) -> Result<Vec<CheckResult>, ConvertError> {
+    results
+        .iter()
+        .enumerate()
+        .map(|(n, result)| {
+            let at = at.index(n);
+            Ok(CheckResult {
+                name: non_empty(&at.field("name"), &result.name)?.to_owned(),
+                level: check_level_from_proto(&at.field("level"), result.level)?,
+                passed: result.passed,
+                duration_ms: result.duration_ms,
+                output: result.output.clone(),
+            })
+        })
+        .collect()
 }

@@ -20,8 +20,9 @@ use trellis_core::machine::{Event, EventBody, Outcome, PauseMode, PauseScope};
 use trellis_proto::v1;
 
 use crate::common::{
-    instant_to_proto, json_to_bytes, question_from_proto, question_to_proto,
-    subtask_group_from_proto, subtask_group_to_proto, usage_from_proto, usage_to_proto,
+    check_results_from_proto, check_results_to_proto, instant_to_proto, json_to_bytes,
+    question_from_proto, question_to_proto, subtask_group_from_proto, subtask_group_to_proto,
+    usage_from_proto, usage_to_proto,
 };
 use crate::error::{
     At, ConvertError, ConvertErrorKind, non_empty, parse_enum, parse_id, parse_instant, parse_json,
@@ -163,6 +164,15 @@ fn event_body_to_proto(body: &EventBody) -> v1::event::Kind {
             task_instance_id: id(instance),
             attempt: *attempt,
             worker_id: worker.0.clone(),
+        }),
+        EventBody::TaskValidated {
+            instance,
+            attempt,
+            results,
+        } => Kind::TaskValidated(v1::TaskValidated {
+            task_instance_id: id(instance),
+            attempt: *attempt,
+            results: check_results_to_proto(results),
         }),
         EventBody::TaskCompleted {
             instance,
@@ -334,6 +344,14 @@ fn decode_event(at: &At<'_>, event: &v1::Event) -> Result<LogEntry, ConvertError
                 instance: parse_id(&at.field("task_instance_id"), &started.task_instance_id)?,
                 attempt: started.attempt,
                 worker: WorkerId(non_empty(&at.field("worker_id"), &started.worker_id)?.to_owned()),
+            }
+        }
+        v1::event::Kind::TaskValidated(validated) => {
+            let at = at.field("task_validated");
+            EventBody::TaskValidated {
+                instance: parse_id(&at.field("task_instance_id"), &validated.task_instance_id)?,
+                attempt: validated.attempt,
+                results: check_results_from_proto(&at.field("results"), &validated.results)?,
             }
         }
         v1::event::Kind::TaskCompleted(completed) => {

@@ -11,7 +11,9 @@ use trellis_core::machine::{ExecutionState, Progress, StateCounts};
 use trellis_core::record::{AttemptRecord, TaskState, TaskStatusRecord};
 use trellis_proto::v1;
 
-use crate::common::{instant_to_proto, json_to_bytes};
+use crate::common::{
+    check_results_from_proto, check_results_to_proto, instant_to_proto, json_to_bytes,
+};
 use crate::error::{
     At, ConvertError, ConvertErrorKind, parse_enum, parse_id, parse_instant, parse_json,
     parse_optional_id, required,
@@ -219,8 +221,10 @@ pub fn record_to_proto(record: &TaskStatusRecord) -> v1::TaskInstance {
                 started_at_unix_ms: attempt.started_at_ms.map(instant_to_proto),
                 ended_at_unix_ms: instant_to_proto(attempt.ended_at_ms),
                 error: attempt.error.clone(),
+                validation: check_results_to_proto(&attempt.validation),
             })
             .collect(),
+        validation: check_results_to_proto(&record.validation),
     }
 }
 
@@ -276,6 +280,7 @@ fn parse_record(at: &At<'_>, record: &v1::TaskInstance) -> Result<TaskStatusReco
             .enumerate()
             .map(|(n, attempt)| parse_attempt(&at.field("earlier_attempts").index(n), attempt))
             .collect::<Result<_, _>>()?,
+        validation: check_results_from_proto(&at.field("validation"), &record.validation)?,
     })
 }
 
@@ -293,6 +298,7 @@ fn parse_attempt(at: &At<'_>, attempt: &v1::TaskAttempt) -> Result<AttemptRecord
         started_at_ms: optional_instant("started_at_unix_ms", attempt.started_at_unix_ms)?,
         ended_at_ms: parse_instant(&at.field("ended_at_unix_ms"), attempt.ended_at_unix_ms)?,
         error: attempt.error.clone(),
+        validation: check_results_from_proto(&at.field("validation"), &attempt.validation)?,
     })
 }
 

@@ -13,11 +13,13 @@ use trellis_core::ids::{ExecutionId, GroupId, TaskInstanceId, WorkerId};
 use trellis_core::machine::{
     Assignment, Event, EventBody, GroupSummary, ResumeContext, StepRecord,
 };
+use trellis_core::plan::Check;
 use trellis_proto::v1;
 
 use crate::common::{
-    group_rule_from_proto, group_rule_to_proto, instant_to_proto, json_to_bytes,
-    question_from_proto, subtask_group_from_proto, usage_from_proto,
+    check_from_proto, check_results_from_proto, check_to_proto, group_rule_from_proto,
+    group_rule_to_proto, instant_to_proto, json_to_bytes, question_from_proto,
+    subtask_group_from_proto, usage_from_proto,
 };
 use crate::error::{
     At, ConvertError, ConvertErrorKind, non_empty, parse_id, parse_instant, parse_json,
@@ -59,6 +61,7 @@ pub fn assignment_to_proto(
         results_shard: None,
         // The coordinator sets its epoch.
         fence: 0,
+        validate: assignment.checks.iter().map(check_to_proto).collect(),
     }
 }
 
@@ -175,6 +178,7 @@ pub struct ReceivedAssignment {
     pub group: Option<GroupId>,
     pub resumed_after_group: Option<GroupId>,
     pub continues: Option<TaskInstanceId>,
+    pub checks: Vec<Check>,
 }
 
 impl ReceivedAssignment {
@@ -193,6 +197,7 @@ impl ReceivedAssignment {
             steps: &self.steps,
             parent: self.parent,
             group: self.group,
+            checks: &self.checks,
         }
     }
 
@@ -292,6 +297,12 @@ fn parse_assignment(
             &at.field("continues_task_instance_id"),
             assignment.continues_task_instance_id.as_deref(),
         )?,
+        checks: assignment
+            .validate
+            .iter()
+            .enumerate()
+            .map(|(n, check)| check_from_proto(&at.field("validate").index(n), check))
+            .collect::<Result<_, _>>()?,
     })
 }
 
@@ -397,6 +408,23 @@ fn started_at(started_at_unix_ms: Option<i64>, now: u64) -> u64 {
     started_at_unix_ms
         .and_then(|ms| u64::try_from(ms).ok())
         .map_or(now, |ms| ms.min(now))
+}
+
+/// The `TaskValidated` a result brings: the `validate:` checks its worker ran, recorded before
+/// the outcome they led to. `None` for a result without checks, or one whose checks or attempt
+/// do not read (`result_to_event` reports a bad attempt; checks without a name or level are
+/// not recorded).
+pub fn validated_from_result(result: &v1::TaskResult, now: u64) -> Option<Event> {
+    if result.validation.is_empty() {
+        return None;
+    }
+    let at = At::root("task_result");
+    let body = EventBody::TaskValidated {
+        instance: result.task_instance_id.parse().ok()?,
+        attempt: result.attempt,
+        results: check_results_from_proto(&at.field("validation"), &result.validation).ok()?,
+    };
+    Some(Event { at_ms: now, body })
 }
 
 /// The `TaskStarted` a result implies: each result carries the worker that ran its attempt and

@@ -2,6 +2,7 @@
 //! package) against a private `nats-server` and a private PostgreSQL, and the tests kill and
 //! restart them while an execution runs.
 
+mod breakers;
 mod corrupt;
 mod failpoints;
 mod faults;
@@ -14,3 +15,4 @@ mod secrets;
 mod store_crash;
 mod system;
 mod takeover;
+mod validation;

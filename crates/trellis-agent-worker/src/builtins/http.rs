@@ -33,7 +33,7 @@ fn default_method() -> String {
 }
 
 /// One client per process, so connections are pooled across tasks.
-fn client() -> &'static reqwest::Client {
+pub(crate) fn client() -> &'static reqwest::Client {
     static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
     CLIENT.get_or_init(|| {
         reqwest::Client::builder()

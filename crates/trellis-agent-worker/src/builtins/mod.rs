@@ -7,6 +7,9 @@
 mod http;
 mod shell;
 
+pub(crate) use http::client as http_client;
+pub(crate) use shell::{Group, tie_to_worker};
+
 use std::time::Duration;
 
 use serde::Deserialize;

@@ -114,7 +114,7 @@ pub(super) async fn run(ctx: TaskContext) -> Outcome {
 }
 
 /// The command's process group: killed whole when dropped, however the task ended.
-struct Group(u32);
+pub(crate) struct Group(pub(crate) u32);
 
 impl Drop for Group {
     // No safe wrapper for killpg exists in std or tokio.
@@ -137,7 +137,7 @@ impl Drop for Group {
 // `pre_exec` is unsafe by signature (its closure runs between fork and exec), and std has no safe
 // way to set a parent-death signal.
 #[allow(unsafe_code)]
-fn tie_to_worker(cmd: &mut Command) {
+pub(crate) fn tie_to_worker(cmd: &mut Command) {
     cmd.process_group(0);
     #[cfg(target_os = "linux")]
     {

@@ -102,6 +102,7 @@ fn describe(event: &v1::Event) -> (&'static str, Option<&str>) {
         Some(kind) => match kind {
             Kind::ExecutionStarted(_) => ("execution_started", None),
             Kind::TaskStarted(e) => ("task_started", Some(e.task_instance_id.as_str())),
+            Kind::TaskValidated(e) => ("task_validated", Some(e.task_instance_id.as_str())),
             Kind::TaskCompleted(e) => ("task_completed", Some(e.task_instance_id.as_str())),
             Kind::TaskFailed(e) => ("task_failed", Some(e.task_instance_id.as_str())),
             Kind::SubtasksSpawned(e) => ("subtasks_spawned", Some(e.task_instance_id.as_str())),

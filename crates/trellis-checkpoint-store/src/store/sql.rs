@@ -18,7 +18,7 @@ use async_trait::async_trait;
 use sqlx::{QueryBuilder, Row as _};
 use trellis_core::ids::{ExecutionId, TaskInstanceId, WorkerId};
 use trellis_core::machine::{Question, StateCounts, TimeoutAction, Usage};
-use trellis_core::record::{AttemptRecord, TaskStatusRecord};
+use trellis_core::record::TaskStatusRecord;
 use uuid::Uuid;
 
 use super::{
@@ -97,7 +97,7 @@ fn checkpoint_metadata_from_row(row: &DbRow) -> Result<CheckpointMetadata, Error
 const INSTANCE_COLUMNS: &str = "execution_id, task_instance_id, task_id, parent_task_instance_id, \
      subtask_group_id, resumed_after_subtasks_group_id, continues_task_instance_id, run_number, \
      attempt, state, worker_id, created_at_unix_ms, dispatched_at_unix_ms, started_at_unix_ms, \
-     ended_at_unix_ms, output, error, earlier_attempts";
+     ended_at_unix_ms, output, error, earlier_attempts, validation";
 
 fn instance_from_row(row: &DbRow) -> Result<TaskStatusRecord, Error> {
     let state: String = column(row, "state")?;
@@ -114,6 +114,12 @@ fn instance_from_row(row: &DbRow) -> Result<TaskStatusRecord, Error> {
         .map(|text| serde_json::from_str(&text))
         .transpose()
         .map_err(|err| corrupt_row("task instance attempts", err.to_string()))?
+        .unwrap_or_default();
+    let validation: Option<String> = column(row, "validation")?;
+    let validation = validation
+        .map(|text| serde_json::from_str(&text))
+        .transpose()
+        .map_err(|err| corrupt_row("task instance checks", err.to_string()))?
         .unwrap_or_default();
     Ok(TaskStatusRecord {
         task_instance_id: TaskInstanceId(column(row, "task_instance_id")?),
@@ -141,6 +147,7 @@ fn instance_from_row(row: &DbRow) -> Result<TaskStatusRecord, Error> {
         output,
         error: column(row, "error")?,
         earlier_attempts,
+        validation,
     })
 }
 
@@ -455,7 +462,7 @@ impl Store for StoreImpl {
                     .map(move |rows| executions_upsert(rows, now))
                     .chain(chunks(&sequences, 7).map(move |rows| last_sequences_upsert(rows, now)))
                     .chain(chunks(&labels, 3).map(labels_insert))
-                    .chain(chunks(&batch.instances, 18).map(instances_upsert))
+                    .chain(chunks(&batch.instances, 19).map(instances_upsert))
                     .chain(chunks(&batch.events, 6).map(events_insert))
                     .chain(chunks(&batch.questions_asked, 13).map(questions_insert))
                     .chain(batch.questions_resolved.iter().map(question_resolve)),

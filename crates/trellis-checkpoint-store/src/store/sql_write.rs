@@ -168,7 +168,8 @@ fn instances_upsert<'a>(records: &'a [TaskStatusRecord]) -> QueryBuilder<'a, Db>
             .push_bind(record.ended_at_ms.map(to_i64))
             .push_bind(record.output.as_ref().map(|output| output.to_string()))
             .push_bind(record.error.as_deref().map(text))
-            .push_bind(attempts_json(&record.earlier_attempts));
+            .push_bind(json_array(&record.earlier_attempts))
+            .push_bind(json_array(&record.validation));
     });
     query.push(
         " ON CONFLICT (execution_id, task_instance_id) DO UPDATE SET \
@@ -183,15 +184,17 @@ fn instances_upsert<'a>(records: &'a [TaskStatusRecord]) -> QueryBuilder<'a, Db>
          dispatched_at_unix_ms = excluded.dispatched_at_unix_ms, \
          started_at_unix_ms = excluded.started_at_unix_ms, \
          ended_at_unix_ms = excluded.ended_at_unix_ms, output = excluded.output, \
-         error = excluded.error, earlier_attempts = excluded.earlier_attempts",
+         error = excluded.error, earlier_attempts = excluded.earlier_attempts, \
+         validation = excluded.validation",
     );
     query
 }
 
-/// The earlier attempts of a record as stored: a JSON array, NULL for none (most instances).
-fn attempts_json(attempts: &[AttemptRecord]) -> Option<String> {
-    // Serializing plain integers and strings to JSON cannot fail.
-    (!attempts.is_empty()).then(|| serde_json::to_string(attempts).unwrap_or_default())
+/// A list of a record (its earlier attempts, its checks) as stored: a JSON array, NULL for none
+/// (most instances).
+fn json_array<T: serde::Serialize>(items: &[T]) -> Option<String> {
+    // Serializing plain integers, booleans and strings to JSON cannot fail.
+    (!items.is_empty()).then(|| serde_json::to_string(items).unwrap_or_default())
 }
 
 /// Inserts log events; one already stored is left as it is.

@@ -398,6 +398,7 @@ fn record(
         output: None,
         error: None,
         earlier_attempts: Vec::new(),
+        validation: Vec::new(),
     }
 }
 
@@ -469,6 +470,7 @@ async fn read_model_writes_are_idempotent_and_queryable(store: TestStore) -> any
                 started_at_ms: None,
                 ended_at_ms: 1_040,
                 error: "its worker was lost".to_owned(),
+                validation: Vec::new(),
             }];
         }
         records.push(member);

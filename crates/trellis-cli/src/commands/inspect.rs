@@ -127,13 +127,87 @@ pub struct EventsArgs {
 pub async fn status(coordinator_url: &str, args: StatusArgs) -> Result<(), Failure> {
     let mut coordinator = Coordinator::connect(coordinator_url).await?;
     let execution = get_execution(&mut coordinator, &args.execution_id).await?;
+    // The checks live in the task records: read them from the graph, when it can be had (the
+    // status is worth printing without them).
+    let checks = coordinator
+        .client
+        .get_execution_graph(GetExecutionGraphRequest {
+            execution_id: args.execution_id.clone(),
+            run_number: 0,
+        })
+        .await
+        .ok()
+        .and_then(|response| response.into_inner().graph)
+        .map(|graph| checks_summary(&graph))
+        .unwrap_or_default();
     let mut out = BufWriter::new(io::stdout().lock());
     if args.json {
-        writeln!(out, "{}", execution_json(&execution))?;
+        let mut object = execution_json(&execution);
+        object["checks"] = json!({
+            "passed": checks.passed,
+            "failed": checks.failed.iter().map(|(task, check, level)| {
+                json!({"task_id": task, "name": check, "level": level})
+            }).collect::<Vec<_>>(),
+        });
+        writeln!(out, "{object}")?;
     } else {
-        out.write_all(status_text(&execution).as_bytes())?;
+        let mut text = status_text(&execution);
+        if let Some(line) = checks.line() {
+            text.push_str(&line);
+        }
+        out.write_all(text.as_bytes())?;
     }
     Ok(out.flush()?)
+}
+
+/// The `validate:` checks of an execution's current attempts: how many passed, and which failed.
+#[derive(Debug, Default, PartialEq)]
+struct ChecksSummary {
+    passed: usize,
+    /// (task id, check name, level) of each failed check.
+    failed: Vec<(String, String, String)>,
+}
+
+impl ChecksSummary {
+    /// `checks     4 passed, 1 failed: build lint (codebase)`; `None` when no check ran.
+    fn line(&self) -> Option<String> {
+        if self.passed == 0 && self.failed.is_empty() {
+            return None;
+        }
+        let mut line = format!("{:<10} {} passed", "checks", self.passed);
+        if !self.failed.is_empty() {
+            let names: Vec<String> = self
+                .failed
+                .iter()
+                .map(|(task, check, level)| format!("{task} {check} ({level})"))
+                .collect();
+            line.push_str(&format!(
+                ", {} failed: {}",
+                self.failed.len(),
+                names.join(", ")
+            ));
+        }
+        line.push('\n');
+        Some(line)
+    }
+}
+
+/// Counts the checks of every instance's current attempt in `graph`.
+fn checks_summary(graph: &trellis_proto::v1::ExecutionGraph) -> ChecksSummary {
+    let mut summary = ChecksSummary::default();
+    for record in graph.nodes.iter().filter_map(|node| node.record.as_ref()) {
+        for check in &record.validation {
+            if check.passed {
+                summary.passed += 1;
+            } else {
+                let level = trellis_proto::v1::CheckLevel::label_of(check.level).to_owned();
+                summary
+                    .failed
+                    .push((record.task_id.clone(), check.name.clone(), level));
+            }
+        }
+    }
+    summary
 }
 
 /// Runs `trellis list`.

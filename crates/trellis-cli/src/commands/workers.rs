@@ -4,13 +4,14 @@ use std::io::{self, BufWriter, Write};
 
 use clap::Args;
 use serde_json::{Value, json};
-use trellis_proto::v1::{ListWorkersRequest, WorkerInfo};
+use trellis_proto::v1::{BreakerState, CircuitBreaker, ListWorkersRequest, WorkerInfo};
 
 use super::Failure;
 use crate::client::Coordinator;
 use crate::render;
 
-/// List the workers the coordinator knows: state, queues, busy slots, missed heartbeats.
+/// List the workers the coordinator knows (state, queues, busy slots, missed heartbeats), and
+/// its circuit breakers that are open or counting failures.
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
     trellis workers\n  \
@@ -31,7 +32,7 @@ pub struct WorkersArgs {
 /// Runs `trellis workers`.
 pub async fn run(coordinator_url: &str, args: WorkersArgs) -> Result<(), Failure> {
     let mut coordinator = Coordinator::connect(coordinator_url).await?;
-    let workers = coordinator
+    let answer = coordinator
         .client
         .list_workers(ListWorkersRequest {
             queue: args.queue.unwrap_or_default(),
@@ -39,18 +40,74 @@ pub async fn run(coordinator_url: &str, args: WorkersArgs) -> Result<(), Failure
         })
         .await
         .map_err(|status| coordinator.status_failure(&status, "list of workers"))?
-        .into_inner()
-        .workers;
+        .into_inner();
+    let (workers, breakers) = (answer.workers, answer.breakers);
     let mut out = BufWriter::new(io::stdout().lock());
     if args.json {
         let items: Vec<Value> = workers.iter().map(worker_json).collect();
-        writeln!(out, "{}", json!({"workers": items}))?;
-    } else if workers.is_empty() {
+        let breakers: Vec<Value> = breakers.iter().map(breaker_json).collect();
+        writeln!(out, "{}", json!({"workers": items, "breakers": breakers}))?;
+        return Ok(out.flush()?);
+    }
+    if workers.is_empty() {
         writeln!(out, "no workers: start some with `trellis dev`")?;
     } else {
         out.write_all(workers_table(&workers).as_bytes())?;
     }
+    if !breakers.is_empty() {
+        writeln!(out, "\ncircuit breakers")?;
+        out.write_all(breakers_table(&breakers).as_bytes())?;
+    }
     Ok(out.flush()?)
+}
+
+/// The lowercase name of a breaker state (`half_open`).
+fn breaker_state_name(state: i32) -> String {
+    BreakerState::try_from(state).map_or_else(
+        |_| state.to_string(),
+        |s| render::short_name(s.as_str_name(), "BREAKER_STATE_"),
+    )
+}
+
+fn breaker_json(breaker: &CircuitBreaker) -> Value {
+    json!({
+        "queue": breaker.queue,
+        "task_type": breaker.task_type,
+        "state": breaker_state_name(breaker.state),
+        "consecutive_failures": breaker.consecutive_failures,
+        "retry_at_unix_ms": breaker.retry_at_unix_ms,
+        "coordinator_id": breaker.coordinator_id,
+    })
+}
+
+/// The breakers that are not closed, or count failures: a dispatch of their type waits while
+/// one is open.
+fn breakers_table(breakers: &[CircuitBreaker]) -> String {
+    let header = [
+        "QUEUE",
+        "TYPE",
+        "STATE",
+        "FAILURES",
+        "PROBE AT",
+        "COORDINATOR",
+    ]
+    .map(str::to_owned);
+    let rows: Vec<[String; 6]> = breakers
+        .iter()
+        .map(|breaker| {
+            [
+                breaker.queue.clone(),
+                breaker.task_type.clone(),
+                breaker_state_name(breaker.state),
+                breaker.consecutive_failures.to_string(),
+                breaker
+                    .retry_at_unix_ms
+                    .map_or_else(|| "-".to_owned(), render::format_time),
+                breaker.coordinator_id.clone(),
+            ]
+        })
+        .collect();
+    render::table(&header, &rows)
 }
 
 fn worker_json(worker: &WorkerInfo) -> Value {
@@ -124,6 +181,26 @@ mod tests {
     use trellis_proto::v1::{RunningTask, WorkerHeartbeat, WorkerState};
 
     use super::*;
+
+    #[test]
+    fn breakers_show_their_state_and_probe_time() {
+        let breaker = CircuitBreaker {
+            queue: "shell".to_owned(),
+            task_type: "shell".to_owned(),
+            state: BreakerState::Open as i32,
+            consecutive_failures: 0,
+            retry_at_unix_ms: Some(0),
+            coordinator_id: "coordinator-1".to_owned(),
+        };
+        let table = breakers_table(std::slice::from_ref(&breaker));
+        assert!(table.contains("shell") && table.contains("open"), "{table}");
+        assert_eq!(breaker_json(&breaker)["state"], "open");
+        let half = CircuitBreaker {
+            state: BreakerState::HalfOpen as i32,
+            ..breaker
+        };
+        assert_eq!(breaker_json(&half)["state"], "half_open");
+    }
 
     #[test]
     fn table_shows_busy_slots() {

@@ -44,6 +44,7 @@ pub fn kind_name(kind: Option<&Kind>) -> &'static str {
     match kind {
         Kind::ExecutionStarted(_) => "execution_started",
         Kind::TaskStarted(_) => "task_started",
+        Kind::TaskValidated(_) => "task_validated",
         Kind::TaskCompleted(_) => "task_completed",
         Kind::TaskFailed(_) => "task_failed",
         Kind::SubtasksSpawned(_) => "subtasks_spawned",
@@ -107,6 +108,24 @@ pub fn describe(kind: Option<&Kind>) -> String {
             attempt(&e.task_instance_id, e.attempt),
             e.worker_id
         ),
+        Kind::TaskValidated(e) => {
+            let passed = e.results.iter().filter(|r| r.passed).count();
+            let failed: Vec<&str> = e
+                .results
+                .iter()
+                .filter(|r| !r.passed)
+                .map(|r| r.name.as_str())
+                .collect();
+            let mut text = format!(
+                "{} checked: {passed} of {} checks passed",
+                attempt(&e.task_instance_id, e.attempt),
+                e.results.len()
+            );
+            if !failed.is_empty() {
+                text.push_str(&format!(", failed: {}", failed.join(", ")));
+            }
+            text
+        }
         Kind::TaskCompleted(e) => {
             let mut text = format!("{} completed", attempt(&e.task_instance_id, e.attempt));
             if !e.output.is_empty() {
@@ -222,6 +241,24 @@ pub fn fields(kind: Option<&Kind>) -> Vec<(&'static str, Value)> {
         Kind::TaskStarted(e) => {
             let mut res = attempt(&e.task_instance_id, e.attempt);
             res.push(("worker", json!(e.worker_id)));
+            res
+        }
+        Kind::TaskValidated(e) => {
+            let mut res = attempt(&e.task_instance_id, e.attempt);
+            let results: Vec<Value> = e
+                .results
+                .iter()
+                .map(|r| {
+                    json!({
+                        "name": r.name,
+                        "level": trellis_proto::v1::CheckLevel::label_of(r.level),
+                        "passed": r.passed,
+                        "duration_ms": r.duration_ms,
+                        "output": r.output,
+                    })
+                })
+                .collect();
+            res.push(("results", Value::Array(results)));
             res
         }
         Kind::TaskCompleted(e) => {

@@ -18,12 +18,7 @@ fn time_of_day(unix_ms: i64) -> String {
 
 /// The short name of a line's source.
 fn source_name(source: i32) -> &'static str {
-    match LogSource::try_from(source) {
-        Ok(LogSource::Stdout) => "stdout",
-        Ok(LogSource::Stderr) => "stderr",
-        Ok(LogSource::Handler) => "log",
-        _ => "unknown",
-    }
+    LogSource::label_of(source)
 }
 
 /// The text lines of one batch: `14:03:07.125 build#1 stdout| compiling`, a cut line ending

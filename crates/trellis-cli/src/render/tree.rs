@@ -28,8 +28,8 @@ use std::collections::HashMap;
 
 use serde_json::{Value, json};
 use trellis_core::ids::GroupId;
-use trellis_proto::v1::ExecutionGraph;
 use trellis_proto::v1::graph_node::Next;
+use trellis_proto::v1::{CheckLevel, CheckResult, ExecutionGraph};
 use trellis_wire::read::graph_records_from_proto;
 
 use super::task_state_name;
@@ -58,6 +58,22 @@ pub fn render(graph: &ExecutionGraph, rules: &HashMap<String, String>) -> Result
     Ok(tree.render_text_detailed(MAX_ERROR_CHARS, |group_id| rules.get(&group_id).copied()))
 }
 
+/// Returns check results as JSON: `[{name, level, passed, duration_ms, output}]`.
+fn checks_json(results: &[CheckResult]) -> Value {
+    results
+        .iter()
+        .map(|result| {
+            json!({
+                "name": result.name,
+                "level": CheckLevel::label_of(result.level),
+                "passed": result.passed,
+                "duration_ms": result.duration_ms,
+                "output": result.output,
+            })
+        })
+        .collect()
+}
+
 /// Returns the graph as flat JSON (`roots`, `nodes`, `groups` pointing at each other by index, as
 /// on the wire), which any JSON parser reads back whatever the depth.
 pub fn json(graph: &ExecutionGraph, rules: &HashMap<String, String>) -> Value {
@@ -84,7 +100,9 @@ pub fn json(graph: &ExecutionGraph, rules: &HashMap<String, String>) -> Value {
                     "started_at_unix_ms": attempt.started_at_unix_ms,
                     "ended_at_unix_ms": attempt.ended_at_unix_ms,
                     "error": attempt.error,
+                    "validation": checks_json(&attempt.validation),
                 })).collect::<Vec<_>>(),
+                "validation": checks_json(&record.validation),
                 "parent_task_instance_id": record.parent_task_instance_id,
                 "subtask_group_id": record.subtask_group_id,
                 "resumed_after_subtasks_group_id": record.resumed_after_subtasks_group_id,
@@ -153,6 +171,7 @@ mod tests {
             output: None,
             error: None,
             earlier_attempts: Vec::new(),
+            validation: Vec::new(),
         }
     }
 
@@ -238,6 +257,7 @@ mod tests {
                 started_at_ms: Some(T0 + 3),
                 ended_at_ms: T0 + 5,
                 error: "exit status 1".to_owned(),
+                validation: Vec::new(),
             }],
             ..record(1, "build", TaskState::Completed, 2)
         };
@@ -273,6 +293,7 @@ mod tests {
                     "started_at_unix_ms": T0 + 3,
                     "ended_at_unix_ms": T0 + 5,
                     "error": "exit status 1",
+                    "validation": [],
                 }]),
             )
         );

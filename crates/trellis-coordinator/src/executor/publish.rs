@@ -41,6 +41,7 @@ impl Executor {
             assignments,
             cancels,
             progress,
+            breakers,
             observed,
             index_deletes,
             forget,
@@ -73,7 +74,7 @@ impl Executor {
             }
             self.await_assignments(published).await;
         }
-        for message in cancels.into_iter().chain(progress) {
+        for message in cancels.into_iter().chain(progress).chain(breakers) {
             let _ = self.nats.publish(message.subject, message.payload).await;
         }
         for observed in observed {

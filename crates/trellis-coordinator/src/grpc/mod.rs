@@ -639,8 +639,9 @@ impl Coordinator for CoordinatorService {
             })
             .await
             .map_err(status)?;
-        let workers = expect!(answer, Answer::Workers(workers) => workers)?;
-        Ok(Response::new(v1::ListWorkersResponse { workers }))
+        let (workers, breakers) =
+            expect!(answer, Answer::Workers(workers, breakers) => (workers, breakers))?;
+        Ok(Response::new(v1::ListWorkersResponse { workers, breakers }))
     }
 
     async fn get_cluster(

@@ -104,7 +104,7 @@ impl CoordinatorService {
             })
             .await
             .map_err(status)?;
-        let workers = expect!(answer, Answer::Workers(workers) => workers)?;
+        let workers = expect!(answer, Answer::Workers(workers, _) => workers)?;
         if !workers.iter().any(|w| w.worker_id == request.worker_id) {
             return Err(Status::not_found(format!(
                 "no live worker {:?}: trellis workers lists the live ones",

@@ -230,7 +230,8 @@ pub enum Answer {
     Graph(v1::ExecutionGraph),
     Observation(Observation),
     Executions(Vec<v1::Execution>),
-    Workers(Vec<v1::WorkerInfo>),
+    /// The workers, and this coordinator's circuit breakers.
+    Workers(Vec<v1::WorkerInfo>, Vec<v1::CircuitBreaker>),
 }
 
 /// The history an observer starts from; what follows comes from the [`Effects::observed`] of
@@ -302,6 +303,8 @@ pub struct Effects {
     pub cancels: Vec<Publish>,
     /// Progress snapshots (core NATS).
     pub progress: Vec<Publish>,
+    /// Circuit breaker transitions (core NATS, `trellis.breakers.<queue>`).
+    pub breakers: Vec<Publish>,
     /// New events per execution, for its observers.
     pub observed: Vec<Observed>,
     /// Index keys of executions that finished: their last event is stored.

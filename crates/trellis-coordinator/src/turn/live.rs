@@ -1,16 +1,17 @@
 //! One live execution: its state machine, its log as held in memory, and what the current turn
 //! produced for it (events to append, instances to dispatch, attempts to stop).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use bytes::Bytes;
 use trellis_core::ids::{ExecutionId, TaskInstanceId};
-use trellis_core::machine::{Applied, ApplyError, Event, EventBody, Execution, PauseMode};
+use trellis_core::machine::{Applied, ApplyError, Command, Event, EventBody, Execution, PauseMode};
 use trellis_proto::v1;
 use trellis_telemetry::propagation::{self, Context};
 use trellis_wire::{common, log, read};
 
+use super::breakers::{self, Breakers};
 use super::checkpoint::CheckpointState;
 use super::pauses::FleetPauses;
 use super::takeover::Inherited;
@@ -82,14 +83,21 @@ pub(super) struct Live {
     /// When it was last changed or asked about: a finished execution leaves memory a while
     /// after.
     pub(super) touched_ms: u64,
+    /// Attempts that ended this turn (completed or failed), by queue and type, for the
+    /// circuit breakers.
+    pub(super) ended: Vec<(breakers::Key, bool, (ExecutionId, TaskInstanceId, u32))>,
 }
 
 /// What an applied event adds to the metrics.
 enum Count {
     /// An instance's first dispatch: its queue and the seconds since it became ready.
     DispatchLatency(trellis_telemetry::metrics::Labels1, f64),
-    /// An attempt's outcome, by queue and type.
-    Attempt(Outcome, trellis_telemetry::metrics::Labels2),
+    /// An attempt's outcome, by queue and type, and the attempt.
+    Attempt(
+        Outcome,
+        trellis_telemetry::metrics::Labels2,
+        (TaskInstanceId, u32),
+    ),
 }
 
 #[derive(Clone, Copy)]
@@ -136,6 +144,7 @@ impl Live {
             indexed: false,
             checkpoint: CheckpointState::default(),
             touched_ms: created_at_ms,
+            ended: Vec::new(),
         }
     }
 
@@ -169,13 +178,20 @@ impl Live {
                         .get_or_create(&labels)
                         .observe(seconds);
                 }
-                Some(Count::Attempt(outcome, labels)) => {
+                Some(Count::Attempt(outcome, labels, attempt)) => {
                     let family = match outcome {
                         Outcome::Completed => &metrics.completed,
                         Outcome::Failed => &metrics.failed,
                         Outcome::Lost => &metrics.lost,
                     };
                     family.get_or_create(&labels).inc();
+                    // A lost worker says nothing about the task type: not counted.
+                    if !matches!(outcome, Outcome::Lost) {
+                        let [(_, queue), (_, task_type)] = labels;
+                        let ok = matches!(outcome, Outcome::Completed);
+                        self.ended
+                            .push(((queue, task_type), ok, (id, attempt.0, attempt.1)));
+                    }
                 }
                 None => {}
             }
@@ -233,25 +249,36 @@ impl Live {
         Some(Count::Attempt(
             outcome,
             metrics::task_labels(assignment.queue, assignment.task_type),
+            (*instance, assignment.attempt),
         ))
     }
 
-    /// Lets the machine decide until it has nothing more to do now; nothing a fleet pause covers
-    /// is dispatched.
+    /// Lets the machine decide until it has nothing more to do now; nothing a fleet pause or an
+    /// open circuit breaker covers is dispatched, and a half-open breaker's probe is recorded.
     pub(super) fn decide(
         &mut self,
         id: ExecutionId,
         now: u64,
         metrics: &Metrics,
         pauses: &FleetPauses,
+        breakers: &mut Breakers,
     ) {
         for _ in 0..1_000 {
-            let held = |queue: &str| pauses.holds(&self.namespace, queue);
-            let commands = self.machine.decide_holding(now, &held);
+            let mut probing = BTreeSet::new();
+            let namespace = &self.namespace;
+            let commands = self.machine.decide_holding(now, &mut |queue, task_type| {
+                pauses.holds(namespace, queue) || breakers.holds(queue, task_type, &mut probing)
+            });
             if commands.is_empty() {
                 return;
             }
             for command in commands {
+                if let Command::Dispatch { instance, attempt } = command
+                    && let Some(assignment) = self.machine.assignment(instance)
+                {
+                    let key = (assignment.queue.to_owned(), assignment.task_type.to_owned());
+                    breakers.dispatched(key, (id, instance, attempt), now);
+                }
                 if let Err(err) = self.record(id, command.into_event(now), metrics) {
                     // A decision the machine refuses is a bug in the machine; stop deciding for
                     // this turn rather than loop.

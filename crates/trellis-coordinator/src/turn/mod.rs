@@ -23,6 +23,7 @@
 //! `tests/simulation` drives several coordinators this way.
 
 mod admission;
+mod breakers;
 mod checkpoint;
 mod contract;
 mod error;
@@ -43,6 +44,7 @@ use trellis_core::ids::{ExecutionId, mix};
 use trellis_grpc::access::{self, AccessPolicy};
 use trellis_proto::subjects;
 
+pub use breakers::BreakerConfig;
 pub use checkpoint::{CheckpointJob, FULL_EVERY, KEEP_FULL};
 pub use contract::{
     Ack, Action, Answer, Append, Appended, Assign, Broken, Delivery, Effects, Input, Observation,
@@ -93,6 +95,8 @@ pub struct Config {
     /// A finished execution leaves memory this long after it was last touched (changed or
     /// asked about); reads of it then load it from its checkpoint and log again.
     pub keep_finished_ms: u64,
+    /// When the circuit breakers of queues and task types open (off by default).
+    pub breakers: BreakerConfig,
 }
 
 /// How often finished executions are looked at for leaving memory.
@@ -170,6 +174,8 @@ pub struct Coordinator {
     pauses: Arc<pauses::FleetPauses>,
     /// Executions with attempts inherited from a former owner (`takeover`).
     inheriting: BTreeSet<ExecutionId>,
+    /// The circuit breakers of queues and task types.
+    breakers: breakers::Breakers,
 }
 
 /// What a turn collects before it returns.
@@ -190,6 +196,8 @@ struct Pending {
     consume: Vec<u32>,
     /// Checkpoints of the executions of shards handed over this turn.
     handover: Vec<CheckpointJob>,
+    /// Circuit breaker transitions to publish.
+    breakers: Vec<Publish>,
 }
 
 impl Coordinator {
@@ -229,6 +237,7 @@ impl Coordinator {
             refused: BTreeSet::new(),
             pauses: Arc::default(),
             inheriting: BTreeSet::new(),
+            breakers: breakers::Breakers::new(config.breakers),
         }
     }
 
@@ -240,9 +249,19 @@ impl Coordinator {
         for input in inputs {
             self.input(input, now);
         }
+        // The attempts that ended feed the breakers before anything is decided.
         for id in &self.dirty {
             if let Some(live) = self.executions.get_mut(id) {
-                live.decide(*id, now, &self.metrics, &self.pauses);
+                for (key, ok, attempt) in live.ended.drain(..) {
+                    self.breakers.outcome(key, ok, attempt, now);
+                }
+            }
+        }
+        self.breakers.tick(now);
+        self.breaker_transitions();
+        for id in &self.dirty {
+            if let Some(live) = self.executions.get_mut(id) {
+                live.decide(*id, now, &self.metrics, &self.pauses, &mut self.breakers);
             }
         }
         self.writes()
@@ -253,6 +272,7 @@ impl Coordinator {
         self.now = now;
         let mut effects = self.side_effects(outcomes, now);
         effects.handover = std::mem::take(&mut self.pending.handover);
+        effects.breakers = std::mem::take(&mut self.pending.breakers);
         effects.checkpoints = self.checkpoints(now);
         effects.replies = self.write_replies();
         self.metrics

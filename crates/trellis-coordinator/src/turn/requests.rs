@@ -57,7 +57,8 @@ impl Coordinator {
                 include_terminated,
             } => {
                 let workers = self.workers.list(now, &queue, include_terminated);
-                self.reply_now(reply, Ok(Answer::Workers(workers)));
+                let breakers = self.breakers_list(&queue);
+                self.reply_now(reply, Ok(Answer::Workers(workers, breakers)));
             }
             Request::On { id, scope, action } => {
                 // Another namespace's execution does not exist for this caller: the same answer

@@ -140,6 +140,19 @@ impl Coordinator {
         if started {
             self.mark(id);
         }
+        // Its `validate:` checks, recorded before the outcome they led to (once: a redelivered
+        // result brings the same checks, a duplicate).
+        let validated = worker::validated_from_result(&result, now).is_some_and(|validated| {
+            self.executions.get_mut(&id).is_some_and(|live| {
+                matches!(
+                    live.record(id, validated, &self.metrics),
+                    Ok(Applied::Changed { .. })
+                )
+            })
+        });
+        if validated {
+            self.mark(id);
+        }
         let Some(live) = self.executions.get_mut(&id) else {
             return Fed::Done(Some(id));
         };

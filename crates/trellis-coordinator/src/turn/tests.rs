@@ -1,11 +1,12 @@
 //! Checks of the turn that need no execution.
 
 /// The turn's sources, as compiled.
-const SOURCES: [(&str, &str); 12] = [
+const SOURCES: [(&str, &str); 13] = [
     ("mod.rs", include_str!("mod.rs")),
     ("contract.rs", include_str!("contract.rs")),
     ("tests.rs", include_str!("tests.rs")),
     ("admission.rs", include_str!("admission.rs")),
+    ("breakers.rs", include_str!("breakers.rs")),
     ("checkpoint.rs", include_str!("checkpoint.rs")),
     ("error.rs", include_str!("error.rs")),
     ("flush.rs", include_str!("flush.rs")),
@@ -77,6 +78,7 @@ mod attention {
             index_scan_every_ms: 1_000,
             seed: 7,
             keep_finished_ms: 1_000,
+            breakers: crate::turn::BreakerConfig::default(),
         };
         Coordinator::new(config, &trellis_telemetry::Registry::default())
     }

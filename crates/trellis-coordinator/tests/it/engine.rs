@@ -285,6 +285,7 @@ async fn duplicate_and_corrupt_results_change_nothing() {
         usage: None,
         sent_at_unix_ms: 0,
         started_at_unix_ms: None,
+        validation: Vec::new(),
         outcome: Some(v1::task_result::Outcome::Completed(
             v1::task_result::Completed {
                 output: b"{\"again\":true}".to_vec(),

@@ -45,7 +45,7 @@ impl World {
                         ));
                     }
                 }
-                (Call::Workers { alive }, Ok(Answer::Workers(workers))) => {
+                (Call::Workers { alive }, Ok(Answer::Workers(workers, _))) => {
                     for worker in alive {
                         let name = crate::worker::name(worker);
                         let listed = workers.iter().find(|w| w.worker_id == name);

@@ -322,6 +322,7 @@ impl World {
             assignments,
             cancels,
             progress: _,
+            breakers: _,
             observed: _,
             index_deletes,
             forget: _,

@@ -282,6 +282,7 @@ fn publish_result(
         usage: None,
         sent_at_unix_ms: now as i64,
         started_at_unix_ms: Some(run.started_at as i64),
+        validation: Vec::new(),
         outcome: Some(outcome),
     };
     let shard = assignment.results_shard.unwrap_or(0) as usize;

@@ -539,6 +539,11 @@ pub(crate) fn coordinator(seed: u64, idx: usize, incarnation: u64) -> Coordinato
             index_scan_every_ms: 500,
             seed: seed ^ ((idx as u64) << 40) ^ (incarnation << 20),
             keep_finished_ms: 300,
+            // Breakers on, tripping often: holding dispatches must keep every invariant.
+            breakers: trellis_coordinator::turn::BreakerConfig {
+                failures: 2,
+                cooldown_ms: 200,
+            },
         },
         &trellis_telemetry::Registry::default(),
     )

@@ -179,6 +179,14 @@ impl ExecutionGraph {
         let _ = write!(out, "{} [{}]", record.task_id, record.state.as_str());
         let Some(details) = details else { return };
         let _ = write!(out, " attempt {}", record.attempt);
+        if !record.validation.is_empty() {
+            out.push_str(" checks");
+            for (k, check) in record.validation.iter().enumerate() {
+                let verdict = if check.passed { "passed" } else { "FAILED" };
+                let sep = if k == 0 { ":" } else { "," };
+                let _ = write!(out, "{sep} {} {verdict}", check.name);
+            }
+        }
         if let Some(error) = record.error.as_deref().filter(|error| !error.is_empty()) {
             out.push_str(": ");
             push_cut(out, error, details.max_error_chars);
@@ -276,6 +284,7 @@ mod tests {
             output: None,
             error: None,
             earlier_attempts: Vec::new(),
+            validation: Vec::new(),
         }
     }
 

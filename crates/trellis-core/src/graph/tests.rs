@@ -44,6 +44,7 @@ fn rec(n: u128, task: &str) -> TaskStatusRecord {
         output: None,
         error: None,
         earlier_attempts: Vec::new(),
+        validation: Vec::new(),
     }
 }
 

@@ -14,6 +14,7 @@ use super::{
     OpenQuestion, Question, StepRecord, SubtaskSpec, TaskState, Usage, Work, invalid_execution,
 };
 use crate::ids::{GroupId, TaskInstanceId, WorkerId};
+use crate::record::CheckResult;
 
 impl Execution {
     /// Applies one event. Deterministic; on error nothing changed.
@@ -28,6 +29,11 @@ impl Execution {
                 attempt,
                 worker,
             } => self.on_task_started(*instance, *attempt, worker, at),
+            EventBody::TaskValidated {
+                instance,
+                attempt,
+                results,
+            } => self.on_task_validated(*instance, *attempt, results),
             EventBody::StepCheckpointed {
                 instance,
                 attempt,
@@ -119,6 +125,24 @@ impl Execution {
         }
         inst.worker = Some(worker.clone());
         inst.started_at_ms = Some(inst.dispatched_at_ms.map_or(at, |d| at.max(d)));
+        self.changed.0.push(idx);
+        Ok(Applied::Changed { stop: Vec::new() })
+    }
+
+    fn on_task_validated(
+        &mut self,
+        instance: TaskInstanceId,
+        attempt: u32,
+        results: &[CheckResult],
+    ) -> Result<Applied, ApplyError> {
+        let Ok(idx) = self.running_attempt(instance, attempt, "task_validated")? else {
+            return Ok(Applied::Ignored(Ignored::StaleAttempt));
+        };
+        let inst = &mut self.instances[idx as usize];
+        if inst.validation == results {
+            return Ok(Applied::Ignored(Ignored::Duplicate));
+        }
+        inst.validation = results.to_vec();
         self.changed.0.push(idx);
         Ok(Applied::Changed { stop: Vec::new() })
     }

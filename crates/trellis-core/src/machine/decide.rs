@@ -11,13 +11,19 @@ impl Execution {
     /// same commands. Dispatches respect `max_concurrency` and path locks, retries wait for their
     /// backoff, and nothing is dispatched while the execution is paused or waiting for a human.
     pub fn decide(&self, now_ms: u64) -> Vec<Command> {
-        self.decide_holding(now_ms, &|_| false)
+        self.decide_holding(now_ms, &mut |_, _| false)
     }
 
-    /// [`Execution::decide`], holding back dispatches to the queues `held` names as well (a
-    /// pause of a queue, a namespace or the whole fleet, which lives outside the execution).
+    /// [`Execution::decide`], holding back dispatches that `held` names by queue and task type
+    /// as well (a pause of a queue, a namespace or the whole fleet, an open circuit breaker:
+    /// what lives outside the execution). `held` is asked once per candidate that would
+    /// otherwise be dispatched, in dispatch order.
     /// Plan tasks and subtask groups paused in the execution are always held back.
-    pub fn decide_holding(&self, now_ms: u64, held: &dyn Fn(&str) -> bool) -> Vec<Command> {
+    pub fn decide_holding(
+        &self,
+        now_ms: u64,
+        held: &mut dyn FnMut(&str, &str) -> bool,
+    ) -> Vec<Command> {
         let mut commands = Vec::new();
         if self.state.is_terminal() {
             if self.finish_due
@@ -82,9 +88,10 @@ impl Execution {
             if free == 0 {
                 break;
             }
-            if self.held(idx).is_some() || held(self.queue_of(&self.instances[idx as usize].work)) {
+            if self.held(idx).is_some() {
                 continue;
             }
+            let mut takes_lock = None;
             if let Some(lock) = self.lock_task_of(idx)
                 && !self.slots[lock].locked
             {
@@ -95,8 +102,15 @@ impl Execution {
                 {
                     continue;
                 }
-                locked_now.push(lock);
+                takes_lock = Some(lock);
             }
+            // Asked last, about a candidate that would otherwise go: a hold that lets one
+            // dispatch through (a breaker's probe) is not spent on one that cannot.
+            let work = &self.instances[idx as usize].work;
+            if held(self.queue_of(work), self.type_of(work)) {
+                continue;
+            }
+            locked_now.extend(takes_lock);
             let inst = &self.instances[idx as usize];
             commands.push(Command::Dispatch {
                 instance: inst.id,

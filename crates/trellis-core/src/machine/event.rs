@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::ExecutionState;
 use crate::ids::{GroupId, QuestionId, TaskInstanceId, WorkerId};
+use crate::record::CheckResult;
 
 /// One entry of an execution's event log.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -25,6 +26,13 @@ pub enum EventBody {
         instance: TaskInstanceId,
         attempt: u32,
         worker: WorkerId,
+    },
+    /// The worker checked the attempt's result with the task's `validate:` checks; recorded just
+    /// before the `TaskCompleted` (all passed) or `TaskFailed` (one failed) it led to.
+    TaskValidated {
+        instance: TaskInstanceId,
+        attempt: u32,
+        results: Vec<CheckResult>,
     },
     /// The attempt succeeded.
     TaskCompleted {
@@ -155,6 +163,7 @@ impl EventBody {
     pub fn name(&self) -> &'static str {
         match self {
             Self::TaskStarted { .. } => "task_started",
+            Self::TaskValidated { .. } => "task_validated",
             Self::TaskCompleted { .. } => "task_completed",
             Self::TaskFailed { .. } => "task_failed",
             Self::SubtasksSpawned { .. } => "subtasks_spawned",

@@ -48,6 +48,7 @@ impl Execution {
         inst.worker = None;
         inst.dispatched_at_ms = Some(at);
         inst.started_at_ms = None;
+        inst.validation.clear();
         inst.deadline_ms = timeout.map(|t| at.saturating_add(t.as_millis() as u64));
         if let Some(deadline) = inst.deadline_ms {
             self.deadlines.insert((deadline, idx));
@@ -68,6 +69,7 @@ impl Execution {
             started_at_ms: inst.started_at_ms,
             ended_at_ms: at,
             error,
+            validation: std::mem::take(&mut inst.validation),
         };
         inst.earlier_attempts.push(record);
     }
@@ -114,6 +116,7 @@ impl Execution {
             steps: Vec::new(),
             started_at_ms: None,
             earlier_attempts: Vec::new(),
+            validation: Vec::new(),
         });
         self.by_id.insert(id, idx);
         idx

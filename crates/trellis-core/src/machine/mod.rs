@@ -59,7 +59,7 @@ pub use types::{
 use crate::ids::{ExecutionId, GroupId, QuestionId, TaskInstanceId, WorkerId};
 use crate::plan::{Plan, TaskIdx};
 use crate::policy::ChainPosition;
-use crate::record::{AttemptRecord, TaskState};
+use crate::record::{AttemptRecord, CheckResult, TaskState};
 
 type InstIdx = u32;
 type GroupIdx = u32;
@@ -129,6 +129,9 @@ struct Instance {
     /// The attempts before the current one (empty unless an attempt ended and another followed).
     #[serde(default)]
     earlier_attempts: Vec<AttemptRecord>,
+    /// The current attempt's `validate:` results (`task_validated`).
+    #[serde(default)]
+    validation: Vec<CheckResult>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -538,6 +541,13 @@ impl Execution {
     }
 
     /// Returns the queue an instance's work is published on.
+    fn type_of<'a>(&'a self, work: &'a Work) -> &'a str {
+        match work {
+            Work::Plan(task_idx) => self.plan.tasks[*task_idx].task_type.as_str(),
+            Work::Dynamic(spec) => spec.task_type.as_str(),
+        }
+    }
+
     fn queue_of<'a>(&'a self, work: &'a Work) -> &'a str {
         match work {
             Work::Plan(task_idx) => self.plan.tasks[*task_idx].queue.as_str(),

@@ -14,7 +14,7 @@ impl Execution {
     pub fn assignment(&self, instance: TaskInstanceId) -> Option<Assignment<'_>> {
         let idx = *self.by_id.get(&instance)?;
         let inst = &self.instances[idx as usize];
-        let (task_id, task_type, queue, input) = match &inst.work {
+        let (task_id, task_type, queue, input, checks) = match &inst.work {
             Work::Plan(task_idx) => {
                 let task = &self.plan.tasks[*task_idx];
                 (
@@ -22,6 +22,7 @@ impl Execution {
                     task.task_type.as_str(),
                     task.queue.as_str(),
                     &task.input,
+                    task.validate.as_slice(),
                 )
             }
             Work::Dynamic(spec) => (
@@ -29,6 +30,7 @@ impl Execution {
                 spec.task_type.as_str(),
                 spec.queue.as_deref().unwrap_or(&spec.task_type),
                 &spec.input,
+                &[][..],
             ),
         };
         let (parent, group) = match inst.origin {
@@ -51,6 +53,7 @@ impl Execution {
             steps: &inst.steps,
             parent,
             group,
+            checks,
         })
     }
 
@@ -187,6 +190,7 @@ impl Execution {
             output: None,
             error: self.reason.clone(),
             earlier_attempts: Vec::new(),
+            validation: Vec::new(),
         }
     }
 
@@ -227,6 +231,7 @@ impl Execution {
             output: inst.output.clone(),
             error: inst.error.clone(),
             earlier_attempts: inst.earlier_attempts.clone(),
+            validation: inst.validation.clone(),
         }
     }
 

@@ -8,6 +8,7 @@ use thiserror::Error;
 
 use super::event::{GroupRule, Outcome, PauseScope};
 use crate::ids::{GroupId, QuestionId, TaskInstanceId, WorkerId};
+use crate::plan::Check;
 use crate::record::TaskState;
 
 /// The state of an execution (seed 003).
@@ -205,6 +206,8 @@ pub struct Assignment<'a> {
     pub steps: &'a [StepRecord],
     pub parent: Option<TaskInstanceId>,
     pub group: Option<GroupId>,
+    /// The task's `validate:` checks, run by the worker after its handler succeeds.
+    pub checks: &'a [Check],
 }
 
 impl Assignment<'_> {

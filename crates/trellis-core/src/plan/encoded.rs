@@ -17,8 +17,8 @@ use serde_json::Value;
 
 use super::errors::PlanDecodeError;
 use super::model::{
-    Budget, BudgetAction, Condition, FileImpact, FileOp, NotRun, OWN_FALLBACK, Plan, PlanOptions,
-    Relationship, RelationshipKind, RouteCase, Task, TaskIdx,
+    Budget, BudgetAction, Check, CheckLevel, Condition, FileImpact, FileOp, NotRun, OWN_FALLBACK,
+    Plan, PlanOptions, Probe, Relationship, RelationshipKind, RouteCase, Task, TaskIdx,
 };
 use crate::policy::{Backoff, BackoffKind, EscalationChain, FailureAction, FailurePolicy};
 
@@ -117,6 +117,27 @@ struct EncodedTaskMore<'a> {
     /// ([`relationship_code`], target).
     relationships: Vec<(u8, TaskIdx)>,
     condition: Option<EncodedCondition<'a>>,
+    /// Since format 2; left out when empty, so a plan without checks keeps format 1's layout.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    validate: Vec<EncodedCheck<'a>>,
+}
+
+/// A check of `validate:`. Field order is the encoding.
+#[derive(PartialEq, Serialize, Deserialize)]
+struct EncodedCheck<'a> {
+    name: Cow<'a, str>,
+    /// [`check_level_code`].
+    level: u8,
+    probe: EncodedProbe<'a>,
+    timeout: Duration,
+}
+
+#[derive(PartialEq, Serialize, Deserialize)]
+enum EncodedProbe<'a> {
+    #[serde(rename = "command")]
+    Command(Vec<Cow<'a, str>>),
+    #[serde(rename = "http")]
+    Http(Cow<'a, str>, Cow<'a, str>, u16, Option<Cow<'a, str>>),
 }
 
 #[derive(PartialEq, Serialize, Deserialize)]
@@ -332,6 +353,7 @@ impl<'a> EncodedTask<'a> {
                     ),
                 },
             }),
+            validate: task.validate.iter().map(EncodedCheck::of).collect(),
         };
         EncodedTask {
             id: Cow::Borrowed(&task.id),
@@ -403,6 +425,14 @@ impl<'a> EncodedTask<'a> {
             };
             relationships.push(Relationship { kind, target });
         }
+        let mut validate = Vec::with_capacity(more.validate.len());
+        for (k, check) in more.validate.into_iter().enumerate() {
+            let Some(level) = check_level_from(check.level) else {
+                let message = format!("unknown check level code {}", check.level);
+                return Err(invalid(format!("validate[{k}].level"), message));
+            };
+            validate.push(check.into_check(level));
+        }
         let task = Task {
             queue: more
                 .queue
@@ -432,8 +462,71 @@ impl<'a> EncodedTask<'a> {
                     }
                 },
             }),
+            validate,
         };
         Ok((task, self.deps.into_owned(), more.conflicts.into_owned()))
+    }
+}
+
+impl<'a> EncodedCheck<'a> {
+    fn of(check: &'a Check) -> Self {
+        EncodedCheck {
+            name: Cow::Borrowed(&check.name),
+            level: check_level_code(check.level),
+            probe: match &check.probe {
+                Probe::Command(argv) => {
+                    EncodedProbe::Command(argv.iter().map(|a| Cow::Borrowed(a.as_str())).collect())
+                }
+                Probe::Http {
+                    method,
+                    url,
+                    status,
+                    body_contains,
+                } => EncodedProbe::Http(
+                    Cow::Borrowed(method),
+                    Cow::Borrowed(url),
+                    *status,
+                    body_contains.as_deref().map(Cow::Borrowed),
+                ),
+            },
+            timeout: check.timeout,
+        }
+    }
+
+    fn into_check(self, level: CheckLevel) -> Check {
+        Check {
+            name: self.name.into_owned(),
+            level,
+            probe: match self.probe {
+                EncodedProbe::Command(argv) => {
+                    Probe::Command(argv.into_iter().map(Cow::into_owned).collect())
+                }
+                EncodedProbe::Http(method, url, status, body_contains) => Probe::Http {
+                    method: method.into_owned(),
+                    url: url.into_owned(),
+                    status,
+                    body_contains: body_contains.map(Cow::into_owned),
+                },
+            },
+            timeout: self.timeout,
+        }
+    }
+}
+
+fn check_level_code(level: CheckLevel) -> u8 {
+    match level {
+        CheckLevel::Codebase => 0,
+        CheckLevel::Api => 1,
+        CheckLevel::Ui => 2,
+    }
+}
+
+fn check_level_from(code: u8) -> Option<CheckLevel> {
+    match code {
+        0 => Some(CheckLevel::Codebase),
+        1 => Some(CheckLevel::Api),
+        2 => Some(CheckLevel::Ui),
+        _ => None,
     }
 }
 

@@ -34,7 +34,7 @@ use super::model::Plan;
 use super::verify;
 
 /// Version of the plan encoding [`encode`] writes.
-pub const PLAN_FORMAT_VERSION: u32 = 1;
+pub const PLAN_FORMAT_VERSION: u32 = 2;
 
 /// The oldest version [`decode`] reads.
 const OLDEST_READABLE_FORMAT: u32 = 1;

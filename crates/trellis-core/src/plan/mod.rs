@@ -11,10 +11,11 @@
 //! - `parse`: text to a spec; `expand`: params, templates and `for_each` to a flat spec;
 //!   `cycles`: cycle detection on the task graph;
 //! - `compiler`: the compiler's working state; `options` and `task`: lowering of `options:`,
-//!   failure actions, tasks and routes; `compile`: the whole-plan passes, spec to plan;
+//!   failure actions, tasks and routes; `checks`: lowering of `validate:`; `compile`: the whole-plan passes, spec to plan;
 //! - `encoded`: the private encoded form of a plan; `verify`: what decoding checks; `encoding`:
 //!   [`encode`] and [`decode`].
 
+mod checks;
 mod compile;
 mod compiler;
 mod cycles;
@@ -38,8 +39,9 @@ pub use errors::{Location, PlanDecodeError, PlanError, PlanErrorKind, PlanErrors
 pub use expand::{escape_references, expand, expand_with_limits};
 pub use limits::Limits;
 pub use model::{
-    Budget, BudgetAction, Condition, FileImpact, FileOp, NotRun, OWN_FALLBACK, Plan, PlanOptions,
-    Relationship, RelationshipKind, RouteCase, Task, TaskIdx, case_matches,
+    Budget, BudgetAction, Check, CheckLevel, Condition, FileImpact, FileOp, NotRun, OWN_FALLBACK,
+    Plan, PlanOptions, Probe, Relationship, RelationshipKind, RouteCase, Task, TaskIdx,
+    case_matches,
 };
 pub use parse::{parse_param_values, parse_spec, parse_spec_bytes};
 pub use spec::PlanSpec;

@@ -131,6 +131,67 @@ pub struct Task {
     pub relationships: Vec<Relationship>,
     /// Set for a task listed in another task's `route`: it runs only when the route picks it.
     pub condition: Option<Condition>,
+    /// Checks the worker runs after the handler succeeds (`validate:`), in order.
+    pub validate: Vec<Check>,
+}
+
+/// One declared check of a task's result (`validate:`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Check {
+    /// Unique within the task.
+    pub name: String,
+    pub level: CheckLevel,
+    pub probe: Probe,
+    pub timeout: Duration,
+}
+
+/// The test levels of seed 001.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckLevel {
+    /// The code itself: a linter, unit tests.
+    Codebase,
+    /// A running service, through its API.
+    Api,
+    /// The user interface, through a command (a browser test).
+    Ui,
+}
+
+impl CheckLevel {
+    /// Returns the lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Codebase => "codebase",
+            Self::Api => "api",
+            Self::Ui => "ui",
+        }
+    }
+
+    /// Reads a name [`Self::as_str`] gives.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "codebase" => Some(Self::Codebase),
+            "api" => Some(Self::Api),
+            "ui" => Some(Self::Ui),
+            _ => None,
+        }
+    }
+}
+
+/// What a check does.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Probe {
+    /// Runs a program with arguments (a command written as one string is `sh -c <it>`); passes
+    /// on exit status 0.
+    Command(Vec<String>),
+    /// Sends a request; passes when the answer has `status` and, if set, a body containing
+    /// `body_contains`.
+    Http {
+        method: String,
+        url: String,
+        status: u16,
+        body_contains: Option<String>,
+    },
 }
 
 /// When a routed task runs: the deciding task's output, read at `pointer`, picks it.
@@ -201,6 +262,7 @@ impl Task {
             tests: Vec::new(),
             relationships: Vec::new(),
             condition: None,
+            validate: Vec::new(),
         }
     }
 }

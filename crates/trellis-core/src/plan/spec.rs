@@ -209,6 +209,62 @@ pub struct TaskSpec {
     /// Makes this task decide which of some later tasks run, by its output.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub route: Option<RouteSpec>,
+    /// Checks run on the worker after the task's handler succeeds; a failed check fails the
+    /// attempt (reason `validation`) and the task's failure policy decides what follows.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub validate: Vec<CheckSpec>,
+}
+
+/// One entry of `validate:` — `{name: lint, level: codebase, command: "cargo clippy", timeout:
+/// 5m}` or `{name: health, level: api, http: {url: "http://localhost:8080/health", status:
+/// 200}}`.
+///
+/// A check has exactly one of `command` and `http`. The levels are seed 001's three test levels;
+/// `codebase` and `ui` checks run a command, an `api` check a command or an HTTP request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CheckSpec {
+    /// Unique within the task: `[A-Za-z0-9_.-]`, at most 64 characters.
+    pub name: String,
+    pub level: CheckLevelSpec,
+    /// A command: one string runs through `sh -c`, a list is the program and its arguments. It
+    /// passes when it exits with status 0. It runs in the worker's working directory, with the
+    /// task's output in the file `$TRELLIS_OUTPUT_FILE`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<CommandSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpCheckSpec>,
+    /// How long the check may run (a humantime duration); default 5m.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+}
+
+/// The three levels of seed 001, as written (lowercase).
+pub use super::model::CheckLevel as CheckLevelSpec;
+
+/// A check's command as written: `"cargo test --quiet"` (through `sh -c`) or `[cargo, test]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum CommandSpec {
+    Shell(String),
+    Argv(Vec<String>),
+}
+
+/// `http:` of a check: a request and what its answer must be.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HttpCheckSpec {
+    /// `http://` or `https://`.
+    pub url: String,
+    /// Default `GET`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    /// The status the answer must have; default 200.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<i64>,
+    /// Text the answer's body must contain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body_contains: Option<String>,
 }
 
 /// `route:` on a deciding task: `{path: /kind, cases: {bug: [fix], feature: [build]}, default:
@@ -252,6 +308,7 @@ impl Default for TaskSpec {
             retry: None,
             relationships: Vec::new(),
             route: None,
+            validate: Vec::new(),
         }
     }
 }

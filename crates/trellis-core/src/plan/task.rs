@@ -384,6 +384,7 @@ pub(super) fn compile_task(
         tests,
         relationships,
         condition: None,
+        validate: super::checks::compile_checks(c, i, &ts.validate),
     }
 }
 

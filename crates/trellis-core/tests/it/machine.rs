@@ -5,8 +5,9 @@ use trellis_core::machine::{
     Applied, ApplyError, EventBody, ExecutionState, GroupRule, Ignored, Outcome, PauseMode,
     PauseScope, Question, ResumeContext, SubtaskSpec, TimeoutAction, Usage,
 };
+use trellis_core::plan::CheckLevel;
 use trellis_core::policy::{Backoff, BackoffKind, FailureAction};
-use trellis_core::record::{AttemptRecord, TaskState};
+use trellis_core::record::{AttemptRecord, CheckResult, TaskState};
 
 use crate::common::{PlanBuilder, Sim, T0, chain, ms};
 
@@ -401,9 +402,22 @@ fn the_record_keeps_each_attempts_worker_and_times() {
                     ..Backoff::default()
                 },
             }]);
+            t.validate = vec![trellis_core::plan::Check {
+                name: "lint".to_owned(),
+                level: CheckLevel::Codebase,
+                probe: trellis_core::plan::Probe::Command(vec!["make".to_owned()]),
+                timeout: ms(1000),
+            }];
         })
         .build();
     let mut sim = Sim::new(plan);
+    let check = |passed| CheckResult {
+        name: "lint".to_owned(),
+        level: CheckLevel::Codebase,
+        passed,
+        duration_ms: 7,
+        output: if passed { "clean" } else { "2 warnings" }.to_owned(),
+    };
     let record = |sim: &Sim, api| {
         sim.exec
             .records()
@@ -428,6 +442,18 @@ fn the_record_keeps_each_attempts_worker_and_times() {
         worker: WorkerId::from("w1"),
     })
     .expect("started");
+    assert_eq!(
+        sim.exec.assignment(api).expect("assigned").checks.len(),
+        1,
+        "the assignment carries the task's checks"
+    );
+    sim.apply(EventBody::TaskValidated {
+        instance: api,
+        attempt: 1,
+        results: vec![check(false)],
+    })
+    .expect("validated");
+    assert_eq!(record(&sim, api).validation, [check(false)]);
     sim.now = T0 + 30;
     fail(&mut sim, api, true);
     sim.now = T0 + 40;
@@ -449,6 +475,23 @@ fn the_record_keeps_each_attempts_worker_and_times() {
         })
         .expect("a second report is accepted");
     assert_eq!(again, Applied::Ignored(Ignored::Duplicate));
+    assert!(
+        record(&sim, api).validation.is_empty(),
+        "a new attempt starts without checks"
+    );
+    for expected in [
+        Applied::Changed { stop: Vec::new() },
+        Applied::Ignored(Ignored::Duplicate),
+    ] {
+        let validated = sim
+            .apply(EventBody::TaskValidated {
+                instance: api,
+                attempt: 2,
+                results: vec![check(true)],
+            })
+            .expect("validated");
+        assert_eq!(validated, expected);
+    }
     sim.now = T0 + 60;
     complete(&mut sim, api);
     let done = record(&sim, api);
@@ -467,8 +510,10 @@ fn the_record_keeps_each_attempts_worker_and_times() {
             started_at_ms: Some(T0 + 10),
             ended_at_ms: T0 + 30,
             error: "boom".to_owned(),
+            validation: vec![check(false)],
         }]
     );
+    assert_eq!(done.validation, [check(true)]);
     // A snapshot keeps all of it.
     let restored = trellis_core::machine::Execution::restore(
         std::sync::Arc::clone(sim.exec.plan()),
@@ -1030,9 +1075,11 @@ fn decide_holding_holds_back_the_queues_it_names() {
         .edit("gpu", |t| t.queue = "gpu".into())
         .build();
     let sim = Sim::new(plan);
-    let commands = sim.exec.decide_holding(sim.now, &|queue| queue == "gpu");
+    let commands = sim
+        .exec
+        .decide_holding(sim.now, &mut |queue, _| queue == "gpu");
     assert_eq!(commands.len(), 1, "{commands:?}");
-    assert_eq!(sim.exec.decide_holding(sim.now, &|_| true).len(), 0);
+    assert_eq!(sim.exec.decide_holding(sim.now, &mut |_, _| true).len(), 0);
     assert_eq!(sim.exec.decide(sim.now).len(), 2);
 }
 

@@ -60,7 +60,14 @@ tasks:
     relationships: [{type: supersedes, target: old-build}, {type: blocks, target: ship}]
   - {id: old-build, type: noop}
   - {id: build-again, type: noop, relationships: [{type: duplicate_of, target: build}]}
-  - {id: build-tests, type: noop, relationships: [{type: tests, target: build}]}
+  - id: build-tests
+    type: noop
+    relationships: [{type: tests, target: build}]
+    validate:
+      - {name: lint, level: codebase, command: "cargo clippy -- -D warnings", timeout: 10m}
+      - {name: health, level: api, http: {url: "https://svc.local/health", method: head, status: 204, body_contains: ok}}
+      - {name: health-cmd, level: api, command: [curl, -f, "http://svc.local"]}
+      - {name: screens, level: ui, command: [npx, playwright, test]}
   - id: review
     type: question
     relationships: [{type: subtask_of, target: ship}]
@@ -84,8 +91,7 @@ tasks:
   - {id: c, type: noop, depends_on: [a], on_failure: [skip], relationships: [{type: conflicts_with, target: b}]}
 ";
 
-/// The encoding of `PINNED`, format 1. If this changes, the format changed: bump
-/// `PLAN_FORMAT_VERSION` and keep old bytes readable (see `plan/encoding.rs`).
+/// The encoding of `PINNED`, format 1 (before `validate:`), which must still decode.
 const PINNED_V1: &str = "9501a670696e6e65649602c0c39381a57265747279920394029200ce05f5e100923c0000c29093c0c000ca0000000092a46e6f6f70a57368656c6c9395a1610081a16e0190c095a162018091009ca17191029193a16601ca3f800000920200c0c0c2c0c09090c095a163008091009cc0910190c091a4736b6970c0c2c0c09091920201c0";
 
 /// Returns `n` independent `noop` tasks, as the simplest large plan.
@@ -142,6 +148,7 @@ fn every_feature_round_trips() {
         Some(NotRun::DuplicateOf(_))
     ));
     assert!(!t("build-tests").tests.is_empty());
+    assert_eq!(t("build-tests").validate.len(), 4);
     assert!(plan.conflicts.iter().any(|c| !c.is_empty()));
     round_trips(&plan).expect("round trip");
 }
@@ -164,13 +171,38 @@ fn every_example_round_trips() {
     assert!(n >= 7, "only {n} examples found");
 }
 
+/// The encoding of `PINNED`, format 2: a plan without checks keeps format 1's layout. If this
+/// changes, the format changed: bump `PLAN_FORMAT_VERSION` and keep old bytes readable (see
+/// `plan/encoding.rs`).
+const PINNED_V2: &str = "9502a670696e6e65649602c0c39381a57265747279920394029200ce05f5e100923c0000c29093c0c000ca0000000092a46e6f6f70a57368656c6c9395a1610081a16e0190c095a162018091009ca17191029193a16601ca3f800000920200c0c0c2c0c09090c095a163008091009cc0910190c091a4736b6970c0c2c0c09091920201c0";
+
+/// A plan with checks, whose encoding is pinned below.
+const PINNED_CHECKS: &str = r#"
+name: checked
+tasks:
+  - id: a
+    type: noop
+    validate:
+      - {name: lint, level: codebase, command: make lint, timeout: 30s}
+      - {name: up, level: api, http: {url: "http://h/up", body_contains: ok}}
+"#;
+
+/// The encoding of `PINNED_CHECKS`, format 2.
+const PINNED_CHECKS_V2: &str = "9502a7636865636b656496c0c0c39381a57265747279920394029200ce05f5e100923c0000c29093c0c000ca0000000091a46e6f6f709195a1610080909dc09090c0c0c0c2c0c09090c09294a46c696e740081a7636f6d6d616e6493a27368a22d63a96d616b65206c696e74921e0094a275700181a46874747094a3474554ab687474703a2f2f682f7570ccc8a26f6b92cd012c00";
+
 #[test]
 fn the_bytes_are_pinned_and_old_bytes_decode() {
     let plan = compile_ok(PINNED);
     let bytes = encode(&plan);
-    assert_eq!(hex(&bytes), PINNED_V1, "the encoding of format 1 changed");
+    assert_eq!(hex(&bytes), PINNED_V2, "the encoding of format 2 changed");
     assert_eq!(decode(&unhex(PINNED_V1)).expect("format 1 decodes"), plan);
-    assert_eq!(PLAN_FORMAT_VERSION, 1);
+    let checked = compile_ok(PINNED_CHECKS);
+    assert_eq!(
+        hex(&encode(&checked)),
+        PINNED_CHECKS_V2,
+        "the encoding of checks changed"
+    );
+    assert_eq!(PLAN_FORMAT_VERSION, 2);
 }
 
 #[test]
@@ -343,11 +375,11 @@ fn bytes_that_are_not_a_plan_are_refused() {
         Err("plan bytes are malformed: plan is an empty array".to_owned())
     );
     let mut later = bytes.clone();
-    later[1] = 2;
+    later[1] = 3;
     assert_eq!(
         decode(&later),
         Err(PlanDecodeError::Format {
-            found: 2,
+            found: 3,
             oldest: 1,
             newest: PLAN_FORMAT_VERSION
         }),

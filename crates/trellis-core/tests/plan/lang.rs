@@ -295,7 +295,7 @@ fn template_and_for_each_errors_point_at_the_source() {
     assert_eq!(
         errors_of(text, &[]),
         vec![
-            "templates.base.queu: unknown field `queu`, expected one of `id`, `type`, `use`, `for_each`, `queue`, `input`, `files`, `depends_on`, `timeout`, `fallback`, `on_failure`, `retry`, `relationships`, `route` [did you mean `queue`?]",
+            "templates.base.queu: unknown field `queu`, expected one of `id`, `type`, `use`, `for_each`, `queue`, `input`, `files`, `depends_on`, `timeout`, `fallback`, `on_failure`, `retry`, `relationships`, `route`, `validate` [did you mean `queue`?]",
             "templates.named.id: a template cannot have `id` (give it on the tasks that use the template)",
         ]
     );

@@ -29,6 +29,7 @@ fn task_result(outcome: task_result::Outcome) -> TaskResult {
         }),
         sent_at_unix_ms: 1_760_000_000_000,
         started_at_unix_ms: Some(1_759_999_999_990),
+        validation: Vec::new(),
         outcome: Some(outcome),
     }
 }

@@ -108,6 +108,7 @@ fn run() -> Run {
                 }),
                 sent_at_unix_ms,
                 started_at_unix_ms: Some(sent_at_unix_ms),
+                validation: Vec::new(),
                 outcome: Some(outcome),
             };
             let mut outcomes = vec![

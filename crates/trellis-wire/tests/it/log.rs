@@ -11,7 +11,8 @@ use trellis_core::machine::{
     Event, EventBody, GroupRule, Outcome, PauseMode, PauseScope, Question, SubtaskSpec,
     TimeoutAction, Usage,
 };
-use trellis_core::plan::{Limits, compile_str};
+use trellis_core::plan::{CheckLevel, Limits, compile_str};
+use trellis_core::record::CheckResult;
 use trellis_proto::v1;
 use trellis_wire::log::{
     LogEntry, Started, decode_event_batch, event_batch_to_proto, event_from_proto, event_to_proto,
@@ -37,6 +38,7 @@ pub(crate) fn check_event_round_trip(event: &Event) {
 fn variant(body: &EventBody) -> &'static str {
     match body {
         EventBody::TaskStarted { .. } => "task_started",
+        EventBody::TaskValidated { .. } => "task_validated",
         EventBody::TaskCompleted { .. } => "task_completed",
         EventBody::TaskFailed { .. } => "task_failed",
         EventBody::SubtasksSpawned { .. } => "subtasks_spawned",
@@ -59,7 +61,7 @@ fn variant(body: &EventBody) -> &'static str {
     }
 }
 
-const N_VARIANTS: usize = 20;
+const N_VARIANTS: usize = 21;
 
 /// One hand-written example per variant, plus a few edge cases.
 fn examples() -> Vec<EventBody> {
@@ -73,6 +75,26 @@ fn examples() -> Vec<EventBody> {
             instance,
             attempt: 1,
             worker: WorkerId::from("host-12-0"),
+        },
+        EventBody::TaskValidated {
+            instance,
+            attempt: 2,
+            results: vec![
+                CheckResult {
+                    name: "lint".to_owned(),
+                    level: CheckLevel::Codebase,
+                    passed: true,
+                    duration_ms: 1200,
+                    output: "no warnings\n".to_owned(),
+                },
+                CheckResult {
+                    name: "up".to_owned(),
+                    level: CheckLevel::Api,
+                    passed: false,
+                    duration_ms: 0,
+                    output: String::new(),
+                },
+            ],
         },
         EventBody::TaskCompleted {
             instance,

@@ -8,6 +8,7 @@ use trellis_core::machine::{
     Assignment, Event, EventBody, GroupRule, GroupSummary, ResumeContext, StepRecord, SubtaskSpec,
     TimeoutAction, Usage,
 };
+use trellis_core::plan::{Check, CheckLevel, Probe};
 use trellis_proto::v1::{self, task_result};
 use trellis_wire::error::ConvertErrorKind;
 use trellis_wire::worker::{
@@ -33,6 +34,7 @@ pub(crate) fn task_result(outcome: Option<task_result::Outcome>) -> v1::TaskResu
         }),
         sent_at_unix_ms: 1,
         started_at_unix_ms: None,
+        validation: Vec::new(),
         outcome,
     }
 }
@@ -524,6 +526,29 @@ fn assignment_carries_group_summary_and_steps() {
         },
     ];
     let avoid = WorkerId::from("worker-3");
+    let checks = [
+        Check {
+            name: "lint".to_owned(),
+            level: CheckLevel::Codebase,
+            probe: Probe::Command(vec![
+                "sh".to_owned(),
+                "-c".to_owned(),
+                "make lint".to_owned(),
+            ]),
+            timeout: std::time::Duration::from_secs(30),
+        },
+        Check {
+            name: "up".to_owned(),
+            level: CheckLevel::Api,
+            probe: Probe::Http {
+                method: "HEAD".to_owned(),
+                url: "http://h/up".to_owned(),
+                status: 204,
+                body_contains: Some("ok".to_owned()),
+            },
+            timeout: std::time::Duration::from_millis(1500),
+        },
+    ];
     let assignment = Assignment {
         instance: instance_id(2),
         task_id: "build",
@@ -537,6 +562,7 @@ fn assignment_carries_group_summary_and_steps() {
         steps: &steps,
         parent: None,
         group: None,
+        checks: &checks,
     };
     let proto = check_assignment_round_trip(&assignment);
     assert_eq!(proto.idempotency_key, format!("{}:3", instance_id(2)));
@@ -589,6 +615,7 @@ fn assignment_carries_answer() {
         steps: &[],
         parent: None,
         group: None,
+        checks: &[],
     };
     let proto = check_assignment_round_trip(&assignment);
     let resume = proto
@@ -622,6 +649,7 @@ fn fresh_member_assignment_has_no_resume_context() {
         steps: &[],
         parent: Some(instance_id(2)),
         group: Some(group_id(3)),
+        checks: &[],
     };
     let proto = check_assignment_round_trip(&assignment);
     assert_eq!(proto.resume, None);
@@ -652,6 +680,7 @@ fn malformed_assignments_are_precise_errors() {
         steps: &steps,
         parent: None,
         group: None,
+        checks: &[],
     };
     let mut proto = assignment_to_proto(execution_id(), 1, &assignment);
     if let Some(resume) = proto.resume.as_mut() {
