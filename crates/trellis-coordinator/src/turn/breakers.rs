@@ -182,6 +182,10 @@ impl Breakers {
     /// half-open with its probe sent. A half-open breaker without a probe lets the first
     /// candidate asked about through and holds the rest of the call (`probing` remembers it).
     pub(super) fn holds(&self, queue: &str, task_type: &str, probing: &mut BTreeSet<Key>) -> bool {
+        // Nothing failed yet (or breakers are off): nothing to look up, nothing to allocate.
+        if self.states.is_empty() {
+            return false;
+        }
         let key = (queue.to_owned(), task_type.to_owned());
         match self.states.get(&key) {
             None | Some(State::Closed { .. }) => false,
@@ -191,7 +195,11 @@ impl Breakers {
     }
 
     /// Records a dispatch: the first one of a half-open breaker is its probe.
-    pub(super) fn dispatched(&mut self, key: Key, attempt: Probe, now: u64) {
+    pub(super) fn dispatched(&mut self, queue: &str, task_type: &str, attempt: Probe, now: u64) {
+        if self.states.is_empty() {
+            return;
+        }
+        let key = (queue.to_owned(), task_type.to_owned());
         if let Some(state @ State::HalfOpen { probe: None }) = self.states.get_mut(&key) {
             *state = State::HalfOpen {
                 probe: Some((attempt, now)),
@@ -345,7 +353,7 @@ mod tests {
         let mut probing = BTreeSet::new();
         assert!(!b.holds("shell", "shell", &mut probing), "one probe goes");
         assert!(b.holds("shell", "shell", &mut probing), "only one");
-        b.dispatched(key(), attempt(10), 1_100);
+        b.dispatched("shell", "shell", attempt(10), 1_100);
         assert!(held(&b), "the rest wait for the probe");
         // A late failure of an attempt from before does not decide.
         b.outcome(key(), false, attempt(1), 1_200);
@@ -363,13 +371,13 @@ mod tests {
             }
         ));
         b.tick(2_300);
-        b.dispatched(key(), attempt(11), 2_300);
+        b.dispatched("shell", "shell", attempt(11), 2_300);
         // A probe that never reports is given up after a cooldown; the next one decides.
         b.tick(3_299);
         assert!(held(&b));
         b.tick(3_300);
         assert!(!held(&b), "another probe may go");
-        b.dispatched(key(), attempt(12), 3_300);
+        b.dispatched("shell", "shell", attempt(12), 3_300);
         b.outcome(key(), true, attempt(12), 3_400);
         assert!(!held(&b), "a good probe closes it");
         let path: Vec<(&str, &str)> = b.transitions.iter().map(|t| (t.from, t.to)).collect();

@@ -276,8 +276,12 @@ impl Live {
                 if let Command::Dispatch { instance, attempt } = command
                     && let Some(assignment) = self.machine.assignment(instance)
                 {
-                    let key = (assignment.queue.to_owned(), assignment.task_type.to_owned());
-                    breakers.dispatched(key, (id, instance, attempt), now);
+                    breakers.dispatched(
+                        assignment.queue,
+                        assignment.task_type,
+                        (id, instance, attempt),
+                        now,
+                    );
                 }
                 if let Err(err) = self.record(id, command.into_event(now), metrics) {
                     // A decision the machine refuses is a bug in the machine; stop deciding for
