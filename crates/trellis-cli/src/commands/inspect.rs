@@ -13,7 +13,7 @@ use trellis_proto::v1::{
 
 use super::Failure;
 use crate::client::Coordinator;
-use crate::render::{self, events, progress, tree};
+use crate::render::{self, checks, events, progress, tree};
 
 /// Show one execution: state, progress, times, usage and open questions.
 #[derive(Debug, Args)]
@@ -129,7 +129,7 @@ pub async fn status(coordinator_url: &str, args: StatusArgs) -> Result<(), Failu
     let execution = get_execution(&mut coordinator, &args.execution_id).await?;
     // The checks live in the task records: read them from the graph, when it can be had (the
     // status is worth printing without them).
-    let checks = coordinator
+    let checked = coordinator
         .client
         .get_execution_graph(GetExecutionGraphRequest {
             execution_id: args.execution_id.clone(),
@@ -138,76 +138,26 @@ pub async fn status(coordinator_url: &str, args: StatusArgs) -> Result<(), Failu
         .await
         .ok()
         .and_then(|response| response.into_inner().graph)
-        .map(|graph| checks_summary(&graph))
+        .map(|graph| checks::summary(&graph))
         .unwrap_or_default();
     let mut out = BufWriter::new(io::stdout().lock());
     if args.json {
         let mut object = execution_json(&execution);
         object["checks"] = json!({
-            "passed": checks.passed,
-            "failed": checks.failed.iter().map(|(task, check, level)| {
+            "passed": checked.passed,
+            "failed": checked.failed.iter().map(|(task, check, level)| {
                 json!({"task_id": task, "name": check, "level": level})
             }).collect::<Vec<_>>(),
         });
         writeln!(out, "{object}")?;
     } else {
         let mut text = status_text(&execution);
-        if let Some(line) = checks.line() {
+        if let Some(line) = checked.line() {
             text.push_str(&line);
         }
         out.write_all(text.as_bytes())?;
     }
     Ok(out.flush()?)
-}
-
-/// The `validate:` checks of an execution's current attempts: how many passed, and which failed.
-#[derive(Debug, Default, PartialEq)]
-struct ChecksSummary {
-    passed: usize,
-    /// (task id, check name, level) of each failed check.
-    failed: Vec<(String, String, String)>,
-}
-
-impl ChecksSummary {
-    /// `checks     4 passed, 1 failed: build lint (codebase)`; `None` when no check ran.
-    fn line(&self) -> Option<String> {
-        if self.passed == 0 && self.failed.is_empty() {
-            return None;
-        }
-        let mut line = format!("{:<10} {} passed", "checks", self.passed);
-        if !self.failed.is_empty() {
-            let names: Vec<String> = self
-                .failed
-                .iter()
-                .map(|(task, check, level)| format!("{task} {check} ({level})"))
-                .collect();
-            line.push_str(&format!(
-                ", {} failed: {}",
-                self.failed.len(),
-                names.join(", ")
-            ));
-        }
-        line.push('\n');
-        Some(line)
-    }
-}
-
-/// Counts the checks of every instance's current attempt in `graph`.
-fn checks_summary(graph: &trellis_proto::v1::ExecutionGraph) -> ChecksSummary {
-    let mut summary = ChecksSummary::default();
-    for record in graph.nodes.iter().filter_map(|node| node.record.as_ref()) {
-        for check in &record.validation {
-            if check.passed {
-                summary.passed += 1;
-            } else {
-                let level = trellis_proto::v1::CheckLevel::label_of(check.level).to_owned();
-                summary
-                    .failed
-                    .push((record.task_id.clone(), check.name.clone(), level));
-            }
-        }
-    }
-    summary
 }
 
 /// Runs `trellis list`.

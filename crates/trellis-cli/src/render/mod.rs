@@ -6,6 +6,7 @@
 //! - [`tree`] draws the execution graph.
 //! - [`plan_graph`] draws a plan as Mermaid or DOT.
 
+pub mod checks;
 pub mod events;
 pub mod logs;
 pub mod plan_graph;
