@@ -48,6 +48,11 @@ struct Args {
     /// failure policy decides [default: 10].
     #[arg(long, env = "TRELLIS_MAX_DELIVERIES", value_parser = clap::value_parser!(u32).range(1..))]
     max_deliveries: Option<u32>,
+    /// Outputs larger than this many bytes go to the Object Store bucket `trellis_outputs` and the
+    /// result carries a reference (size and SHA-256) instead; readers get the value back
+    /// transparently [default: 262144].
+    #[arg(long, env = "TRELLIS_OUTPUT_INLINE_LIMIT", value_name = "BYTES")]
+    output_inline_limit: Option<usize>,
     /// Run no worker: ask the worker named by --worker-id (another process, e.g. this pod's own
     /// worker from a Kubernetes preStop hook) to drain, and return once it has exited. It takes
     /// no new task and finishes the running ones however long they take.
@@ -97,6 +102,9 @@ async fn main_async(args: Args) -> ExitCode {
         shards: args.shards.unwrap_or(defaults.shards),
         shutdown_grace_ms: args.shutdown_grace_ms.unwrap_or(defaults.shutdown_grace_ms),
         max_deliveries: args.max_deliveries.unwrap_or(defaults.max_deliveries),
+        output_inline_limit: args
+            .output_inline_limit
+            .unwrap_or(defaults.output_inline_limit),
         telemetry: trellis_telemetry::Telemetry::new(),
     };
     if let Err(error) = config.validate() {

@@ -25,6 +25,10 @@ pub struct Config {
     /// it died: a poison task) is not run again: its attempt fails with "worker lost <n> times"
     /// and the plan's failure policy decides. Deliveries handed back (shutdown, `avoid`) count.
     pub max_deliveries: u32,
+    /// Outputs larger than this many bytes (UTF-8 JSON) are stored in the Object Store bucket
+    /// `trellis_outputs` and reported by reference; a task whose output decides a `route:` keeps
+    /// its output inline whatever its size.
+    pub output_inline_limit: usize,
     /// Metrics and readiness ("worker": ready while it consumes its queues).
     #[serde(skip)]
     pub telemetry: Telemetry,
@@ -48,6 +52,7 @@ impl Default for Config {
             shards: 1,
             shutdown_grace_ms: 10_000,
             max_deliveries: 10,
+            output_inline_limit: trellis_bus::DEFAULT_INLINE_LIMIT,
             telemetry: Telemetry::default(),
         }
     }

@@ -43,6 +43,7 @@ pub mod fuzzing;
 mod intake;
 mod logs;
 mod metrics;
+mod outputs;
 mod publish;
 pub mod sdk;
 mod steps;

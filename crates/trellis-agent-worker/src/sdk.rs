@@ -500,6 +500,33 @@ impl TaskContext {
         }
     }
 
+    /// Returns the output of the plan task `task_id` this task depends on, parsed; `None` when it
+    /// is not a dependency, did not complete, or was left out (see [`TaskContext::upstream_truncated`]).
+    /// An output stored by reference has already been read back and checked.
+    pub fn upstream(&self, task_id: &str) -> Option<Value> {
+        let upstream = self
+            .assignment
+            .upstream
+            .iter()
+            .find(|upstream| upstream.task_id == task_id)?;
+        serde_json::from_slice(&upstream.output).ok()
+    }
+
+    /// Returns the outputs of the plan tasks this task depends on that completed, as UTF-8 JSON,
+    /// in the order of its dependencies.
+    pub fn upstream_outputs(&self) -> impl Iterator<Item = (&str, &[u8])> {
+        self.assignment
+            .upstream
+            .iter()
+            .map(|upstream| (upstream.task_id.as_str(), upstream.output.as_slice()))
+    }
+
+    /// True when some dependencies' outputs were left out to keep the assignment small (over 1,000
+    /// dependencies, or over 1 MiB of outputs kept inline).
+    pub fn upstream_truncated(&self) -> bool {
+        self.assignment.upstream_truncated
+    }
+
     /// Returns the human's answer this instance was resumed with, if it was.
     pub fn answer(&self) -> Option<&HumanAnswer> {
         match self.assignment.resume.as_ref()?.resumed_after.as_ref()? {

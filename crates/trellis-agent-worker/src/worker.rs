@@ -25,6 +25,7 @@ use crate::fences::Fences;
 use crate::intake::{SetAside, accept_assignment, cancel_request};
 use crate::logs::{self, LogPublisher};
 use crate::metrics::Metrics;
+use crate::outputs::OutputStore;
 use crate::publish::{self, Finished, PUBLISH_BATCH, ResultSink, now_unix_ms};
 use crate::sdk::{HandlerRegistry, Outcome, Running, TaskContext, TaskHandler, lock};
 use crate::steps::wants_stored_steps;
@@ -78,6 +79,7 @@ pub(crate) async fn run(
     // prepared by an older coordinator or by a test.
     let steps = trellis_bus::ensure_steps_bucket(&js, config.nats.replicas).await?;
     let fences_bucket = trellis_bus::ensure_fences_bucket(&js, config.nats.replicas).await?;
+    let outputs = trellis_bus::Outputs::ensure(&js, config.nats.replicas).await?;
     let mut consumers = Vec::with_capacity(config.queues.len());
     for queue in &config.queues {
         let consumer = trellis_bus::task_consumer(&streams.tasks, queue, MAX_ACK_PENDING).await?;
@@ -140,6 +142,7 @@ pub(crate) async fn run(
         completed: AtomicU64::new(0),
         failed: AtomicU64::new(0),
         logs: LogPublisher::new(js.clone(), worker_id.clone()),
+        outputs: Arc::new(OutputStore::new(outputs, config.output_inline_limit)),
     });
     let fence_watch = tokio::spawn(worker.fences.clone().watch(fences_bucket, abandon.clone()));
     metrics.slots.inc_by(config.slots as i64);
@@ -259,6 +262,8 @@ struct Worker {
     failed: AtomicU64,
     /// Publishes the attempts' log lines.
     logs: LogPublisher,
+    /// Outputs stored by reference: large outputs put, references handed in resolved.
+    outputs: Arc<OutputStore>,
 }
 
 /// How a handler task ended.
@@ -668,15 +673,20 @@ impl Worker {
         let sink = self.sink.clone();
         let attempt_running = running.clone();
         let checks = std::mem::take(&mut assignment.validate);
+        let outputs = self.outputs.clone();
         let attempt = async move {
             if wants_stored_steps(delivered, &assignment) {
                 sink.load_steps(&mut assignment, &attempt_running).await;
             }
+            if let Err(outcome) = outputs.resolve(&mut assignment).await {
+                return outcome;
+            }
+            let keep_inline = assignment.keep_output_inline;
             let ctx = TaskContext::new(assignment, attempt_running.clone(), sink);
             let outcome = handler.run(ctx).await;
             let (outcome, results) = validate(&checks, outcome, &attempt_running).await;
             *lock(&attempt_running.validation) = results;
-            outcome
+            outputs.store(outcome, &attempt_running, keep_inline).await
         };
         let handler_future = std::panic::AssertUnwindSafe(attempt).catch_unwind();
         let until_deadline = async move {

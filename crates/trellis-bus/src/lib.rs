@@ -5,6 +5,7 @@
 mod fences;
 mod leases;
 mod options;
+mod outputs;
 mod steps;
 
 use std::time::Duration;
@@ -15,6 +16,10 @@ use trellis_proto::subjects;
 pub use fences::{FENCES_MAX_AGE, decode_fence, encode_fence, ensure_fences_bucket};
 pub use leases::{host_identity, kv_bucket, take_lease};
 pub use options::{NatsArgs, NatsAuth, NatsOptions, NatsTls};
+pub use outputs::{
+    DEFAULT_INLINE_LIMIT, OUTPUTS_BUCKET, OUTPUTS_MAX_AGE, OutputError, OutputRef, Outputs,
+    REF_KEY, is_reserved, object_name, sha256_hex,
+};
 pub use steps::{STEPS_MAX_AGE, ensure_steps_bucket, steps_bucket};
 
 /// How long a task message may stay unacknowledged before JetStream hands it to another worker.

@@ -69,6 +69,7 @@ enum Command {
     Tree(commands::inspect::TreeArgs),
     Events(commands::inspect::EventsArgs),
     Logs(commands::logs::LogsArgs),
+    Output(commands::output::OutputArgs),
     // pause, resume, cancel, retry, checkpoint and answer, each with its own help.
     #[command(flatten)]
     Control(commands::control::Control),
@@ -122,6 +123,7 @@ fn main() -> ExitCode {
         Command::Tree(args) => run_remote(inspect::tree(url, args)),
         Command::Events(args) => run_remote(inspect::events(url, args)),
         Command::Logs(args) => run_remote(commands::logs::run(url, args)),
+        Command::Output(args) => run_remote(commands::output::run(url, args)),
         Command::Control(command) => run_remote(control::run(url, command)),
         Command::Workers(args) => run_remote(workers::run(url, args)),
         Command::Cluster(args) => run_remote(commands::cluster::run(url, args)),

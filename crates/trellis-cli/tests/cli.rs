@@ -911,6 +911,16 @@ mod fake {
         type GetTaskLogsStream =
             tokio_stream::Iter<std::vec::IntoIter<Result<GetTaskLogsResponse, Status>>>;
 
+        type GetTaskOutputStream =
+            tokio_stream::Iter<std::vec::IntoIter<Result<GetTaskOutputResponse, Status>>>;
+
+        async fn get_task_output(
+            &self,
+            _request: Request<GetTaskOutputRequest>,
+        ) -> Result<Response<Self::GetTaskOutputStream>, Status> {
+            Err(Status::unimplemented("get_task_output"))
+        }
+
         /// Two batches of `build` (instance b1: one line, then a cut line after two dropped),
         /// one of a `noop` member (b2); filtered by instance and attempt as the coordinator does.
         async fn get_task_logs(

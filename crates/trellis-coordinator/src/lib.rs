@@ -199,6 +199,8 @@ pub async fn run(
     // Workers keep durable steps here; creating it with the streams saves each worker the race.
     trellis_bus::ensure_steps_bucket(&js, replicas).await?;
     let fences = trellis_bus::ensure_fences_bucket(&js, replicas).await?;
+    // Workers put large outputs here; `GetTaskOutput` reads them back.
+    let outputs = trellis_bus::Outputs::ensure(&js, replicas).await?;
     tokio::spawn(metrics::watch_queues(
         streams.tasks.clone(),
         metrics.clone(),
@@ -284,8 +286,18 @@ pub async fn run(
         config.store_client.clone(),
         config.lease_ttl,
     );
-    let service =
-        grpc::CoordinatorService::new(handle, events, router, store, pause_bucket, nats, logs);
+    let service = grpc::CoordinatorService::new(
+        handle,
+        router,
+        store,
+        grpc::Bus {
+            events,
+            pauses: pause_bucket,
+            nats,
+            logs,
+            outputs,
+        },
+    );
     let authenticate =
         Authenticate::new(config.security.access.clone(), &config.telemetry.registry);
     let routes = tonic::service::Routes::new(InterceptedService::new(

@@ -41,6 +41,7 @@ pub fn assignment_to_proto(
         Some(ResumeContext::Group(summary)) => Some(summary.group.to_string()),
         _ => None,
     };
+    let (upstream, upstream_truncated) = upstream_to_proto(&assignment.upstream);
     v1::TaskAssignment {
         execution_id: execution_id.to_string(),
         task_instance_id: assignment.instance.to_string(),
@@ -62,7 +63,40 @@ pub fn assignment_to_proto(
         // The coordinator sets its epoch.
         fence: 0,
         validate: assignment.checks.iter().map(check_to_proto).collect(),
+        upstream,
+        upstream_truncated,
+        keep_output_inline: assignment.keep_output_inline,
     }
+}
+
+/// Most dependencies' outputs an assignment carries.
+pub const UPSTREAM_LIMIT: usize = 1000;
+/// Most bytes of dependencies' outputs an assignment carries; outputs past it are left out and
+/// `upstream_truncated` says so. Large outputs are stored by reference, so this is rarely reached.
+pub const UPSTREAM_BYTES_LIMIT: usize = 1024 * 1024;
+
+/// Returns the wire form of a task's dependencies' outputs and whether some were left out.
+fn upstream_to_proto(upstream: &[(&str, &Value)]) -> (Vec<v1::UpstreamOutput>, bool) {
+    let mut bytes = 0;
+    let mut truncated = false;
+    let mut out = Vec::with_capacity(upstream.len().min(UPSTREAM_LIMIT));
+    for (task_id, output) in upstream {
+        if out.len() == UPSTREAM_LIMIT {
+            truncated = true;
+            break;
+        }
+        let output = json_to_bytes(output);
+        if bytes + output.len() > UPSTREAM_BYTES_LIMIT {
+            truncated = true;
+            continue;
+        }
+        bytes += output.len();
+        out.push(v1::UpstreamOutput {
+            task_id: (*task_id).to_owned(),
+            output,
+        });
+    }
+    (out, truncated)
 }
 
 /// Returns the resume context of an instance; `None` for a fresh start (no context, no steps).
@@ -179,6 +213,9 @@ pub struct ReceivedAssignment {
     pub resumed_after_group: Option<GroupId>,
     pub continues: Option<TaskInstanceId>,
     pub checks: Vec<Check>,
+    /// The dependencies' outputs (plan task id, output), as sent.
+    pub upstream: Vec<(String, Value)>,
+    pub keep_output_inline: bool,
 }
 
 impl ReceivedAssignment {
@@ -198,6 +235,12 @@ impl ReceivedAssignment {
             parent: self.parent,
             group: self.group,
             checks: &self.checks,
+            upstream: self
+                .upstream
+                .iter()
+                .map(|(task_id, output)| (task_id.as_str(), output))
+                .collect(),
+            keep_output_inline: self.keep_output_inline,
         }
     }
 
@@ -303,6 +346,20 @@ fn parse_assignment(
             .enumerate()
             .map(|(n, check)| check_from_proto(&at.field("validate").index(n), check))
             .collect::<Result<_, _>>()?,
+        upstream: assignment
+            .upstream
+            .iter()
+            .enumerate()
+            .map(|(n, upstream)| {
+                let list_at = at.field("upstream");
+                let upstream_at = list_at.index(n);
+                Ok((
+                    non_empty(&upstream_at.field("task_id"), &upstream.task_id)?.to_owned(),
+                    parse_json(&upstream_at.field("output"), &upstream.output)?,
+                ))
+            })
+            .collect::<Result<_, _>>()?,
+        keep_output_inline: assignment.keep_output_inline,
     })
 }
 

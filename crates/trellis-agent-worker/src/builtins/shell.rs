@@ -9,8 +9,10 @@
 //! that outlives it only if it left the group.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::process::Stdio;
 
+use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::json;
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -35,7 +37,9 @@ struct ShellInput {
 }
 
 /// Runs `command` and completes with `{exit_code, stdout, stderr, stdout_truncated,
-/// stderr_truncated}`; a non-zero exit fails the attempt (retryable).
+/// stderr_truncated}`, or with what the command wrote to `$TRELLIS_OUTPUT_FILE` (JSON) if it
+/// wrote anything there; a non-zero exit fails the attempt (retryable). The outputs of the
+/// task's dependencies are in `$TRELLIS_UPSTREAM_DIR/<task>.json`.
 pub(super) async fn run(ctx: TaskContext) -> Outcome {
     let ShellInput { command, env, cwd } = match super::input(&ctx) {
         Ok(input) => input,
@@ -44,11 +48,17 @@ pub(super) async fn run(ctx: TaskContext) -> Outcome {
     let Some((program, args)) = command.split_first() else {
         return Outcome::failed("shell command is empty", false);
     };
+    let files = match Files::create(&ctx).await {
+        Ok(files) => files,
+        Err(error) => return Outcome::failed(error, true),
+    };
     let mut cmd = Command::new(program);
     cmd.args(args)
         .envs(&env)
         .env("TRELLIS_TASK_INSTANCE_ID", ctx.task_instance_id())
         .env("TRELLIS_IDEMPOTENCY_KEY", ctx.idempotency_key())
+        .env("TRELLIS_UPSTREAM_DIR", files.upstream())
+        .env("TRELLIS_OUTPUT_FILE", files.output())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -104,6 +114,11 @@ pub(super) async fn run(ctx: TaskContext) -> Outcome {
         );
         return Outcome::failed(format!("{program} {how}: {tail}"), true);
     }
+    match files.read_output().await {
+        Ok(Some(output)) => return Outcome::CompletedJson(output),
+        Ok(None) => {}
+        Err(error) => return Outcome::failed(error, false),
+    }
     Outcome::Completed(json!({
         "exit_code": exit_code,
         "stdout": stdout,
@@ -111,6 +126,68 @@ pub(super) async fn run(ctx: TaskContext) -> Outcome {
         "stdout_truncated": stdout_truncated,
         "stderr_truncated": stderr_truncated,
     }))
+}
+
+/// The files a command shares with its task: `$TRELLIS_UPSTREAM_DIR/<task>.json`, the output of
+/// each dependency, and `$TRELLIS_OUTPUT_FILE`, which the command may write to set the task's
+/// output. A directory of its own per attempt, removed when dropped.
+struct Files {
+    dir: PathBuf,
+}
+
+impl Files {
+    async fn create(ctx: &TaskContext) -> Result<Files, String> {
+        let dir = std::env::temp_dir().join(format!(
+            "trellis-shell-{}-{}",
+            ctx.task_instance_id(),
+            ctx.attempt()
+        ));
+        let files = Files { dir };
+        let upstream = files.upstream();
+        let failed =
+            |error: std::io::Error| format!("cannot prepare {}: {error}", files.dir.display());
+        tokio::fs::create_dir_all(&upstream).await.map_err(failed)?;
+        for (task_id, output) in ctx.upstream_outputs() {
+            // Plan task ids are made of letters, digits, `_`, `.` and `-`: a plain file name.
+            tokio::fs::write(upstream.join(format!("{task_id}.json")), output)
+                .await
+                .map_err(failed)?;
+        }
+        Ok(files)
+    }
+
+    fn upstream(&self) -> PathBuf {
+        self.dir.join("upstream")
+    }
+
+    fn output(&self) -> PathBuf {
+        self.dir.join("output.json")
+    }
+
+    /// Returns what the command wrote to `$TRELLIS_OUTPUT_FILE`, checked to be JSON; `None` when
+    /// it wrote nothing there.
+    async fn read_output(&self) -> Result<Option<Bytes>, String> {
+        let path = self.output();
+        let bytes = match tokio::fs::read(&path).await {
+            Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => return Ok(None),
+            Ok(bytes) => bytes,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(error) => return Err(format!("cannot read $TRELLIS_OUTPUT_FILE: {error}")),
+        };
+        if let Err(error) = serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {
+            return Err(format!(
+                "$TRELLIS_OUTPUT_FILE is not JSON ({} bytes): {error}",
+                bytes.len()
+            ));
+        }
+        Ok(Some(Bytes::from(bytes)))
+    }
+}
+
+impl Drop for Files {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// The command's process group: killed whole when dropped, however the task ended.

@@ -4,6 +4,7 @@
 mod builtins;
 mod delivery;
 mod hostile;
+mod outputs;
 mod restart;
 mod sigkill;
 mod steps;

@@ -8,6 +8,7 @@ pub mod demo;
 pub mod dev;
 pub mod inspect;
 pub mod logs;
+pub mod output;
 pub mod plan;
 pub mod submit;
 pub mod token;

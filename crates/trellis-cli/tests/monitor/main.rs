@@ -4,6 +4,7 @@
 
 mod api;
 mod browser;
+mod outputs;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -26,7 +27,7 @@ pub struct Dev {
     child: Child,
     pub coordinator: String,
     pub monitor: String,
-    _nats: NatsServer,
+    pub nats: NatsServer,
 }
 
 impl Drop for Dev {
@@ -91,7 +92,7 @@ pub fn start_dev() -> Dev {
         child,
         coordinator: coordinator.unwrap_or_default(),
         monitor: monitor.unwrap_or_default(),
-        _nats: nats,
+        nats,
     }
 }
 

@@ -41,6 +41,7 @@ macro_rules! forward {
 mod list;
 mod logs;
 mod observe;
+mod outputs;
 mod pauses;
 
 use list::{merge, page};
@@ -60,6 +61,8 @@ pub struct CoordinatorService {
     nats: async_nats::Client,
     /// The stream of task log lines, `TRELLIS_LOGS`.
     logs: async_nats::jetstream::stream::Stream,
+    /// The bucket of outputs stored by reference.
+    outputs: trellis_bus::Outputs,
 }
 
 /// Returns the gRPC status of a domain error: the one place the two meet.
@@ -77,16 +80,35 @@ pub(crate) fn status(err: turn::Error) -> Status {
     Status::new(code, err.message)
 }
 
+/// What the service reads from NATS outside the turn.
+#[derive(Debug)]
+pub(crate) struct Bus {
+    /// The event stream, `TRELLIS_EVENTS`.
+    pub(crate) events: async_nats::jetstream::stream::Stream,
+    /// The fleet pauses' bucket.
+    pub(crate) pauses: async_nats::jetstream::kv::Store,
+    /// The connection drain requests go out on.
+    pub(crate) nats: async_nats::Client,
+    /// The stream of task log lines, `TRELLIS_LOGS`.
+    pub(crate) logs: async_nats::jetstream::stream::Stream,
+    /// The bucket of outputs stored by reference.
+    pub(crate) outputs: trellis_bus::Outputs,
+}
+
 impl CoordinatorService {
     pub(crate) fn new(
         executor: Handle,
-        events: async_nats::jetstream::stream::Stream,
         router: Router,
         store: Option<StoreClient>,
-        pauses: async_nats::jetstream::kv::Store,
-        nats: async_nats::Client,
-        logs: async_nats::jetstream::stream::Stream,
+        bus: Bus,
     ) -> Self {
+        let Bus {
+            events,
+            pauses,
+            nats,
+            logs,
+            outputs,
+        } = bus;
         Self {
             executor,
             events,
@@ -95,6 +117,7 @@ impl CoordinatorService {
             pauses,
             nats,
             logs,
+            outputs,
         }
     }
 
@@ -560,6 +583,43 @@ impl Coordinator for CoordinatorService {
                 Box::pin(async move {
                     let response = client.get_task_logs(request).await?;
                     let stream: logs::LogStream = Box::pin(response.into_inner());
+                    Ok(Response::new(stream))
+                })
+            },
+        )
+        .await
+    }
+
+    type GetTaskOutputStream = outputs::OutputStream;
+
+    async fn get_task_output(
+        &self,
+        request: Request<v1::GetTaskOutputRequest>,
+    ) -> Result<Response<Self::GetTaskOutputStream>, Status> {
+        let (id, shard) = self.shard(&request.get_ref().execution_id)?;
+        let reference = outputs::reference(id, request.get_ref().reference.as_ref())?;
+        self.routed(
+            request,
+            Some(shard),
+            move |principal, _| {
+                let reference = reference.clone();
+                Box::pin(async move {
+                    // The caller must be able to see the execution (in memory, or in the read
+                    // model once it left the coordinator's memory).
+                    let scope = principal.scope.clone();
+                    if let Err(status) = self.on(principal.scope, id, Action::Get).await {
+                        if status.code() != tonic::Code::NotFound {
+                            return Err(status);
+                        }
+                        self.read_model_record(&scope, id, status).await?;
+                    }
+                    outputs::open(&self.outputs, &reference).await
+                })
+            },
+            |mut client: Client, request| {
+                Box::pin(async move {
+                    let response = client.get_task_output(request).await?;
+                    let stream: outputs::OutputStream = Box::pin(response.into_inner());
                     Ok(Response::new(stream))
                 })
             },

@@ -33,6 +33,10 @@ impl Execution {
                 &[][..],
             ),
         };
+        let (upstream, keep_output_inline) = match &inst.work {
+            Work::Plan(task_idx) => (self.upstream(*task_idx), self.is_router(*task_idx)),
+            Work::Dynamic(_) => (Vec::new(), false),
+        };
         let (parent, group) = match inst.origin {
             Origin::Member { group } => {
                 let g = &self.groups[group as usize];
@@ -54,6 +58,30 @@ impl Execution {
             parent,
             group,
             checks,
+            upstream,
+            keep_output_inline,
+        })
+    }
+
+    /// Returns the outputs of the plan task's dependencies that completed, in dependency order.
+    fn upstream(&self, task_idx: TaskIdx) -> Vec<(&str, &serde_json::Value)> {
+        self.plan.deps[task_idx]
+            .iter()
+            .filter_map(|&dep| {
+                let output = self.task_output(dep)?;
+                Some((self.plan.tasks[dep].id.as_str(), output))
+            })
+            .collect()
+    }
+
+    /// Returns true when a `route:` of another task reads this task's output (the routed tasks
+    /// depend on their router, so its dependents are where to look).
+    fn is_router(&self, task_idx: TaskIdx) -> bool {
+        self.plan.dependents[task_idx].iter().any(|&dependent| {
+            self.plan.tasks[dependent]
+                .condition
+                .as_ref()
+                .is_some_and(|condition| condition.router == task_idx)
         })
     }
 

@@ -208,6 +208,11 @@ pub struct Assignment<'a> {
     pub group: Option<GroupId>,
     /// The task's `validate:` checks, run by the worker after its handler succeeds.
     pub checks: &'a [Check],
+    /// For a plan task: the outputs of its dependencies that completed (plan task id, output), in
+    /// the order of its dependencies.
+    pub upstream: Vec<(&'a str, &'a serde_json::Value)>,
+    /// True when the task's output decides a `route:`, so it must reach the coordinator inline.
+    pub keep_output_inline: bool,
 }
 
 impl Assignment<'_> {

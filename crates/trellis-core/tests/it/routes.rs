@@ -114,3 +114,66 @@ tasks:
     let three = plan.tasks[2].condition.clone().expect("three is routed");
     assert!(three.holds(Some(&serde_json::json!({"ok": 3}))));
 }
+
+/// Each plan task is handed the outputs of its dependencies that completed, in dependency order;
+/// a router is told to keep its output inline (the coordinator reads it), nothing else is.
+#[test]
+fn assignments_carry_the_dependencies_outputs_and_routers_keep_theirs_inline() {
+    let plan = compile_str(TRIAGE, &Limits::default()).expect("the plan compiles");
+    let mut sim = Sim::new(Arc::new(plan));
+    let mut seen = Vec::new();
+    for _ in 0..100 {
+        sim.decide();
+        let running: Vec<_> = sim.exec.instances_in(TaskState::Running).collect();
+        if running.is_empty() && sim.exec.state().is_terminal() {
+            break;
+        }
+        for instance in running {
+            let assignment = sim.exec.assignment(instance).expect("instance exists");
+            let task_id = assignment.task_id.to_owned();
+            let attempt = assignment.attempt;
+            let upstream: Vec<(String, serde_json::Value)> = assignment
+                .upstream
+                .iter()
+                .map(|(task, output)| ((*task).to_owned(), (*output).clone()))
+                .collect();
+            seen.push((task_id.clone(), upstream, assignment.keep_output_inline));
+            let output = if task_id == "classify" {
+                serde_json::json!({"kind": "feature"})
+            } else {
+                serde_json::json!({"by": task_id})
+            };
+            sim.apply(EventBody::TaskCompleted {
+                instance,
+                attempt,
+                output,
+                usage: Usage::default(),
+            })
+            .expect("completion accepted");
+        }
+    }
+    assert_eq!(sim.exec.state(), ExecutionState::Completed);
+    let of = |task: &str| {
+        seen.iter()
+            .find(|(id, _, _)| id == task)
+            .unwrap_or_else(|| panic!("{task} ran"))
+            .clone()
+    };
+    let (_, upstream, inline) = of("classify");
+    assert!(upstream.is_empty() && inline, "the router: {upstream:?}");
+    let (_, upstream, inline) = of("build");
+    assert_eq!(
+        upstream,
+        [(
+            "classify".to_owned(),
+            serde_json::json!({"kind": "feature"})
+        )]
+    );
+    assert!(!inline);
+    // `fix` and `ask` were routed out: they have no output to hand on.
+    let (_, upstream, _) = of("report");
+    assert_eq!(
+        upstream,
+        [("build".to_owned(), serde_json::json!({"by": "build"}))]
+    );
+}

@@ -42,6 +42,7 @@ fn services_have_their_rpcs() {
                 "ObserveExecution",
                 "GetExecutionGraph",
                 "GetTaskLogs",
+                "GetTaskOutput",
                 "AnswerQuestion",
                 "ListWorkers",
                 "CheckpointExecution",

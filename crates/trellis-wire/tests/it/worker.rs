@@ -549,6 +549,8 @@ fn assignment_carries_group_summary_and_steps() {
             timeout: std::time::Duration::from_millis(1500),
         },
     ];
+    let lint_output = json!({"warnings": 0});
+    let fetch_output = json!("page");
     let assignment = Assignment {
         instance: instance_id(2),
         task_id: "build",
@@ -563,9 +565,21 @@ fn assignment_carries_group_summary_and_steps() {
         parent: None,
         group: None,
         checks: &checks,
+        upstream: vec![("lint", &lint_output), ("fetch", &fetch_output)],
+        keep_output_inline: true,
     };
     let proto = check_assignment_round_trip(&assignment);
     assert_eq!(proto.idempotency_key, format!("{}:3", instance_id(2)));
+    assert_eq!(
+        proto
+            .upstream
+            .iter()
+            .map(|upstream| (upstream.task_id.as_str(), upstream.output.as_slice()))
+            .collect::<Vec<_>>(),
+        [("lint", &br#"{"warnings":0}"#[..]), ("fetch", b"\"page\"")]
+    );
+    assert!(!proto.upstream_truncated);
+    assert!(proto.keep_output_inline);
     assert_eq!(
         proto.resumed_after_subtasks_group_id,
         Some(group_id(3).to_string())
@@ -616,6 +630,8 @@ fn assignment_carries_answer() {
         parent: None,
         group: None,
         checks: &[],
+        upstream: Vec::new(),
+        keep_output_inline: false,
     };
     let proto = check_assignment_round_trip(&assignment);
     let resume = proto
@@ -650,6 +666,8 @@ fn fresh_member_assignment_has_no_resume_context() {
         parent: Some(instance_id(2)),
         group: Some(group_id(3)),
         checks: &[],
+        upstream: Vec::new(),
+        keep_output_inline: false,
     };
     let proto = check_assignment_round_trip(&assignment);
     assert_eq!(proto.resume, None);
@@ -681,6 +699,8 @@ fn malformed_assignments_are_precise_errors() {
         parent: None,
         group: None,
         checks: &[],
+        upstream: Vec::new(),
+        keep_output_inline: false,
     };
     let mut proto = assignment_to_proto(execution_id(), 1, &assignment);
     if let Some(resume) = proto.resume.as_mut() {
@@ -692,4 +712,38 @@ fn malformed_assignments_are_precise_errors() {
         matches!(err.kind(), ConvertErrorKind::InvalidJson(_)),
         "{err}"
     );
+}
+
+#[test]
+fn upstream_outputs_past_the_byte_limit_are_left_out_and_flagged() {
+    use trellis_wire::worker::UPSTREAM_BYTES_LIMIT;
+    let input = json!(null);
+    let large = json!("x".repeat(UPSTREAM_BYTES_LIMIT / 2));
+    let small = json!(1);
+    let assignment = Assignment {
+        instance: instance_id(2),
+        task_id: "join",
+        task_type: "noop",
+        queue: "noop",
+        input: &input,
+        attempt: 1,
+        deadline_ms: None,
+        avoid_worker: None,
+        resume: None,
+        steps: &[],
+        parent: None,
+        group: None,
+        checks: &[],
+        upstream: vec![("a", &large), ("b", &large), ("c", &small)],
+        keep_output_inline: false,
+    };
+    let proto = assignment_to_proto(execution_id(), 1, &assignment);
+    let kept: Vec<&str> = proto
+        .upstream
+        .iter()
+        .map(|upstream| upstream.task_id.as_str())
+        .collect();
+    // The second large output would pass the limit; the small one after it still fits.
+    assert_eq!(kept, ["a", "c"]);
+    assert!(proto.upstream_truncated);
 }
