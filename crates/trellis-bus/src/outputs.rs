@@ -52,12 +52,7 @@ impl OutputRef {
     /// Returns the reference an output's JSON stands for, or `None` for an ordinary output. Cheap
     /// for ordinary outputs: only bytes that begin like a reference are parsed.
     pub fn from_output(bytes: &[u8]) -> Option<OutputRef> {
-        let start = bytes.iter().position(|b| !b.is_ascii_whitespace())?;
-        let rest = &bytes[start..];
-        if !rest.starts_with(b"{") || !contains(&rest[..rest.len().min(64)], REF_KEY.as_bytes()) {
-            return None;
-        }
-        OutputRef::from_value(&serde_json::from_slice(rest).ok()?)
+        OutputRef::from_value(&serde_json::from_slice(shaped_like_ref(bytes)?).ok()?)
     }
 
     /// Returns the reference a JSON value stands for: an object whose only key is `$trellis_ref`
@@ -69,7 +64,7 @@ impl OutputRef {
         }
         let inner = object.get(REF_KEY)?.as_object()?;
         let sha256 = inner.get("sha256")?.as_str()?;
-        if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+        if !is_sha256_hex(sha256) {
             return None;
         }
         Some(OutputRef {
@@ -95,6 +90,26 @@ impl OutputRef {
         self.to_value().to_string().into_bytes()
     }
 
+    /// Returns the reference as `GetTaskOutput` carries it.
+    pub fn to_proto(&self) -> trellis_proto::v1::OutputReference {
+        trellis_proto::v1::OutputReference {
+            bucket: self.bucket.clone(),
+            object: self.object.clone(),
+            size: self.size,
+            sha256: self.sha256.clone(),
+        }
+    }
+
+    /// Reads a reference from `GetTaskOutput`; `None` when its checksum is not 64 hex digits.
+    pub fn from_proto(reference: &trellis_proto::v1::OutputReference) -> Option<OutputRef> {
+        is_sha256_hex(&reference.sha256).then(|| OutputRef {
+            bucket: reference.bucket.clone(),
+            object: reference.object.clone(),
+            size: reference.size,
+            sha256: reference.sha256.to_ascii_lowercase(),
+        })
+    }
+
     /// `trellis_outputs/<object>`, as errors and renderers name it.
     pub fn location(&self) -> String {
         format!("{}/{}", self.bucket, self.object)
@@ -104,23 +119,31 @@ impl OutputRef {
 /// Returns true when `output` looks like a reference although the handler produced it itself (an
 /// object with the reserved key only): such an output would be taken for a reference downstream.
 pub fn is_reserved(output: &[u8]) -> bool {
-    let trimmed = output.trim_ascii_start();
-    trimmed.starts_with(b"{")
-        && contains(&trimmed[..trimmed.len().min(64)], REF_KEY.as_bytes())
-        && serde_json::from_slice::<Value>(trimmed)
-            .ok()
-            .and_then(|value| {
-                value
-                    .as_object()
-                    .map(|o| o.len() == 1 && o.contains_key(REF_KEY))
-            })
-            .unwrap_or(false)
+    shaped_like_ref(output)
+        .and_then(|bytes| serde_json::from_slice::<Value>(bytes).ok())
+        .and_then(|value| {
+            value
+                .as_object()
+                .map(|o| o.len() == 1 && o.contains_key(REF_KEY))
+        })
+        .unwrap_or(false)
 }
 
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack
-        .windows(needle.len())
-        .any(|window| window == needle)
+/// Returns the output from its first non-blank byte when it may be a reference: an object that
+/// names the reserved key near its start. The cheap test every output goes through.
+fn shaped_like_ref(output: &[u8]) -> Option<&[u8]> {
+    let trimmed = output.trim_ascii_start();
+    let head = &trimmed[..trimmed.len().min(64)];
+    (trimmed.starts_with(b"{")
+        && head
+            .windows(REF_KEY.len())
+            .any(|window| window == REF_KEY.as_bytes()))
+    .then_some(trimmed)
+}
+
+/// True for 64 hex digits, the form of a SHA-256 in a reference.
+pub fn is_sha256_hex(text: &str) -> bool {
+    text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// Returns the lower-case hex SHA-256 of `bytes`.

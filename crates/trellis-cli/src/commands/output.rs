@@ -177,12 +177,7 @@ async fn fetch(
 ) -> Result<Vec<u8>, Failure> {
     let request = GetTaskOutputRequest {
         execution_id: execution_id.to_owned(),
-        reference: Some(v1::OutputReference {
-            bucket: reference.bucket.clone(),
-            object: reference.object.clone(),
-            size: reference.size,
-            sha256: reference.sha256.clone(),
-        }),
+        reference: Some(reference.to_proto()),
     };
     let failure = |coordinator: &Coordinator, status: &tonic::Status| match status.code() {
         // The message names the object and why it cannot be read.

@@ -215,6 +215,18 @@ impl CoordinatorService {
         }
     }
 
+    /// Succeeds when the execution exists and the caller may see it: in memory, or in the read
+    /// model once it left the coordinator's memory.
+    async fn visible(&self, scope: Scope, id: ExecutionId) -> Result<(), Status> {
+        let kept = scope.clone();
+        match self.on(scope, id, Action::Get).await {
+            Err(status) if status.code() == tonic::Code::NotFound => {
+                self.read_model_record(&kept, id, status).await.map(|_| ())
+            }
+            answer => answer.map(|_| ()),
+        }
+    }
+
     /// The shard of the execution a request names.
     fn shard(&self, execution_id_field: &str) -> Result<(ExecutionId, u32), Status> {
         let id = execution_id("execution_id", execution_id_field)?;
@@ -543,15 +555,8 @@ impl Coordinator for CoordinatorService {
             Some(shard),
             move |principal, request: v1::GetTaskLogsRequest| {
                 Box::pin(async move {
-                    // The caller must be able to see the execution, which must exist (in memory,
-                    // or in the read model once it left the coordinator's memory).
                     let scope = principal.scope.clone();
-                    if let Err(status) = self.on(principal.scope, id, Action::Get).await {
-                        if status.code() != tonic::Code::NotFound {
-                            return Err(status);
-                        }
-                        self.read_model_record(&scope, id, status).await?;
-                    }
+                    self.visible(principal.scope, id).await?;
                     let executor = self.executor.clone();
                     let ended = move || -> BoxFuture<'static, bool> {
                         let executor = executor.clone();
@@ -604,15 +609,7 @@ impl Coordinator for CoordinatorService {
             move |principal, _| {
                 let reference = reference.clone();
                 Box::pin(async move {
-                    // The caller must be able to see the execution (in memory, or in the read
-                    // model once it left the coordinator's memory).
-                    let scope = principal.scope.clone();
-                    if let Err(status) = self.on(principal.scope, id, Action::Get).await {
-                        if status.code() != tonic::Code::NotFound {
-                            return Err(status);
-                        }
-                        self.read_model_record(&scope, id, status).await?;
-                    }
+                    self.visible(principal.scope, id).await?;
                     outputs::open(&self.outputs, &reference).await
                 })
             },

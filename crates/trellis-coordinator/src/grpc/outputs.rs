@@ -35,17 +35,11 @@ pub(super) fn reference(
             reference.object
         )));
     }
-    if reference.sha256.len() != 64 || !reference.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(Status::invalid_argument(format!(
+    OutputRef::from_proto(reference).ok_or_else(|| {
+        Status::invalid_argument(format!(
             "reference.sha256: {:?} is not 64 hex digits",
             reference.sha256
-        )));
-    }
-    Ok(OutputRef {
-        bucket: reference.bucket.clone(),
-        object: reference.object.clone(),
-        size: reference.size,
-        sha256: reference.sha256.to_ascii_lowercase(),
+        ))
     })
 }
 

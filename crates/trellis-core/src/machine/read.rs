@@ -14,29 +14,30 @@ impl Execution {
     pub fn assignment(&self, instance: TaskInstanceId) -> Option<Assignment<'_>> {
         let idx = *self.by_id.get(&instance)?;
         let inst = &self.instances[idx as usize];
-        let (task_id, task_type, queue, input, checks) = match &inst.work {
-            Work::Plan(task_idx) => {
-                let task = &self.plan.tasks[*task_idx];
-                (
-                    task.id.as_str(),
-                    task.task_type.as_str(),
-                    task.queue.as_str(),
-                    &task.input,
-                    task.validate.as_slice(),
-                )
-            }
-            Work::Dynamic(spec) => (
-                spec.task_type.as_str(),
-                spec.task_type.as_str(),
-                spec.queue.as_deref().unwrap_or(&spec.task_type),
-                &spec.input,
-                &[][..],
-            ),
-        };
-        let (upstream, keep_output_inline) = match &inst.work {
-            Work::Plan(task_idx) => (self.upstream(*task_idx), self.is_router(*task_idx)),
-            Work::Dynamic(_) => (Vec::new(), false),
-        };
+        let (task_id, task_type, queue, input, checks, upstream, keep_output_inline) =
+            match &inst.work {
+                Work::Plan(task_idx) => {
+                    let task = &self.plan.tasks[*task_idx];
+                    (
+                        task.id.as_str(),
+                        task.task_type.as_str(),
+                        task.queue.as_str(),
+                        &task.input,
+                        task.validate.as_slice(),
+                        self.upstream(*task_idx),
+                        self.is_router(*task_idx),
+                    )
+                }
+                Work::Dynamic(spec) => (
+                    spec.task_type.as_str(),
+                    spec.task_type.as_str(),
+                    spec.queue.as_deref().unwrap_or(&spec.task_type),
+                    &spec.input,
+                    &[][..],
+                    Vec::new(),
+                    false,
+                ),
+            };
         let (parent, group) = match inst.origin {
             Origin::Member { group } => {
                 let g = &self.groups[group as usize];
