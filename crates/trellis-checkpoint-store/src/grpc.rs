@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use prost::Message as _;
 use tonic::{Code, Request, Response, Status};
 use trellis_core::ids::{ExecutionId, GroupId, TaskInstanceId};
 use trellis_core::machine::ExecutionState;
@@ -15,8 +16,8 @@ use uuid::Uuid;
 
 use crate::checkpoint::{self, page_limit};
 use crate::store::{
-    CheckpointKind, CheckpointMetadata, Error, ErrorKind, ExecutionQuery, ExecutionRow, Page,
-    QuestionRow, Store, TaskInstanceQuery,
+    CheckpointKind, CheckpointMetadata, Error, ErrorKind, ExecutionQuery, ExecutionRow, LogQuery,
+    Page, QuestionRow, Store, TaskInstanceQuery,
 };
 
 /// The gRPC face of the store.
@@ -175,6 +176,7 @@ pub fn execution_to_proto(row: &ExecutionRow, open_questions: &[QuestionRow]) ->
         namespace: row.namespace.clone(),
         // The read model keeps no pauses of tasks or groups: it answers for finished executions.
         holds: Vec::new(),
+        skipped: Vec::new(),
         labels: row
             .labels
             .iter()
@@ -443,4 +445,59 @@ impl CheckpointStore for CheckpointStoreService {
             page: page_response(next),
         }))
     }
+
+    async fn list_task_logs(
+        &self,
+        request: Request<v1::ListTaskLogsRequest>,
+    ) -> Result<Response<v1::ListTaskLogsResponse>, Status> {
+        let request = request.into_inner();
+        let execution_id = execution_id("execution_id", &request.execution_id)?;
+        let task_instance_id = match request.task_instance_id.as_str() {
+            "" => None,
+            id => Some(TaskInstanceId(uuid("task_instance_id", id)?)),
+        };
+        let limit = match request.limit {
+            0 => DEFAULT_LOG_PAGE,
+            limit if limit <= MAX_LOG_PAGE => limit,
+            limit => {
+                return Err(Status::invalid_argument(format!(
+                    "limit: {limit} is over {MAX_LOG_PAGE} batches per page"
+                )));
+            }
+        };
+        let query = LogQuery {
+            execution_id,
+            task_instance_id,
+            attempt: (request.attempt != 0).then_some(request.attempt),
+            after_sequence: request.after_sequence,
+            before_sequence: (request.before_sequence != 0).then_some(request.before_sequence),
+            limit,
+        };
+        let rows = self.store.task_logs(&query).await.map_err(status)?;
+        let batches = rows
+            .into_iter()
+            .map(|row| {
+                let batch = v1::TaskLogBatch::decode(row.payload.as_slice()).map_err(|err| {
+                    status(Error::new(
+                        ErrorKind::DataLoss,
+                        format!(
+                            "stored task log batch {} of execution {execution_id} does not \
+                             decode: {err}",
+                            row.stream_sequence
+                        ),
+                    ))
+                })?;
+                Ok(v1::StoredTaskLogBatch {
+                    stream_sequence: row.stream_sequence,
+                    batch: Some(batch),
+                })
+            })
+            .collect::<Result<_, Status>>()?;
+        Ok(Response::new(v1::ListTaskLogsResponse { batches }))
+    }
 }
+
+/// Task log batches in a `ListTaskLogs` page when the request does not say.
+const DEFAULT_LOG_PAGE: u32 = 500;
+/// Most task log batches in a `ListTaskLogs` page.
+const MAX_LOG_PAGE: u32 = 1000;

@@ -1,4 +1,5 @@
-//! One replica writes the read model; every replica serves it.
+//! One replica writes the read model (and copies the task logs, `crate::logs`); every replica
+//! serves it.
 //!
 //! Several checkpoint-store replicas serve reads from the one database, but the event log must be
 //! ingested by one of them at a time: the writes are idempotent by event sequence, so a second
@@ -83,6 +84,12 @@ pub(crate) async fn run(
             term,
             ingesting.clone(),
         ));
+        let copying = tokio::spawn(crate::logs::run(
+            store.clone(),
+            nats.clone(),
+            metrics.clone(),
+            ingesting.clone(),
+        ));
         let purging = lease.retention.map(|retention| {
             tokio::spawn(crate::retention::run(
                 store.clone(),
@@ -95,6 +102,7 @@ pub(crate) async fn run(
         let (revision, lost) = hold(&bucket, &lease, term, every, &shutdown).await;
         ingesting.cancel();
         let _ = task.await;
+        let _ = copying.await;
         if let Some(purging) = purging {
             let _ = purging.await;
         }

@@ -7,7 +7,8 @@
 //!   prune, written once over `dyn Store`.
 //! - `ingest`: consumes `TRELLIS_EVENTS` into executions, task instances, events and questions,
 //!   keeping a replica state machine per unfinished execution; `heartbeats`: workers from their
-//!   heartbeats, written every few seconds.
+//!   heartbeats, written every few seconds; `logs`: copies `TRELLIS_LOGS` into `task_logs`, so
+//!   task logs outlive the stream's retention.
 //! - [`grpc`]: the `CheckpointStore` gRPC service.
 //!
 //! [`run`] starts all of it; `main.rs` is a thin shell around [`main_entry`].
@@ -20,6 +21,7 @@ pub mod grpc;
 mod heartbeats;
 mod ingest;
 mod leader;
+mod logs;
 mod metrics;
 mod retention;
 pub mod store;
@@ -53,6 +55,8 @@ pub const DEFAULT_ADDR: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
 
 /// The name of the store's durable consumers of the event log (with `-<term>` appended).
 pub const EVENTS_CONSUMER: &str = ingest::CONSUMER_NAME;
+/// The name of the store's durable consumer of the task logs.
+pub const LOGS_CONSUMER: &str = logs::CONSUMER_NAME;
 /// The KV bucket whose lease decides which replica ingests the event log.
 pub const LEADER_BUCKET: &str = leader::LEADER_BUCKET;
 /// The KV bucket of the store's own state (how far the event log was purged).

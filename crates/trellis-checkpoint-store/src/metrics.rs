@@ -4,7 +4,8 @@
 //! - `trellis_store_checkpoint_size_bytes` by `kind` and `trellis_store_checkpoint_write_seconds`
 //!   by `kind`: their sizes, and the time from receiving one to having it in the database;
 //! - `trellis_store_events_ingested`: events of the log taken into the read model;
-//! - `trellis_store_read_model_write_seconds`: the time of each read-model transaction.
+//! - `trellis_store_read_model_write_seconds`: the time of each read-model transaction;
+//! - `trellis_store_log_batches_copied`: task log batches of `TRELLIS_LOGS` copied into the store.
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -22,6 +23,7 @@ pub(crate) struct Metrics {
     pub(crate) checkpoint_seconds: HistogramFamily<Labels1>,
     pub(crate) events_ingested: Counter,
     pub(crate) write_seconds: Histogram,
+    pub(crate) log_batches_copied: Counter,
 }
 
 impl Metrics {
@@ -51,6 +53,11 @@ impl Metrics {
                 "trellis_store_read_model_write_seconds",
                 "Time of each read-model transaction.",
                 latency_buckets,
+            ),
+            log_batches_copied: registry.metric(
+                "trellis_store_log_batches_copied",
+                "Task log batches of TRELLIS_LOGS copied into the store.",
+                Counter::default,
             ),
         }
     }

@@ -91,6 +91,18 @@ impl StoreClient {
         }
     }
 
+    /// Reads one page of the task log batches the store copied from `TRELLIS_LOGS`.
+    pub(crate) async fn task_logs(
+        &self,
+        request: v1::ListTaskLogsRequest,
+    ) -> Result<v1::ListTaskLogsResponse, tonic::Status> {
+        self.client
+            .clone()
+            .list_task_logs(request)
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
     /// Lists executions from the read model.
     pub(crate) async fn list(
         &self,

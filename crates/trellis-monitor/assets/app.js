@@ -2173,24 +2173,27 @@
 
   /**
    * Task log lines (`ctx.log`, a shell command's stdout and stderr), of every task or one,
-   * read every second while the execution runs and once more after it ended.
+   * streamed live (`/logs/live`, Server-Sent Events) as workers publish them. The stream ends by
+   * itself once the execution has ended and its last lines arrived; after a break the page
+   * reconnects from the lines it has, so none comes twice.
    */
   class TaskLogs {
     constructor(view) {
       this.view = view;
       this.next = 0;
       this.instance = '';
-      this.busy = false;
-      this.readAfterEnd = false;
+      this.es = null;
+      this.retry = 0;
+      this.done = false;
       this.known = -1;
       this.select = h('select', { 'aria-label': 'Task', class: 'log-task' },
         h('option', { value: '' }, 'All tasks'));
       this.select.addEventListener('change', () => {
         this.instance = this.select.value;
         this.next = 0;
-        this.readAfterEnd = false;
+        this.done = false;
         this.body.replaceChildren();
-        this.refresh();
+        this.open();
       });
       this.body = h('div', { class: 'log-lines mono' });
       this.empty = h('div', { class: 'empty' }, 'No log lines yet.');
@@ -2215,36 +2218,84 @@
       return `${inst ? inst.task_id : shortId(line.instance)}#${line.attempt}`;
     }
 
-    async refresh() {
+    /** Called every second: keeps the task list current and the stream open while lines may come. */
+    ensure() {
+      this.updateTasks();
       // Nothing to read before the execution is known (an unknown id never is).
-      if (this.busy || this.readAfterEnd || !this.view.execution) return;
-      this.busy = true;
-      const ended = this.view.finished;
-      try {
-        this.updateTasks();
-        const query = new URLSearchParams({ after: String(this.next) });
-        if (this.instance) query.set('instance', this.instance);
-        const data = await api(`/api/executions/${enc(this.view.id)}/logs?${query}`, { signal: this.view.ctl.signal });
+      if (!this.es && !this.retry && !this.done && this.view.execution) this.open();
+    }
+
+    /** (Re)opens the stream after the lines the page already has. */
+    open() {
+      this.close();
+      if (!this.view.alive) return;
+      const query = new URLSearchParams({ after: String(this.next) });
+      if (this.instance) query.set('instance', this.instance);
+      // EventSource cannot send headers: a token goes in the address.
+      const t = token.get();
+      if (t) query.set('access_token', t);
+      const es = new EventSource(`/api/executions/${enc(this.view.id)}/logs/live?${query}`);
+      this.es = es;
+      const handle = (fn) => (msg) => {
+        if (this.es !== es) return;
+        let data;
+        try { data = JSON.parse(msg.data); } catch (_) {
+          banner.set('logs', 'unreadable message on the task log stream');
+          return;
+        }
+        fn(data);
+      };
+      es.addEventListener('lines', handle((d) => {
         banner.clear('logs');
-        const lines = data.lines || [];
-        const body = this.body;
-        const stick = body.scrollTop + body.clientHeight >= body.scrollHeight - 4;
-        body.append(...lines.map((line) => h('div', { class: `log-line src-${line.source}`, title: line.worker ? `on ${line.worker}` : null },
-          h('span', { class: 'muted' }, fmtClock(line.at_ms, true)), ' ',
-          h('span', { class: 'who' }, this.label(line)), ' ',
-          h('span', { class: 'text' }, line.text + (line.cut_from_bytes ? ` … [cut from ${line.cut_from_bytes} bytes]` : '')))));
-        while (body.childElementCount > MAX_LOG_LINES) body.firstElementChild.remove();
-        this.next = Number(data.next) || this.next + lines.length;
-        if (stick) body.scrollTop = body.scrollHeight;
-        this.empty.hidden = this.next > 0;
-        setText(this.info, this.next ? `${this.next} lines` : '');
-        // A page ends the log once it holds everything: read again only while more may come.
-        if (ended && lines.length === 0) this.readAfterEnd = true;
-      } catch (err) {
-        report('logs', err);
-      } finally {
-        this.busy = false;
+        this.append(d.lines || [], Number(d.next));
+      }));
+      es.addEventListener('end', handle(() => {
+        this.done = true;
+        this.close();
+      }));
+      es.addEventListener('failed', handle((d) => {
+        banner.set('logs', `Task logs: ${d.error}`);
+        this.reconnectLater();
+      }));
+      // EventSource would reconnect from the first address; reconnect from `next` instead.
+      es.addEventListener('error', () => { if (this.es === es) this.reconnectLater(); });
+    }
+
+    reconnectLater() {
+      this.close();
+      this.retry = setTimeout(() => {
+        this.retry = 0;
+        if (!this.done) this.open();
+      }, 3000);
+    }
+
+    close() {
+      if (this.es) {
+        this.es.close();
+        this.es = null;
       }
+      clearTimeout(this.retry);
+      this.retry = 0;
+    }
+
+    /** Follows the log again after the execution left a terminal state (retry). */
+    revive() {
+      this.done = false;
+      this.ensure();
+    }
+
+    append(lines, next) {
+      const body = this.body;
+      const stick = body.scrollTop + body.clientHeight >= body.scrollHeight - 4;
+      body.append(...lines.map((line) => h('div', { class: `log-line src-${line.source}`, title: line.worker ? `on ${line.worker}` : null },
+        h('span', { class: 'muted' }, fmtClock(line.at_ms, true)), ' ',
+        h('span', { class: 'who' }, this.label(line)), ' ',
+        h('span', { class: 'text' }, line.text + (line.cut_from_bytes ? ` … [cut from ${line.cut_from_bytes} bytes]` : '')))));
+      while (body.childElementCount > MAX_LOG_LINES) body.firstElementChild.remove();
+      this.next = next || this.next + lines.length;
+      if (stick) body.scrollTop = body.scrollHeight;
+      this.empty.hidden = this.next > 0;
+      setText(this.info, this.next ? `${this.next} lines` : '');
     }
   }
 
@@ -2306,7 +2357,7 @@
       this.loadPlan();
       this.events.loadInitial();
       poll(() => this.checkpoints.refresh(), 10000, this.ctl.signal);
-      poll(() => this.logs.refresh(), 1000, this.ctl.signal);
+      poll(() => this.logs.ensure(), 1000, this.ctl.signal);
       this.openLive();
       this.timers.push(setInterval(() => this.tick(), 1000));
       this.schedule();
@@ -2316,6 +2367,7 @@
       this.alive = false;
       this.ctl.abort();
       this.closeLive();
+      this.logs.close();
       this.timers.forEach(clearInterval);
       this.refetchDetail.cancel();
       this.refetchInstances.cancel();
@@ -2438,6 +2490,7 @@
       this.finished = false;
       this.closeLive();
       this.openLive();
+      this.logs.revive();
     }
 
     onSnapshot(d) {

@@ -6,7 +6,7 @@
 //!   refusals included (401, 403, 404);
 //! - `trellis_monitor_http_request_seconds` by `route`: the time from a request's arrival to its
 //!   response headers (for a live stream, its opening, not its end);
-//! - `trellis_monitor_live_streams`: live streams (`/live`) open now;
+//! - `trellis_monitor_live_streams`: live streams (`/live`, `/logs/live`) open now;
 //! - `trellis_monitor_live_resnapshots`: times a stream fell too far behind and was sent a fresh
 //!   snapshot instead of the updates it missed;
 //! - `trellis_monitor_executions_watched`: executions with a live projection (a hub) now.

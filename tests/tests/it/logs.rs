@@ -1,6 +1,7 @@
 //! Task logs against separate processes (a coordinator, a worker, a real NATS): a `shell` task's
 //! stdout and stderr lines are read back in order, followed live while it runs, and what it wrote
-//! before its worker was SIGKILLed stays readable beside what the next run wrote.
+//! before its worker was SIGKILLed stays readable beside what the next run wrote; once the stream
+//! no longer holds them, the checkpoint-store's copy serves the same lines.
 
 use std::time::Duration;
 
@@ -32,6 +33,26 @@ async fn collect_lines(
         }
     }
     Ok(lines)
+}
+
+/// The task log batches of `id` the checkpoint-store has copied so far.
+async fn stored_batches(system: &System, id: &str) -> anyhow::Result<Vec<v1::TaskLogBatch>> {
+    let mut store = v1::checkpoint_store_client::CheckpointStoreClient::connect(format!(
+        "http://{}",
+        system.store_addr
+    ))
+    .await
+    .context("connecting to the checkpoint-store")?;
+    let page = store
+        .list_task_logs(v1::ListTaskLogsRequest {
+            execution_id: id.to_owned(),
+            limit: 1000,
+            ..Default::default()
+        })
+        .await
+        .context("ListTaskLogs failed")?
+        .into_inner();
+    Ok(page.batches.into_iter().filter_map(|b| b.batch).collect())
 }
 
 /// Waits for the end of `id` and checks that it completed.
@@ -167,6 +188,51 @@ async fn shell_lines_are_read_back_followed_live_and_kept_across_a_worker_kill()
                 texts[runs[1]..].contains(&"tick 29"),
                 "the second run wrote to the end: {texts:?}"
             );
+            // The checkpoint-store keeps a copy: once the stream has dropped the lines (here:
+            // purged), the same lines still come back, in the same order, with their workers.
+            let before = collect_lines(logs(system, &id, false).await?).await?;
+            let copied = stored_batches(system, &id).await?;
+            let deadline = tokio::time::Instant::now() + WAIT;
+            loop {
+                let stored = stored_batches(system, &id).await?;
+                let lines: usize = stored.iter().map(|b| b.lines.len()).sum();
+                if lines == before.len() {
+                    break;
+                }
+                ensure!(
+                    tokio::time::Instant::now() < deadline,
+                    "the store copied {lines} of {} lines within 60 s (first look: {} batches)",
+                    before.len(),
+                    copied.len()
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let js = async_nats::jetstream::new(async_nats::connect(system.nats.url()).await?);
+            js.get_stream("TRELLIS_LOGS")
+                .await?
+                .purge()
+                .await
+                .context("purging TRELLIS_LOGS")?;
+            let after = collect_lines(logs(system, &id, false).await?).await?;
+            ensure!(
+                after == before,
+                "after the purge, from the store:\n{after:?}\nbefore:\n{before:?}"
+            );
+            // Lines written after the purge follow the stored ones, in order, none twice.
+            let third = system
+                .start_plan(
+                    0,
+                    "name: after-purge\ntasks:\n- {id: one, type: shell, input: {command: [sh, -c, 'echo one']}}\n- {id: two, type: shell, depends_on: [one], input: {command: [sh, -c, 'echo two']}}\n",
+                )
+                .await?;
+            completed(system, &third, "the plan after the purge").await?;
+            let texts: Vec<String> = collect_lines(logs(system, &third, false).await?)
+                .await?
+                .into_iter()
+                .map(|l| l.1)
+                .collect();
+            ensure!(texts == ["one", "two"], "after the purge: {texts:?}");
+
             // An execution that does not exist is not found, not an empty log.
             let unknown = system
                 .client(0)?

@@ -380,6 +380,38 @@ pub struct WorkerRow {
     pub last_heartbeat: Vec<u8>,
 }
 
+/// One task log batch as the store keeps it (its copy of `TRELLIS_LOGS`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogBatchRow {
+    pub execution_id: ExecutionId,
+    /// Its sequence in `TRELLIS_LOGS`: unique, and the order batches are read in.
+    pub stream_sequence: u64,
+    pub task_instance_id: TaskInstanceId,
+    pub attempt: u32,
+    /// Its position among its attempt's batches, from 1.
+    pub batch: u64,
+    pub worker_id: String,
+    /// How many lines it holds.
+    pub lines: u32,
+    /// The encoded `trellis.v1.TaskLogBatch`, as the worker published it.
+    pub payload: Vec<u8>,
+}
+
+/// Which task log batches to read: one execution's, oldest first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogQuery {
+    pub execution_id: ExecutionId,
+    /// Only this instance's.
+    pub task_instance_id: Option<TaskInstanceId>,
+    /// Only this attempt's.
+    pub attempt: Option<u32>,
+    /// Only batches after this stream sequence.
+    pub after_sequence: u64,
+    /// Only batches before this stream sequence.
+    pub before_sequence: Option<u64>,
+    pub limit: u32,
+}
+
 // ------------------------------------------------------------------------------------------------
 // The trait
 // ------------------------------------------------------------------------------------------------
@@ -455,6 +487,13 @@ pub trait Store: Send + Sync + fmt::Debug {
 
     /// Returns the questions of an execution still waiting for an answer, oldest first.
     async fn open_questions(&self, execution_id: ExecutionId) -> Result<Vec<QuestionRow>, Error>;
+
+    /// Stores task log batches in one transaction; a batch already stored (same execution and
+    /// stream sequence) is left as it is.
+    async fn insert_task_logs(&self, batches: &[LogBatchRow]) -> Result<(), Error>;
+
+    /// Returns the task log batches matching the query, by stream sequence, at most `limit`.
+    async fn task_logs(&self, query: &LogQuery) -> Result<Vec<LogBatchRow>, Error>;
 
     /// Returns executions in a final state (completed, failed, cancelled) that ended after
     /// `after_ms` and at or before `until_ms`, with when they ended, oldest first, at most

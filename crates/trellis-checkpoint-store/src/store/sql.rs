@@ -23,7 +23,7 @@ use uuid::Uuid;
 
 use super::{
     CheckpointKind, CheckpointMetadata, Error, ErrorKind, EventRow, ExecutionQuery, ExecutionRow,
-    ExecutionWrite, Inserted, Page, ProgressRow, QuestionResolved, QuestionRow, ReadModelBatch,
+    ExecutionWrite, Inserted, LogBatchRow, LogQuery, Page, ProgressRow, QuestionResolved, QuestionRow, ReadModelBatch,
     Resolution, Store, TaskInstanceQuery, WorkerRow, db_err, from_i64, from_i64_u32,
     parse_execution_state, parse_task_state, to_i64,
 };
@@ -670,6 +670,62 @@ impl Store for StoreImpl {
             "failed to read the questions of execution {execution_id}"
         )))?;
         rows.iter().map(question_from_row).collect()
+    }
+
+    async fn insert_task_logs(&self, batches: &[LogBatchRow]) -> Result<(), Error> {
+        if batches.is_empty() {
+            return Ok(());
+        }
+        self.write("failed to write task logs", || {
+            Box::new(chunks(batches, 8).map(task_logs_insert))
+        })
+        .await
+    }
+
+    async fn task_logs(&self, filter: &LogQuery) -> Result<Vec<LogBatchRow>, Error> {
+        let mut query = QueryBuilder::<Db>::new(
+            "SELECT execution_id, stream_sequence, task_instance_id, attempt, batch, worker_id, \
+             lines, payload FROM task_logs WHERE execution_id = ",
+        );
+        query.push_bind(filter.execution_id.0);
+        query.push(" AND stream_sequence > ");
+        query.push_bind(to_i64(filter.after_sequence));
+        if let Some(before) = filter.before_sequence {
+            query.push(" AND stream_sequence < ");
+            query.push_bind(to_i64(before));
+        }
+        if let Some(instance) = filter.task_instance_id {
+            query.push(" AND task_instance_id = ");
+            query.push_bind(instance.0);
+        }
+        if let Some(attempt) = filter.attempt {
+            query.push(" AND attempt = ");
+            query.push_bind(to_i32(attempt));
+        }
+        query.push(" ORDER BY stream_sequence LIMIT ");
+        query.push_bind(i64::from(filter.limit));
+        let rows = query
+            .build()
+            .fetch_all(self.pool())
+            .await
+            .map_err(db_err(format!(
+                "failed to read the task logs of execution {}",
+                filter.execution_id
+            )))?;
+        rows.iter()
+            .map(|row| {
+                Ok(LogBatchRow {
+                    execution_id: ExecutionId(column(row, "execution_id")?),
+                    stream_sequence: from_i64(column(row, "stream_sequence")?),
+                    task_instance_id: TaskInstanceId(column(row, "task_instance_id")?),
+                    attempt: from_i64_u32(i64::from(column::<i32>(row, "attempt")?)),
+                    batch: from_i64(column(row, "batch")?),
+                    worker_id: column(row, "worker_id")?,
+                    lines: from_i64_u32(i64::from(column::<i32>(row, "lines")?)),
+                    payload: column(row, "payload")?,
+                })
+            })
+            .collect()
     }
 
     async fn finished_between(

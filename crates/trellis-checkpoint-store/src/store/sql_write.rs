@@ -216,6 +216,27 @@ fn events_insert<'a>(events: &'a [EventRow]) -> QueryBuilder<'a, Db> {
     query
 }
 
+/// Inserts task log batches; one already stored is left as it is.
+fn task_logs_insert(batches: &[LogBatchRow]) -> QueryBuilder<'_, Db> {
+    let mut query = QueryBuilder::<Db>::new(
+        "INSERT INTO task_logs (execution_id, stream_sequence, task_instance_id, attempt, batch, \
+         worker_id, lines, payload) ",
+    );
+    query.push_values(batches, |mut values, batch| {
+        values
+            .push_bind(batch.execution_id.0)
+            .push_bind(to_i64(batch.stream_sequence))
+            .push_bind(batch.task_instance_id.0)
+            .push_bind(to_i32(batch.attempt))
+            .push_bind(to_i64(batch.batch))
+            .push_bind(text(&batch.worker_id))
+            .push_bind(to_i32(batch.lines))
+            .push_bind(batch.payload.as_slice());
+    });
+    query.push(" ON CONFLICT (execution_id, stream_sequence) DO NOTHING");
+    query
+}
+
 /// Inserts asked questions as pending; one already stored is left as it is.
 fn questions_insert<'a>(questions: &'a [QuestionRow]) -> QueryBuilder<'a, Db> {
     let mut query = QueryBuilder::<Db>::new(

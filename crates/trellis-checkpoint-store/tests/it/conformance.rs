@@ -7,9 +7,9 @@ use std::time::Instant;
 
 use trellis_checkpoint_store::checkpoint::{self, sha256};
 use trellis_checkpoint_store::store::{
-    CheckpointKind, ErrorKind, EventRow, ExecutionQuery, ExecutionRow, ExecutionWrite, Page,
-    ProgressRow, QuestionResolved, QuestionRow, ReadModelBatch, Resolution, TaskInstanceQuery,
-    WorkerRow,
+    CheckpointKind, ErrorKind, EventRow, ExecutionQuery, ExecutionRow, ExecutionWrite, LogBatchRow,
+    LogQuery, Page, ProgressRow, QuestionResolved, QuestionRow, ReadModelBatch, Resolution,
+    TaskInstanceQuery, WorkerRow,
 };
 use trellis_core::ids::{ExecutionId, GroupId, QuestionId, TaskInstanceId, WorkerId};
 use trellis_core::machine::{ExecutionState, Question, StateCounts, TimeoutAction, Usage};
@@ -55,6 +55,7 @@ store_suite!(
     executions_are_listed_by_filters,
     text_with_nul_characters_is_stored,
     a_failed_write_transaction_writes_nothing,
+    task_logs_are_kept_once_in_stream_order_and_filtered,
 );
 
 /// Builds verified checkpoints of one execution with increasing ids and sequences.
@@ -866,5 +867,101 @@ async fn a_failed_write_transaction_writes_nothing(store: TestStore) -> anyhow::
     let (left, _) = store.store.list(execution_id, None, 100).await?;
     let left: Vec<Uuid> = left.iter().map(|meta| meta.checkpoint_id).collect();
     assert_eq!(left, [full_2, delta_1, full_1]);
+    Ok(())
+}
+
+/// Task log batches: stored once however often they arrive, read back by stream sequence (not
+/// the order they were written in), filtered by instance, attempt and a sequence window, paged.
+async fn task_logs_are_kept_once_in_stream_order_and_filtered(
+    store: TestStore,
+) -> anyhow::Result<()> {
+    let execution_id = ExecutionId(Uuid::now_v7());
+    let other_execution = ExecutionId(Uuid::now_v7());
+    let (a, b) = (
+        TaskInstanceId(Uuid::now_v7()),
+        TaskInstanceId(Uuid::now_v7()),
+    );
+    let row =
+        |execution_id, stream_sequence, task_instance_id, attempt: u32, batch: u64| LogBatchRow {
+            execution_id,
+            stream_sequence,
+            task_instance_id,
+            attempt,
+            batch,
+            worker_id: format!("worker-{attempt}\0"),
+            lines: 2,
+            payload: format!("payload {stream_sequence}").into_bytes(),
+        };
+    let rows = vec![
+        row(execution_id, 7, a, 2, 1),
+        row(execution_id, 3, a, 1, 1),
+        row(execution_id, 5, b, 1, 1),
+        row(other_execution, 4, a, 1, 1),
+        row(execution_id, 9, a, 2, 2),
+    ];
+    store.store.insert_task_logs(&rows).await?;
+    // Delivered again (a new leader, a lost acknowledgement): nothing changes.
+    store.store.insert_task_logs(&rows[..2]).await?;
+    store.store.insert_task_logs(&[]).await?;
+    let all = LogQuery {
+        execution_id,
+        task_instance_id: None,
+        attempt: None,
+        after_sequence: 0,
+        before_sequence: None,
+        limit: 100,
+    };
+    let sequences = |rows: Vec<LogBatchRow>| -> Vec<u64> {
+        rows.iter().map(|row| row.stream_sequence).collect()
+    };
+    let read = store.store.task_logs(&all).await?;
+    assert_eq!(sequences(read.clone()), [3, 5, 7, 9]);
+    let expected = {
+        let mut stored = rows[1].clone();
+        stored.worker_id = "worker-1\u{fffd}".to_owned();
+        stored
+    };
+    assert!(
+        read[0] == expected || read[0] == rows[1],
+        "a row reads back as written (PostgreSQL replaces NUL): {:?}",
+        read[0]
+    );
+    let instance_a = LogQuery {
+        task_instance_id: Some(a),
+        ..all.clone()
+    };
+    assert_eq!(
+        sequences(store.store.task_logs(&instance_a).await?),
+        [3, 7, 9]
+    );
+    let second_attempt = LogQuery {
+        attempt: Some(2),
+        ..instance_a.clone()
+    };
+    assert_eq!(
+        sequences(store.store.task_logs(&second_attempt).await?),
+        [7, 9]
+    );
+    let window = LogQuery {
+        after_sequence: 3,
+        before_sequence: Some(9),
+        ..all.clone()
+    };
+    assert_eq!(sequences(store.store.task_logs(&window).await?), [5, 7]);
+    let page = LogQuery {
+        limit: 2,
+        ..all.clone()
+    };
+    assert_eq!(sequences(store.store.task_logs(&page).await?), [3, 5]);
+    let next = LogQuery {
+        after_sequence: 5,
+        ..page
+    };
+    assert_eq!(sequences(store.store.task_logs(&next).await?), [7, 9]);
+    let unknown = LogQuery {
+        execution_id: ExecutionId(Uuid::now_v7()),
+        ..all
+    };
+    assert!(store.store.task_logs(&unknown).await?.is_empty());
     Ok(())
 }

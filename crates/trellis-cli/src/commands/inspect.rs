@@ -223,39 +223,47 @@ pub async fn tree(coordinator_url: &str, args: TreeArgs) -> Result<(), Failure> 
         .into_inner()
         .graph
         .unwrap_or_default();
-    let rules = group_rules(
-        &mut coordinator,
-        &args.execution_id,
-        graph.groups.is_empty(),
-    )
-    .await;
+    // Best effort: the tree is still worth showing without the group rules and routed-out tasks.
+    let execution = get_execution(&mut coordinator, &args.execution_id)
+        .await
+        .ok();
+    let rules = match &execution {
+        Some(execution) if !graph.groups.is_empty() => {
+            group_rules(
+                &mut coordinator,
+                &args.execution_id,
+                execution.last_sequence,
+            )
+            .await
+        }
+        _ => HashMap::new(),
+    };
+    let skipped = execution
+        .map(|execution| execution.skipped)
+        .unwrap_or_default();
     let mut out = BufWriter::new(io::stdout().lock());
     if args.json {
-        writeln!(out, "{}", tree::json(&graph, &rules))?;
-    } else if graph.root_indices.is_empty() {
-        writeln!(out, "no task instances yet")?;
+        writeln!(out, "{}", tree::json(&graph, &rules, &skipped))?;
     } else {
-        let text = tree::render(&graph, &rules).map_err(Failure::failed)?;
-        out.write_all(text.as_bytes())?;
+        if graph.root_indices.is_empty() {
+            writeln!(out, "no task instances yet")?;
+        } else {
+            let text = tree::render(&graph, &rules).map_err(Failure::failed)?;
+            out.write_all(text.as_bytes())?;
+        }
+        out.write_all(tree::skipped_text(&skipped).as_bytes())?;
     }
     Ok(out.flush()?)
 }
 
-/// Reads the completion rule of each subtask group from the event log, which the graph does not
-/// carry. Best effort: the tree is still worth showing without them.
+/// Reads the completion rule of each subtask group from the event log (up to `last_sequence`),
+/// which the graph does not carry. Best effort: the tree is still worth showing without them.
 async fn group_rules(
     coordinator: &mut Coordinator,
     execution_id: &str,
-    no_groups: bool,
+    last_sequence: u64,
 ) -> HashMap<String, String> {
     let mut rules = HashMap::new();
-    if no_groups {
-        return rules;
-    }
-    let Ok(execution) = get_execution(coordinator, execution_id).await else {
-        return rules;
-    };
-    let last_sequence = execution.last_sequence;
     let _ = coordinator
         .observe(execution_id, 1, |item| {
             let Some(event) = &item.event else {

@@ -29,7 +29,7 @@ use std::collections::HashMap;
 use serde_json::{Value, json};
 use trellis_core::ids::GroupId;
 use trellis_proto::v1::graph_node::Next;
-use trellis_proto::v1::{CheckLevel, CheckResult, ExecutionGraph};
+use trellis_proto::v1::{CheckLevel, CheckResult, ExecutionGraph, SkippedTask};
 use trellis_wire::read::graph_records_from_proto;
 
 use super::task_state_name;
@@ -74,9 +74,27 @@ fn checks_json(results: &[CheckResult]) -> Value {
         .collect()
 }
 
+/// Lists the plan tasks a route skipped (they have no instance in the tree), each with why; empty
+/// when there are none.
+pub fn skipped_text(skipped: &[SkippedTask]) -> String {
+    if skipped.is_empty() {
+        return String::new();
+    }
+    let mut text = String::from("not run (routed out):\n");
+    for task in skipped {
+        text.push_str(&format!("  {}: {}\n", task.task_id, task.reason));
+    }
+    text
+}
+
 /// Returns the graph as flat JSON (`roots`, `nodes`, `groups` pointing at each other by index, as
-/// on the wire), which any JSON parser reads back whatever the depth.
-pub fn json(graph: &ExecutionGraph, rules: &HashMap<String, String>) -> Value {
+/// on the wire), which any JSON parser reads back whatever the depth, and the plan tasks a route
+/// skipped (`skipped`: `[{task_id, reason}]`).
+pub fn json(
+    graph: &ExecutionGraph,
+    rules: &HashMap<String, String>,
+    skipped: &[SkippedTask],
+) -> Value {
     let nodes: Vec<Value> = graph
         .nodes
         .iter()
@@ -125,7 +143,11 @@ pub fn json(graph: &ExecutionGraph, rules: &HashMap<String, String>) -> Value {
             })
         })
         .collect();
-    json!({"roots": graph.root_indices, "nodes": nodes, "groups": groups})
+    let skipped: Vec<Value> = skipped
+        .iter()
+        .map(|task| json!({ "task_id": task.task_id, "reason": task.reason }))
+        .collect();
+    json!({"roots": graph.root_indices, "nodes": nodes, "groups": groups, "skipped": skipped})
 }
 
 #[cfg(test)]
@@ -234,11 +256,40 @@ mod tests {
              │  └─ lint [failed] attempt 2: exit status 1…\n\
              └─ resumed: build [completed] attempt 1\n",
         );
-        let object = json(&graph, &HashMap::new());
+        let object = json(&graph, &HashMap::new(), &[]);
         assert_eq!(object["groups"][0]["next_node"], 5);
         assert_eq!(object["nodes"][0]["next_group"], 0);
         assert_eq!(object["nodes"][2]["next_node"], 3);
         assert_eq!(object["roots"], json!([0]));
+    }
+
+    /// Routed-out plan tasks have no instance: they are listed after the tree with why, and under
+    /// `skipped` in the JSON.
+    #[test]
+    fn routed_out_tasks_are_listed_with_their_reason() {
+        assert_eq!(skipped_text(&[]), "", "nothing routed out: nothing printed");
+        let skipped = [
+            SkippedTask {
+                task_id: "fix".to_owned(),
+                reason: r#"not routed: route of "classify" chose by output /kind = "feature""#
+                    .to_owned(),
+            },
+            SkippedTask {
+                task_id: "ask".to_owned(),
+                reason: "not routed".to_owned(),
+            },
+        ];
+        assert_eq!(
+            skipped_text(&skipped),
+            "not run (routed out):\n  fix: not routed: route of \"classify\" chose by output \
+             /kind = \"feature\"\n  ask: not routed\n"
+        );
+        let object = json(&ExecutionGraph::default(), &HashMap::new(), &skipped);
+        assert_eq!(
+            object["skipped"][1],
+            json!({"task_id": "ask", "reason": "not routed"})
+        );
+        assert_eq!(object["skipped"].as_array().map(Vec::len), Some(2));
     }
 
     /// `--json` records carry the instance's worker, times (unset ones as null) and earlier
@@ -262,7 +313,7 @@ mod tests {
             ..record(1, "build", TaskState::Completed, 2)
         };
         let queued = member(record(2, "test", TaskState::Pending, 0), 1, 1);
-        let object = json(&wire(vec![ended, queued]), &HashMap::new());
+        let object = json(&wire(vec![ended, queued]), &HashMap::new(), &[]);
         let times = |task_id: &str| {
             let nodes = object["nodes"].as_array().expect("nodes");
             let node = nodes

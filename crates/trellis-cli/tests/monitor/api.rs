@@ -288,7 +288,8 @@ const TICKING_PLAN: &str = "name: monitor-logs\ntasks:\n\
     - {id: tick, type: shell, input: {command: [sh, -c, 'i=0; while [ $i -lt 20 ]; do echo tick $i; i=$((i+1)); sleep 0.1; done; echo done >&2']}}\n";
 
 /// `trellis logs -f` prints a task's lines as they are written and exits once the execution
-/// ended; `trellis logs` reads them back; the monitor serves them page by page.
+/// ended; `trellis logs` reads them back, also once the stream no longer holds them; the monitor
+/// serves them page by page and live.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trellis_logs_follows_a_running_task_and_the_monitor_serves_its_lines() {
     use std::io::BufRead as _;
@@ -377,4 +378,113 @@ async fn trellis_logs_follows_a_running_task_and_the_monitor_serves_its_lines() 
             .is_some_and(|e| e.contains("not a task instance id")),
         "{body}"
     );
+
+    // Live in the monitor: a running task's lines arrive as Server-Sent Events while it runs,
+    // every line once and in order, then `end` once the execution has ended.
+    let running = dev.start(TICKING_PLAN).await;
+    let live = format!("{}/api/executions/{running}/logs/live", dev.monitor);
+    let (frames, state_at_first) =
+        read_events(&live, async || dev.execution(&running).await.state).await;
+    assert_eq!(
+        state_at_first,
+        trellis_proto::v1::ExecutionState::Running as i32,
+        "the first lines arrive while the task runs"
+    );
+    let texts = frame_texts(&frames);
+    let mut expected: Vec<String> = (0..20).map(|n| format!("tick {n}")).collect();
+    expected.push("done".to_owned());
+    assert_eq!(texts, expected, "{frames:?}");
+    let (last, data) = frames.last().expect("frames");
+    assert_eq!(
+        (last.as_str(), &data["next"]),
+        ("end", &json!(21)),
+        "{frames:?}"
+    );
+    // Reconnecting after the first five lines: the rest, none twice.
+    let (frames, _) = read_events(&format!("{live}?after=5"), async || 0).await;
+    assert_eq!(frame_texts(&frames), expected[5..], "{frames:?}");
+
+    // The store's copy: once the stream no longer holds the lines, `trellis logs` still reads
+    // them (from the embedded SQLite checkpoint-store).
+    let js = async_nats::jetstream::new(
+        async_nats::connect(dev.nats.url())
+            .await
+            .expect("NATS answers"),
+    );
+    js.get_stream("TRELLIS_LOGS")
+        .await
+        .expect("the log stream exists")
+        .purge()
+        .await
+        .expect("purged");
+    let output = std::process::Command::new(crate::TRELLIS)
+        .args(["--coordinator", &dev.coordinator, "logs", &id, "tick"])
+        .output()
+        .expect("trellis logs runs");
+    let after_purge = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(after_purge, out, "the same lines, from the store");
+}
+
+/// Reads the Server-Sent Events of `url` until the stream ends, as `(event, data)`; `at_first`
+/// runs when the first `lines` event arrives, and its answer is returned beside them.
+async fn read_events<T: Default>(
+    url: &str,
+    at_first: impl AsyncFnOnce() -> T,
+) -> (Vec<(String, Value)>, T) {
+    let response = reqwest::get(url).await.expect("the monitor answers");
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        response.headers()["content-type"],
+        "text/event-stream",
+        "an event stream"
+    );
+    let mut body = response.bytes_stream();
+    let mut text = String::new();
+    let mut frames = Vec::new();
+    let mut at_first = Some(at_first);
+    let mut first = T::default();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while let Some(chunk) = tokio::time::timeout_at(deadline, body.next())
+        .await
+        .expect("the live log ends within 60 s")
+    {
+        text.push_str(&String::from_utf8_lossy(&chunk.expect("a chunk")));
+        while let Some(end) = text.find("\n\n") {
+            let frame: String = text.drain(..end + 2).collect();
+            let mut event = None;
+            let mut data = None;
+            for line in frame.lines() {
+                if let Some(name) = line.strip_prefix("event: ") {
+                    event = Some(name.to_owned());
+                } else if let Some(json) = line.strip_prefix("data: ") {
+                    data = Some(serde_json::from_str::<Value>(json).expect("JSON data"));
+                }
+            }
+            let (Some(event), Some(data)) = (event, data) else {
+                continue; // a keep-alive comment
+            };
+            if event == "lines"
+                && let Some(at_first) = at_first.take()
+            {
+                first = at_first().await;
+            }
+            frames.push((event, data));
+        }
+    }
+    (frames, first)
+}
+
+/// The texts of every line of the `lines` events.
+fn frame_texts(frames: &[(String, Value)]) -> Vec<String> {
+    frames
+        .iter()
+        .filter(|(event, _)| event == "lines")
+        .flat_map(|(_, data)| data["lines"].as_array().cloned().unwrap_or_default())
+        .map(|line| line["text"].as_str().unwrap_or_default().to_owned())
+        .collect()
 }

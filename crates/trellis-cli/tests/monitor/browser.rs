@@ -1,6 +1,7 @@
 //! The UI in real headless Chromium, driven over WebDriver (chromedriver): open an execution,
 //! watch its tasks change state live, pause, resume and cancel it; answer another one's question
-//! and see it finish. Screenshots are written to `<target>/tmp/monitor-screenshots/`.
+//! and see it finish; read a third one's task log lines live. Screenshots are written to
+//! `<target>/tmp/monitor-screenshots/`.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -27,6 +28,11 @@ const QUESTION_PLAN: &str = "name: monitor-question\ntasks:\n\
     - {id: approve, type: question, depends_on: [build], \
        input: {text: Release the build?, options: [release, hold]}}\n\
     - {id: publish, type: sleep, depends_on: [approve], input: {ms: 300}}\n";
+
+/// A `shell` task that prints a line every 100 ms for three seconds, then `done`.
+const TICKING_PLAN: &str = "name: monitor-live-logs\ntasks:\n\
+    - {id: tick, type: shell, input: {command: [sh, -c, 'i=0; while [ $i -lt 30 ]; do echo tick $i; \
+      i=$((i+1)); sleep 0.1; done; echo done']}}\n";
 
 const INSTALL: &str =
     "install Chromium and its driver: apt-get install -y chromium chromium-driver";
@@ -354,6 +360,50 @@ async fn browser_watches_controls_and_answers() {
         .await
         .expect("the window shrinks");
 
+    // A task's log lines arrive in the page while it runs, each once and in order.
+    let ticking = dev.start(TICKING_PLAN).await;
+    client
+        .goto(&format!("{}/#/executions/{ticking}", dev.monitor))
+        .await
+        .expect("the third execution's page opens");
+    let log_texts = || async {
+        let texts = client
+            .execute(
+                "return [...document.querySelectorAll('#task-logs .log-line .text')]\
+                 .map((line) => line.textContent)",
+                vec![],
+            )
+            .await
+            .expect("the page answers");
+        serde_json::from_value::<Vec<String>>(texts).expect("a list of texts")
+    };
+    wait_page(
+        &client,
+        "a first log line",
+        Duration::from_secs(30),
+        || async { !log_texts().await.is_empty() },
+    )
+    .await;
+    assert_eq!(
+        dev.execution(&ticking).await.state,
+        v1::ExecutionState::Running as i32,
+        "the first line is shown while the task runs"
+    );
+    wait_page(
+        &client,
+        "the execution completes with its last line shown",
+        Duration::from_secs(60),
+        || async {
+            text(&client, "#execution-state").await == "completed"
+                && log_texts().await.last().is_some_and(|last| last == "done")
+        },
+    )
+    .await;
+    let mut expected: Vec<String> = (0..30).map(|n| format!("tick {n}")).collect();
+    expected.push("done".to_owned());
+    assert_eq!(log_texts().await, expected);
+    screenshot(&client, "8-task-logs").await;
+
     client
         .goto(&format!("{}/#/workers", dev.monitor))
         .await
@@ -370,7 +420,7 @@ async fn browser_watches_controls_and_answers() {
         },
     )
     .await;
-    screenshot(&client, "8-workers").await;
+    screenshot(&client, "9-workers").await;
     client
         .goto(&format!("{}/#/cluster", dev.monitor))
         .await
@@ -405,6 +455,6 @@ async fn browser_watches_controls_and_answers() {
         || async { client.find(Locator::Css(&row)).await.is_ok() },
     )
     .await;
-    screenshot(&client, "9-executions").await;
+    screenshot(&client, "10-executions").await;
     client.close().await.expect("the browser closes");
 }

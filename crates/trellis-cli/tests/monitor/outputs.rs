@@ -2,7 +2,8 @@
 //! its worker stores it in the Object Store bucket `trellis_outputs`, the task's record carries the
 //! reference with its size and SHA-256, the dependent task reads the value through
 //! `$TRELLIS_UPSTREAM_DIR`, and `trellis output` fetches it back; once the object is damaged or
-//! gone, `trellis output` and a task that depends on it say which object.
+//! gone, `trellis output` and a task that depends on it say which object. A task a `route:` skipped
+//! is listed by `trellis tree` with why.
 
 use std::process::Command;
 use std::time::Duration;
@@ -217,4 +218,59 @@ async fn a_5_mb_output_is_stored_by_reference_read_by_its_dependent_and_fetched(
         )),
         "{error}"
     );
+}
+
+/// `classify` decides by its output (`{"kind": "bug"}`) which routed task runs.
+const TRIAGE: &str = r#"name: triage
+tasks:
+- id: classify
+  type: shell
+  input: {command: [sh, -c, 'echo "{\"kind\": \"bug\"}" > "$TRELLIS_OUTPUT_FILE"']}
+  route: {path: /kind, cases: {bug: [fix], feature: [build]}}
+- {id: fix, type: noop}
+- {id: build, type: noop}
+"#;
+
+/// A task a route skipped never gets an instance: `trellis tree` lists it after the tree with the
+/// route's reason, and `--json` under `skipped`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trellis_tree_lists_the_tasks_a_route_skipped_with_why() {
+    let dev = start_dev();
+    let id = dev.start(TRIAGE).await;
+    let execution = ended(&dev, &id).await;
+    assert_eq!(
+        execution.state,
+        v1::ExecutionState::Completed as i32,
+        "{execution:?}"
+    );
+    let tree = |json: bool| {
+        let mut args = vec!["--coordinator", dev.coordinator.as_str(), "tree"];
+        if json {
+            args.push("--json");
+        }
+        args.push(id.as_str());
+        let output = Command::new(TRELLIS)
+            .args(&args)
+            .output()
+            .expect("trellis tree runs");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let text = tree(false);
+    assert!(text.contains("fix [completed]"), "{text}");
+    assert!(!text.contains("build ["), "build never ran: {text}");
+    assert!(
+        text.ends_with(
+            "not run (routed out):\n  build: not routed: route of \"classify\" chose by output \
+             /kind = \"bug\"\n"
+        ),
+        "{text}"
+    );
+    let json: serde_json::Value = serde_json::from_str(&tree(true)).expect("JSON");
+    assert_eq!(json["skipped"][0]["task_id"], "build", "{json}");
+    assert_eq!(json["skipped"].as_array().map(Vec::len), Some(1), "{json}");
 }

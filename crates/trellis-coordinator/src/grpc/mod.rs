@@ -581,7 +581,7 @@ impl Coordinator for CoordinatorService {
                         attempt: request.attempt,
                         follow: request.follow,
                     };
-                    logs::open(&self.logs, wanted, ended).await
+                    logs::open(&self.logs, self.store.clone(), wanted, ended).await
                 })
             },
             |mut client: Client, request| {

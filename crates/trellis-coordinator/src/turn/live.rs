@@ -341,6 +341,15 @@ impl Live {
                     }
                 })
                 .collect(),
+            skipped: self
+                .machine
+                .routed_out()
+                .into_iter()
+                .map(|(task_id, reason)| v1::SkippedTask {
+                    task_id: task_id.to_owned(),
+                    reason,
+                })
+                .collect(),
         }
     }
 

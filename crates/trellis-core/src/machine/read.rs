@@ -86,6 +86,18 @@ impl Execution {
         })
     }
 
+    /// Returns the plan tasks a route skipped without running, in plan order, each with why
+    /// ([`Self::skip_reason`]): they have no instance to show.
+    pub fn routed_out(&self) -> Vec<(&str, String)> {
+        self.plan
+            .tasks
+            .iter()
+            .enumerate()
+            .filter(|(_, task)| task.condition.is_some())
+            .filter_map(|(idx, task)| Some((task.id.as_str(), self.skip_reason(idx)?)))
+            .collect()
+    }
+
     /// Returns why a settled plan task was skipped without running, when a route decided it
     /// (the route's deciding task and what its output held).
     pub fn skip_reason(&self, task_idx: TaskIdx) -> Option<String> {

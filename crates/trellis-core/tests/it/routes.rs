@@ -77,6 +77,12 @@ fn a_matching_case_runs_its_tasks_and_skips_the_others() {
     );
     let build = sim.exec.plan().task_idx("build").expect("task exists");
     assert_eq!(sim.exec.skip_reason(build), None);
+    let routed_out: Vec<&str> = sim.exec.routed_out().iter().map(|(id, _)| *id).collect();
+    assert_eq!(
+        routed_out,
+        ["fix", "ask"],
+        "the routed-out tasks, in plan order"
+    );
     // The same log replayed gives the same state.
     assert_eq!(sim.replay(), sim.exec);
 }

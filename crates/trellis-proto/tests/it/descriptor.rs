@@ -65,6 +65,7 @@ fn services_have_their_rpcs() {
                 "QueryTaskInstances",
                 "GetExecutionRecord",
                 "ListExecutionRecords",
+                "ListTaskLogs",
             ],
         ),
     ];
