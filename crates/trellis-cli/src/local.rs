@@ -30,6 +30,27 @@ pub struct Options {
     pub coordinator: bool,
     /// Run the monitor too, on this address (port 0: any free port).
     pub monitor: Option<MonitorOptions>,
+    /// The coordinator's circuit breakers.
+    pub breakers: Breakers,
+}
+
+/// The coordinator's circuit breakers (`--breaker-failures`, `--breaker-cooldown`).
+#[derive(Debug, Clone, Copy)]
+pub struct Breakers {
+    /// Consecutive failed attempts of one queue and task type that open a breaker (0: none).
+    pub failures: u32,
+    /// How long an open breaker holds dispatches before its probe.
+    pub cooldown: Duration,
+}
+
+impl Default for Breakers {
+    /// Off, as the coordinator's own default.
+    fn default() -> Self {
+        Self {
+            failures: 0,
+            cooldown: Duration::from_secs(30),
+        }
+    }
 }
 
 /// Settings of the in-process monitor.
@@ -149,6 +170,8 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         shards: 1,
         checkpoint_store: Some(store_url.clone()),
         telemetry: telemetry.clone(),
+        breaker_failures: options.breakers.failures,
+        breaker_cooldown: options.breakers.cooldown,
         ..trellis_coordinator::Config::default()
     };
     let token = shutdown.child_token();

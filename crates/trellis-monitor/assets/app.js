@@ -518,7 +518,8 @@
             h('th', null, 'Queues'), h('th', null, 'Running'), h('th', { class: 'right' }, 'Memory'),
             h('th', { class: 'right' }, 'CPU'), h('th', { class: 'right' }, 'Heartbeat'),
             h('th', { class: 'right' }, 'Missed'), h('th', { class: 'right' }, 'Done / failed'))),
-          this.tbody)));
+          this.tbody)),
+        this.breakersCard());
       poll(() => this.refresh(), 1000, this.ctl.signal);
       // heartbeat ages move between polls
       this.timers.push(setInterval(() => this.tickAges(), 250));
@@ -534,9 +535,35 @@
         const data = await api('/api/workers', { signal: this.ctl.signal });
         banner.clear('workers');
         this.render(Array.isArray(data.workers) ? data.workers : []);
+        this.renderBreakers(Array.isArray(data.breakers) ? data.breakers : []);
       } catch (err) {
         report('workers', err);
       }
+    }
+
+    /** The circuit breakers card, shown only while a breaker is open, half-open or counting. */
+    breakersCard() {
+      this.breakerRows = h('tbody');
+      this.breakers = h('section', { class: 'card', id: 'breakers', hidden: true },
+        h('div', { class: 'card-head' }, h('h2', null, 'Circuit breakers'),
+          h('span', { class: 'sub' }, 'an open breaker holds new dispatches of its queue and task type until its probe')),
+        h('table', { class: 'grid', id: 'breakers-table' },
+          h('thead', null, h('tr', null,
+            h('th', null, 'Queue'), h('th', null, 'Task type'), h('th', null, 'State'),
+            h('th', { class: 'right' }, 'Failures in a row'), h('th', { class: 'right' }, 'Probe at'),
+            h('th', null, 'Coordinator'))),
+          this.breakerRows));
+      return this.breakers;
+    }
+
+    renderBreakers(breakers) {
+      this.breakers.hidden = breakers.length === 0;
+      this.breakerRows.replaceChildren(...breakers.map((b) => h('tr', { 'data-breaker': `${b.queue}/${b.task_type}` },
+        h('td', { class: 'mono' }, b.queue), h('td', { class: 'mono' }, b.task_type),
+        h('td', null, badge(b.state)),
+        h('td', { class: 'right num' }, String(b.consecutive_failures)),
+        h('td', { class: 'right num' }, b.retry_at_ms ? fmtClock(b.retry_at_ms) : '—'),
+        h('td', { class: 'mono' }, b.coordinator || '—'))));
     }
 
     render(workers) {

@@ -690,7 +690,21 @@ async fn workers(State(mut app): State<App>, caller: Caller) -> ApiResult {
         .iter()
         .map(WorkerView::from_proto)
         .collect();
-    Ok(json(&json!({ "workers": workers })))
+    let breakers: Vec<Value> = response.breakers.iter().map(breaker_view).collect();
+    Ok(json(&json!({ "workers": workers, "breakers": breakers })))
+}
+
+/// A circuit breaker as the workers page shows it: `{queue, task_type, state (closed|open|
+/// half_open), consecutive_failures, retry_at_ms (null unless open), coordinator}`.
+fn breaker_view(breaker: &v1::CircuitBreaker) -> Value {
+    json!({
+        "queue": breaker.queue,
+        "task_type": breaker.task_type,
+        "state": v1::BreakerState::label_of(breaker.state),
+        "consecutive_failures": breaker.consecutive_failures,
+        "retry_at_ms": breaker.retry_at_unix_ms,
+        "coordinator": breaker.coordinator_id,
+    })
 }
 
 /// The coordinators, as `GetCluster` through the configured coordinator reports them.

@@ -43,6 +43,19 @@ impl v1::LogSource {
     }
 }
 
+impl v1::BreakerState {
+    /// Returns the lowercase name a circuit breaker's state is shown with (`closed`, `open`,
+    /// `half_open`); `unknown` for a value this build does not know.
+    pub fn label_of(state: i32) -> &'static str {
+        match Self::try_from(state) {
+            Ok(Self::Closed) => "closed",
+            Ok(Self::Open) => "open",
+            Ok(Self::HalfOpen) => "half_open",
+            Ok(Self::Unspecified) | Err(_) => "unknown",
+        }
+    }
+}
+
 impl v1::CheckLevel {
     /// Returns the lowercase name a check level is written with in plans and shown
     /// (`codebase`, `api`, `ui`); `unknown` for a value this build does not know.

@@ -34,6 +34,7 @@ pub async fn run(_args: DemoArgs) -> Result<(), Failure> {
         slots: 16,
         coordinator: true,
         monitor: None,
+        breakers: local::Breakers::default(),
     })
     .await?;
     let plan = std::env::temp_dir().join(format!("trellis-demo-{}.yaml", std::process::id()));

@@ -21,6 +21,7 @@ use crate::local;
         trellis dev\n  \
         trellis dev --workers 4 --slots 64\n  \
         trellis dev --monitor 127.0.0.1:8080 --monitor-token s3cret\n  \
+        trellis dev --breaker-failures 5 --breaker-cooldown 1m\n  \
         NATS_URL=nats://127.0.0.1:4222 trellis dev --listen 127.0.0.1:7401"
 )]
 pub struct DevArgs {
@@ -48,6 +49,14 @@ pub struct DevArgs {
         default_value = "127.0.0.1:9464"
     )]
     pub admin_addr: String,
+    /// Circuit breakers: after this many consecutive failed attempts of one queue and task type,
+    /// new dispatches of that type wait (they do not fail) for `--breaker-cooldown`, then one
+    /// probe goes. 0 turns them off.
+    #[arg(long, env = "TRELLIS_BREAKER_FAILURES", default_value_t = 0)]
+    pub breaker_failures: u32,
+    /// How long an open circuit breaker holds dispatches before its probe (e.g. `30s`, `2m`).
+    #[arg(long, env = "TRELLIS_BREAKER_COOLDOWN", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub breaker_cooldown: std::time::Duration,
 }
 
 /// Runs `trellis dev` until Ctrl-C or SIGTERM.
@@ -67,6 +76,10 @@ pub async fn run(args: DevArgs) -> Result<(), Failure> {
             listen: args.monitor,
             token: token.clone(),
         }),
+        breakers: local::Breakers {
+            failures: args.breaker_failures,
+            cooldown: args.breaker_cooldown,
+        },
     })
     .await?;
     let admin = if args.admin_addr.eq_ignore_ascii_case("off") {

@@ -62,18 +62,11 @@ pub async fn run(coordinator_url: &str, args: WorkersArgs) -> Result<(), Failure
 }
 
 /// The lowercase name of a breaker state (`half_open`).
-fn breaker_state_name(state: i32) -> String {
-    BreakerState::try_from(state).map_or_else(
-        |_| state.to_string(),
-        |s| render::short_name(s.as_str_name(), "BREAKER_STATE_"),
-    )
-}
-
 fn breaker_json(breaker: &CircuitBreaker) -> Value {
     json!({
         "queue": breaker.queue,
         "task_type": breaker.task_type,
-        "state": breaker_state_name(breaker.state),
+        "state": BreakerState::label_of(breaker.state),
         "consecutive_failures": breaker.consecutive_failures,
         "retry_at_unix_ms": breaker.retry_at_unix_ms,
         "coordinator_id": breaker.coordinator_id,
@@ -98,7 +91,7 @@ fn breakers_table(breakers: &[CircuitBreaker]) -> String {
             [
                 breaker.queue.clone(),
                 breaker.task_type.clone(),
-                breaker_state_name(breaker.state),
+                BreakerState::label_of(breaker.state).to_owned(),
                 breaker.consecutive_failures.to_string(),
                 breaker
                     .retry_at_unix_ms

@@ -5,7 +5,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-use crate::{Dev, TOKEN, start_dev};
+use crate::{Dev, TOKEN, start_dev, start_dev_with};
 
 /// A plan that stops at a question: `prepare`, then `ask` (yes/no), then `ship`.
 const QUESTION_PLAN: &str = "name: monitor-api\ntasks:\n\
@@ -487,4 +487,62 @@ fn frame_texts(frames: &[(String, Value)]) -> Vec<String> {
         .flat_map(|(_, data)| data["lines"].as_array().cloned().unwrap_or_default())
         .map(|line| line["text"].as_str().unwrap_or_default().to_owned())
         .collect()
+}
+
+/// With `trellis dev --breaker-failures 2`, two failed attempts of one task type open its circuit
+/// breaker: the monitor's `/api/workers` lists it open with its probe time, and `trellis workers`
+/// prints it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_circuit_breaker_is_on_the_workers_page() {
+    let dev = start_dev_with(&["--breaker-failures", "2", "--breaker-cooldown", "10m"]);
+    let (_, before) = get(&format!("{}/api/workers", dev.monitor)).await;
+    assert_eq!(before["breakers"], json!([]), "none before: {before}");
+    dev.start(
+        "name: breaking\ntasks:\n- {id: a, type: fail, input: {times: 99}}\n\
+         - {id: b, type: fail, input: {times: 99}}\n",
+    )
+    .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let breaker = loop {
+        let (status, body) = get(&format!("{}/api/workers", dev.monitor)).await;
+        assert_eq!(status, 200, "{body}");
+        let open = body["breakers"]
+            .as_array()
+            .and_then(|breakers| breakers.iter().find(|b| b["state"] == "open").cloned());
+        if let Some(open) = open {
+            break open;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no open breaker within 30 s: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(breaker["task_type"], "fail", "{breaker}");
+    assert!(
+        breaker["queue"]
+            .as_str()
+            .is_some_and(|queue| !queue.is_empty()),
+        "{breaker}"
+    );
+    let probe_at = breaker["retry_at_ms"]
+        .as_i64()
+        .expect("an open breaker has a probe time");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or_default();
+    assert!(
+        probe_at > now + 9 * 60 * 1000,
+        "the probe waits the 10 minute cooldown: {breaker}"
+    );
+    let output = std::process::Command::new(crate::TRELLIS)
+        .args(["--coordinator", &dev.coordinator, "workers"])
+        .output()
+        .expect("trellis workers runs");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        text.contains("circuit breakers") && text.contains("open"),
+        "{text}"
+    );
 }

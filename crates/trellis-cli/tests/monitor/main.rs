@@ -39,6 +39,11 @@ impl Drop for Dev {
 
 /// Starts `trellis dev` on free ports with its own nats-server and waits for its addresses.
 pub fn start_dev() -> Dev {
+    start_dev_with(&[])
+}
+
+/// [`start_dev`] with more flags of `trellis dev`.
+pub fn start_dev_with(flags: &[&str]) -> Dev {
     let nats =
         NatsServer::start().expect("a nats-server for the test (apt-get install nats-server)");
     let mut child = Command::new(TRELLIS)
@@ -55,6 +60,7 @@ pub fn start_dev() -> Dev {
             "--admin-addr",
             "127.0.0.1:0",
         ])
+        .args(flags)
         .env("NATS_URL", nats.url())
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())

@@ -94,6 +94,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
             listen: any_port,
             token: uuid::Uuid::new_v4().simple().to_string(),
         }),
+        breakers: local::Breakers::default(),
     })
     .await?;
     let client = CoordinatorClient::connect(local.coordinator_url.clone())

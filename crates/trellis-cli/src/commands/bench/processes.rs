@@ -239,6 +239,7 @@ pub(super) async fn workers_only(args: &BenchArgs) -> Result<local::Local, Strin
         slots: args.slots,
         coordinator: false,
         monitor: None,
+        breakers: local::Breakers::default(),
     })
     .await
     .map_err(|f| f.message)
