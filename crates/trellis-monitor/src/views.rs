@@ -417,9 +417,18 @@ fn short(id: &str) -> String {
     digits[digits.len().saturating_sub(8)..].iter().collect()
 }
 
-/// A task output as a short text: the JSON, cut at 120 characters.
+/// A task output as a short text: the JSON, cut at 120 characters; an output stored by
+/// reference as its size, checksum and object (`trellis output` fetches it).
 fn preview(output: &[u8]) -> String {
     const MAX: usize = 120;
+    if let Some(reference) = trellis_bus::OutputRef::from_output(output) {
+        return format!(
+            "stored output: {} bytes, sha256 {}…, in {}",
+            reference.size,
+            reference.sha256.get(..12).unwrap_or(&reference.sha256),
+            reference.location()
+        );
+    }
     let text = String::from_utf8_lossy(output);
     if text.chars().count() <= MAX {
         text.into_owned()
@@ -607,6 +616,25 @@ mod tests {
     fn short_ids_are_the_last_eight_digits() {
         assert_eq!(short("01a20e1c-0c7b-70e5-891b-43333c372e3e"), "3c372e3e");
         assert_eq!(short("abc"), "abc");
+    }
+
+    #[test]
+    fn stored_outputs_show_their_size_checksum_and_object() {
+        let reference = trellis_bus::OutputRef {
+            bucket: "trellis_outputs".to_owned(),
+            object: "exec/inst/1".to_owned(),
+            size: 5_000_002,
+            sha256: "ab".repeat(32),
+        };
+        assert_eq!(
+            preview(&reference.to_output()),
+            "stored output: 5000002 bytes, sha256 abababababab…, in trellis_outputs/exec/inst/1"
+        );
+        assert_eq!(
+            preview(br#"{"a":1}"#),
+            r#"{"a":1}"#,
+            "an ordinary output as it is"
+        );
     }
 
     #[test]

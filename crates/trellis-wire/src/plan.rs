@@ -9,18 +9,19 @@
 
 use trellis_core::analysis::{Analysis, ConflictReason};
 use trellis_core::plan::spec::{
-    ActionSpec, BackoffKindSpec, BackoffSpec, BudgetActionSpec, BudgetSpec, FailureSpec,
-    FileOpSpec, FileSpec, JitterSpec, OptionsSpec, PlanSpec, RelationshipSpec, RetrySpec,
-    RouteSpec, TaskSpec,
+    ActionSpec, BackoffKindSpec, BackoffSpec, BudgetActionSpec, BudgetSpec, CheckSpec, CommandSpec,
+    FailureSpec, FileOpSpec, FileSpec, HttpCheckSpec, JitterSpec, OptionsSpec, PlanSpec,
+    RelationshipSpec, RetrySpec, RouteSpec, TaskSpec,
 };
 use trellis_core::plan::{
-    BudgetAction, FileOp, Limits, Plan, PlanError, PlanErrorKind, PlanErrors, RelationshipKind,
-    RouteCase, compile, compile_with_params, escape_references, parse_param_values, parse_spec,
+    BudgetAction, FileOp, Limits, Plan, PlanError, PlanErrorKind, PlanErrors, Probe,
+    RelationshipKind, RouteCase, compile, compile_with_params, escape_references,
+    parse_param_values, parse_spec,
 };
 use trellis_core::policy::{Backoff, BackoffKind, FailureAction};
 use trellis_proto::v1;
 
-use crate::common::json_to_bytes;
+use crate::common::{check_from_proto, check_to_proto, json_to_bytes};
 use crate::error::{At, ConvertError, ConvertErrorKind, parse_enum, parse_json};
 
 // ------------------------------------------------------------------------------------------------
@@ -106,6 +107,7 @@ pub fn to_proto(plan: &Plan) -> v1::Plan {
                         })
                         .collect(),
                     route: routes.remove(&t),
+                    validate: task.validate.iter().map(check_to_proto).collect(),
                 }
             })
             .collect(),
@@ -504,7 +506,45 @@ fn task_from_proto(at: &At<'_>, task: &v1::Task) -> Result<TaskSpec, ConvertErro
                 .collect(),
             default: route.default.clone(),
         }),
+        validate: task
+            .validate
+            .iter()
+            .enumerate()
+            .map(|(i, check)| check_spec_from_proto(&at.field("validate").index(i), check))
+            .collect::<Result<_, _>>()?,
         ..TaskSpec::default()
+    })
+}
+
+/// Returns the `validate:` entry a wire check stands for (checked as a worker checks it; the
+/// compiler then checks it again as any spec).
+fn check_spec_from_proto(at: &At<'_>, check: &v1::Check) -> Result<CheckSpec, ConvertError> {
+    let check = check_from_proto(at, check)?;
+    let (command, http) = match check.probe {
+        Probe::Command(argv) => (Some(CommandSpec::Argv(argv)), None),
+        Probe::Http {
+            method,
+            url,
+            status,
+            body_contains,
+        } => (
+            None,
+            Some(HttpCheckSpec {
+                url,
+                method: Some(method),
+                status: Some(i64::from(status)),
+                body_contains,
+            }),
+        ),
+    };
+    Ok(CheckSpec {
+        name: check.name,
+        level: check.level,
+        command,
+        http,
+        timeout: Some(duration_text(
+            u64::try_from(check.timeout.as_millis()).unwrap_or(u64::MAX),
+        )),
     })
 }
 

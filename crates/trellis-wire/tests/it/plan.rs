@@ -29,6 +29,10 @@ const EXAMPLES: &[(&str, &str)] = &[
         include_str!("../../../../examples/services.yaml"),
     ),
     ("triage", include_str!("../../../../examples/triage.yaml")),
+    (
+        "validated",
+        include_str!("../../../../examples/validated.yaml"),
+    ),
 ];
 
 /// Every option and task field set away from its default.
@@ -60,7 +64,14 @@ tasks:
     files: [{path: src/b.rs, op: DELETE}]
     relationships: [{type: conflicts_with, target: c}, {type: related_to, target: a}]
   - {id: c, type: noop, relationships: [{type: blocks, target: d}]}
-  - {id: d, type: noop, on_failure: [skip]}
+  - id: d
+    type: noop
+    on_failure: [skip]
+    validate:
+      - {name: lint, level: codebase, command: "cargo clippy", timeout: 2m}
+      - {name: e2e, level: ui, command: [npx, playwright, test]}
+      - {name: up, level: api, http: {url: "http://svc/health", method: HEAD, status: 204, body_contains: ok}, timeout: 5s}
+      - {name: plain, level: api, http: {url: "https://svc/"}}
   - {id: d-test, type: noop, relationships: [{type: tests, target: d}]}
   - id: triage
     type: noop
@@ -150,6 +161,45 @@ fn a_tampered_wire_plan_is_validated_again() {
     wire.tasks[2].files[0].op = v1::FileOp::Read.into();
     let err = compile_wire_plan(&wire, &Limits::default()).expect_err("an unknown dependency");
     assert_eq!(err.errors()[0].path, "tasks[3].depends_on[0]");
+}
+
+/// A wire plan's checks are read as a worker reads them, then compiled as any spec: a check
+/// without a level, without a probe or with two of the same name is refused with its path.
+#[test]
+fn a_wire_plan_with_bad_checks_is_refused_with_their_path() {
+    let wire = plan::to_proto(&compile(EVERYTHING));
+    let d = wire
+        .tasks
+        .iter()
+        .position(|task| task.id == "d")
+        .expect("task d");
+    assert_eq!(wire.tasks[d].validate.len(), 4, "the checks travel");
+    let refused = |change: &dyn Fn(&mut v1::Check)| {
+        let mut wire = wire.clone();
+        change(&mut wire.tasks[d].validate[1]);
+        compile_wire_plan(&wire, &Limits::default())
+            .expect_err("a bad check is refused")
+            .errors()[0]
+            .clone()
+    };
+    let err = refused(&|check| check.level = v1::CheckLevel::Unspecified.into());
+    assert_eq!(
+        err.path,
+        format!("plan.tasks[{d}].validate[1].level"),
+        "{err:?}"
+    );
+    let err = refused(&|check| check.probe = None);
+    assert_eq!(
+        err.path,
+        format!("plan.tasks[{d}].validate[1].probe"),
+        "{err:?}"
+    );
+    let err = refused(&|check| check.name = "lint".to_owned());
+    assert!(
+        err.path.starts_with(&format!("tasks[{d}].validate")),
+        "{err:?}"
+    );
+    assert!(err.message.contains("lint"), "{err:?}");
 }
 
 #[test]
