@@ -2421,14 +2421,29 @@
         // a retried or resumed execution runs again: follow it
         if (data.execution && !TERMINAL_EXEC.has(data.execution.state) && this.finished) this.reviveLive();
       } catch (err) {
-        report('execution', err);
         if (err instanceof ApiError && err.status === 404) {
-          // nothing to follow: stop the stream's retries
-          this.finished = true;
-          this.closeLive();
-          this.header.setLive('not found');
+          this.showNotFound(err.message);
+          return;
         }
+        report('execution', err);
       }
+    }
+
+    /**
+     * The execution does not exist (or the token may not see it): one page that says so, with
+     * the way back, instead of empty panes under a "pending" badge and the same error twice.
+     */
+    showNotFound(message) {
+      this.finished = true;
+      this.unmount();
+      for (const key of ['execution', 'plan', 'events', 'instances', 'checkpoints', 'logs', 'live']) {
+        banner.clear(key);
+      }
+      this.root.replaceChildren(h('section', { class: 'card not-found', id: 'not-found' },
+        h('h2', null, 'Execution not found'),
+        h('p', { class: 'mono' }, this.id),
+        h('p', { class: 'sub' }, message || 'No execution has this id.'),
+        h('p', null, h('a', { href: '#/' }, '← All executions'))));
     }
 
     /** Shows the tasks and groups of this execution paused on their own, with why and how. */
@@ -2445,6 +2460,8 @@
         banner.clear('plan');
         this.setPlan(plan);
       } catch (err) {
+        // An unknown execution is shown once, by the detail's not-found page.
+        if (err instanceof ApiError && err.status === 404) return;
         report('plan', err);
         if (!isAbort(err)) this.dag.showError(`Plan unavailable: ${err.message}`);
       }

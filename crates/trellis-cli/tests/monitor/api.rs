@@ -430,7 +430,8 @@ async fn trellis_logs_follows_a_running_task_and_the_monitor_serves_its_lines() 
     assert_eq!(after_purge, out, "the same lines, from the store");
 }
 
-/// Reads the Server-Sent Events of `url` until the stream ends, as `(event, data)`; `at_first`
+/// Reads the Server-Sent Events of `url` until an `end` event or the stream's end, as `(event,
+/// data)`; `at_first`
 /// runs when the first `lines` event arrives, and its answer is returned beside them.
 async fn read_events<T: Default>(
     url: &str,
@@ -473,7 +474,11 @@ async fn read_events<T: Default>(
             {
                 first = at_first().await;
             }
+            let end = event == "end";
             frames.push((event, data));
+            if end {
+                return (frames, first);
+            }
         }
     }
     (frames, first)
@@ -545,4 +550,41 @@ async fn an_open_circuit_breaker_is_on_the_workers_page() {
         text.contains("circuit breakers") && text.contains("open"),
         "{text}"
     );
+}
+
+/// A failed execution ends its live stream, and does not read as finished work: the list counts
+/// the task that never ran (1 of 2 done, 50%) and shows no ETA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_execution_ends_live_and_counts_what_never_ran() {
+    let dev = start_dev();
+    let id = dev
+        .start(
+            "name: failing\ntasks:\n- {id: a, type: fail, input: {times: 99}}\n\
+             - {id: b, type: noop, depends_on: [a]}\n",
+        )
+        .await;
+    let (frames, ()) = read_events(
+        &format!("{}/api/executions/{id}/live", dev.monitor),
+        async || (),
+    )
+    .await;
+    assert_eq!(
+        frames.last().map(|(event, _)| event.as_str()),
+        Some("end"),
+        "the live stream ends: {frames:?}"
+    );
+    let (status, list) = get(&format!("{}/api/executions", dev.monitor)).await;
+    assert_eq!(status, 200, "{list}");
+    let row = list["executions"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|row| row["id"] == id.as_str()))
+        .unwrap_or_else(|| panic!("the execution is listed: {list}"));
+    assert_eq!(row["state"], "failed", "{row}");
+    assert_eq!(
+        (&row["done"], &row["total"]),
+        (&json!(1), &json!(2)),
+        "{row}"
+    );
+    assert_eq!(row["percent"], json!(50.0), "{row}");
+    assert!(row["eta_ms"].is_null(), "{row}");
 }

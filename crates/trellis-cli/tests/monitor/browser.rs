@@ -404,6 +404,38 @@ async fn browser_watches_controls_and_answers() {
     assert_eq!(log_texts().await, expected);
     screenshot(&client, "8-task-logs").await;
 
+    // An execution that does not exist: one page that says so, no panes, no error banner.
+    client
+        .goto(&format!(
+            "{}/#/executions/0190a5c4-7d1e-7000-8000-0000000000ff",
+            dev.monitor
+        ))
+        .await
+        .expect("the unknown execution's page opens");
+    wait_page(
+        &client,
+        "the not-found page",
+        Duration::from_secs(10),
+        || async { text(&client, "#not-found h2").await == "Execution not found" },
+    )
+    .await;
+    // Give late answers a moment to (wrongly) bring panes or banners back.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        client.find(Locator::Css("#execution-state")).await.is_err(),
+        "no execution header on the not-found page"
+    );
+    let banner = client
+        .execute("return document.getElementById('banner').hidden", vec![])
+        .await
+        .expect("the page answers");
+    assert_eq!(
+        banner,
+        json!(true),
+        "no error banner beside the not-found page"
+    );
+    screenshot(&client, "9-not-found").await;
+
     client
         .goto(&format!("{}/#/workers", dev.monitor))
         .await
@@ -420,7 +452,7 @@ async fn browser_watches_controls_and_answers() {
         },
     )
     .await;
-    screenshot(&client, "9-workers").await;
+    screenshot(&client, "10-workers").await;
     client
         .goto(&format!("{}/#/cluster", dev.monitor))
         .await
@@ -455,6 +487,6 @@ async fn browser_watches_controls_and_answers() {
         || async { client.find(Locator::Css(&row)).await.is_ok() },
     )
     .await;
-    screenshot(&client, "10-executions").await;
+    screenshot(&client, "11-executions").await;
     client.close().await.expect("the browser closes");
 }

@@ -135,26 +135,41 @@ impl Execution {
         for idx in 0..self.instances.len() as InstIdx {
             counts.add(self.display_state(idx), 1);
         }
+        // Plan tasks without an instance: not reached yet (pending), decided out (a route, a
+        // supersedes or duplicate_of relationship, a fallback not needed: settled ok, so done), or
+        // left behind a failure (counted in their state, never done: a failed run does not read
+        // 100%).
         let mut uninstantiated = 0u64;
+        let mut decided_out = 0u64;
         let mut wave = self.waves;
         for (task_idx, slot) in self.slots.iter().enumerate() {
-            if slot.head.is_none() && slot.status == SlotStatus::Waiting {
-                uninstantiated += 1;
+            if slot.head.is_none() {
+                match slot.status {
+                    SlotStatus::Waiting | SlotStatus::Active => {
+                        counts.add(TaskState::Pending, 1);
+                        uninstantiated += 1;
+                    }
+                    SlotStatus::Done { state, ok } => {
+                        counts.add(state, 1);
+                        uninstantiated += 1;
+                        decided_out += u64::from(ok);
+                    }
+                }
             }
             if !matches!(slot.status, SlotStatus::Done { .. }) && self.wave_of[task_idx] > 0 {
                 wave = wave.min(self.wave_of[task_idx]);
             }
         }
-        counts.add(TaskState::Pending, uninstantiated);
         let total = self.instances.len() as u64 + uninstantiated;
-        let done = self.settled_units;
+        let done = self.settled_units + decided_out;
         let percent = if total == 0 {
             100.0
         } else {
             done as f64 * 100.0 / total as f64
         };
         let elapsed = now_ms.saturating_sub(self.started_at_ms);
-        let eta_ms = (done > 0 && !self.state.is_terminal())
+        // Only while tasks run: a paused execution or one waiting for a person has no ETA.
+        let eta_ms = (done > 0 && self.state == ExecutionState::Running)
             .then(|| (elapsed as u128 * u128::from(total - done) / u128::from(done)) as u64);
         Progress {
             state: self.state,

@@ -1210,3 +1210,59 @@ fn every_end_is_logged_as_execution_finished_once() {
         Err(ApplyError::CannotFinish { .. })
     ));
 }
+
+/// A failed run does not read as finished work: the task left behind the failure never ran, so
+/// it counts in `total` (in its state) but not in `done`, and the run is not at 100%.
+#[test]
+fn a_failed_run_counts_what_never_ran() {
+    let plan = PlanBuilder::new()
+        .task("a", &[])
+        .task("b", &["a"])
+        .task("c", &[])
+        .build();
+    let mut sim = Sim::new(plan);
+    sim.decide();
+    let a = running_task(&sim, "a").expect("a runs");
+    fail(&mut sim, a, false);
+    run_to_end(&mut sim);
+    assert_eq!(sim.exec.state(), ExecutionState::Failed);
+    let progress = sim.exec.progress(sim.now);
+    assert_eq!((progress.done, progress.total), (2, 3), "{progress:?}");
+    assert!(
+        (progress.percent - 200.0 / 3.0).abs() < 1e-9,
+        "{progress:?}"
+    );
+    // `a` failed; the failure cancelled `c`, which ran, and `b`, which never did.
+    assert_eq!(progress.counts.get(TaskState::Failed), 1, "{progress:?}");
+    assert_eq!(progress.counts.get(TaskState::Cancelled), 2, "{progress:?}");
+    assert_eq!(progress.eta_ms, None, "an ended run has no ETA");
+}
+
+/// The ETA is for a running execution only: paused, it has none (instead of one that grows
+/// while nothing runs).
+#[test]
+fn a_paused_execution_has_no_eta() {
+    let plan = PlanBuilder::new().task("a", &[]).task("b", &["a"]).build();
+    let mut sim = Sim::new(plan);
+    sim.decide();
+    let a = running_task(&sim, "a").expect("a runs");
+    sim.advance(1_000);
+    complete(&mut sim, a);
+    let running = sim.exec.progress(sim.now);
+    assert_eq!(running.state, ExecutionState::Running);
+    assert_eq!(
+        running.eta_ms,
+        Some(1_000),
+        "one of two done in 1 s: 1 s to go"
+    );
+    sim.apply(EventBody::PauseRequested {
+        reason: "lunch".into(),
+        scope: PauseScope::Execution,
+        mode: PauseMode::Drain,
+    })
+    .expect("pause");
+    sim.advance(60_000);
+    let paused = sim.exec.progress(sim.now);
+    assert_eq!(paused.state, ExecutionState::Paused, "{paused:?}");
+    assert_eq!(paused.eta_ms, None, "{paused:?}");
+}
