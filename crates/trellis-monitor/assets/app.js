@@ -91,14 +91,19 @@
     if (el.textContent !== value) el.textContent = value;
   }
 
+  /** A state as people read it: `waiting_for_subtasks` → `waiting for subtasks`. */
+  function stateLabel(state) {
+    return String(state).replace(/_/g, ' ');
+  }
+
   function badge(state) {
-    return h('span', { class: 'badge', 'data-state': state || 'pending' }, state || 'pending');
+    return h('span', { class: 'badge', 'data-state': state || 'pending' }, stateLabel(state || 'pending'));
   }
 
   function setBadge(el, state) {
     const value = state || 'pending';
     if (el.getAttribute('data-state') !== value) el.setAttribute('data-state', value);
-    setText(el, value);
+    setText(el, stateLabel(value));
   }
 
   function progressBar() {
@@ -279,6 +284,26 @@
 
   /** `controls` is assumed available until `/api/config` says otherwise. */
   const config = { controls: true, version: '', loaded: false };
+
+  /** Controls need a monitor started with a token, and that token entered in the page. */
+  function controlsUsable() {
+    return config.controls && token.get() !== '';
+  }
+
+  /** Why the controls are off, or '' when they are usable. */
+  function controlsHint() {
+    if (!config.controls) return 'controls disabled: start the monitor with --monitor-token';
+    if (!token.get()) return 'enter the monitor\'s token (top right) to use the controls';
+    return '';
+  }
+
+  /** A refused control in plain words: what to do about it, and that nothing changed. */
+  function refusal(what, err) {
+    const status = err instanceof ApiError ? err.status : 0;
+    if (status === 401) return `The token was refused, so nothing was changed: check the token at the top right.`;
+    if (status === 403) return `Not allowed to ${what}: ${err.message}`;
+    return `Could not ${what}: ${err.message}`;
+  }
 
   // ------------------------------------------------------------------------------------------
   // API client
@@ -801,7 +826,7 @@
         this.countsKey = countsKey;
         const counts = e.counts || {};
         f.counts.replaceChildren(...TASK_STATES.filter((s) => counts[s] > 0).map((s) =>
-          h('span', { class: 'chip', 'data-state': s, title: s }, h('span', { class: 'swatch' }), `${s} ${counts[s]}`)));
+          h('span', { class: 'chip', 'data-state': s, title: stateLabel(s) }, h('span', { class: 'swatch' }), `${stateLabel(s)} ${counts[s]}`)));
       }
       const labelsKey = JSON.stringify(e.labels || {});
       if (labelsKey !== this.labelsKey) {
@@ -842,8 +867,7 @@
         checkpoint: button('checkpoint', 'Checkpoint'),
       };
       this.reason = h('input', { id: 'control-reason', type: 'text', placeholder: 'reason (optional, pause / cancel)' });
-      this.hint = h('span', { id: 'controls-disabled-hint', class: 'hint', hidden: true },
-        'controls disabled: start the monitor with --monitor-token');
+      this.hint = h('span', { id: 'controls-disabled-hint', class: 'hint', hidden: true });
       this.ok = h('span', { id: 'control-ok', class: 'control-ok' });
       this.error = h('div', { id: 'control-error', class: 'control-error', role: 'alert', hidden: true });
       this.el = h('div', null,
@@ -862,11 +886,20 @@
         retry: state === 'failed' || state === 'cancelled',
         checkpoint: state != null,
       };
+      const usable = controlsUsable();
       for (const [action, btn] of Object.entries(this.buttons)) {
-        btn.disabled = !config.controls || this.busy || !allowed[action];
+        btn.disabled = !usable || this.busy || !allowed[action];
       }
-      this.reason.disabled = !config.controls;
-      this.hint.hidden = config.controls;
+      this.reason.disabled = !usable;
+      const hint = controlsHint();
+      setText(this.hint, hint);
+      this.hint.hidden = hint === '';
+    }
+
+    /** Forgets the last refusal (a new token may well be accepted). */
+    clearError() {
+      this.error.hidden = true;
+      setText(this.error, '');
     }
 
     async run(action) {
@@ -879,9 +912,7 @@
       setText(this.ok, '');
       try {
         const answer = await api(`/api/executions/${enc(view.id)}/${action}`, { method: 'POST', body, signal: view.ctl.signal });
-        this.error.hidden = true;
-        setText(this.error, '');
-        banner.clear('control');
+        this.clearError();
         this.reason.value = '';
         if (action === 'retry') setText(this.ok, `run ${answer.run_number ?? ''} started`);
         else if (action === 'checkpoint') setText(this.ok, 'checkpoint taken');
@@ -891,11 +922,9 @@
         view.refetchDetail();
       } catch (err) {
         if (isAbort(err)) return;
-        const status = err instanceof ApiError && err.status ? ` (${err.status})` : '';
-        const text = `${action} refused${status}: ${err.message}`;
-        setText(this.error, text);
+        // Shown here only, beside the button: the banner is for what the page reads.
+        setText(this.error, refusal(action, err));
         this.error.hidden = false;
-        report('control', new Error(text));
       } finally {
         this.busy = false;
         if (view.alive) this.update();
@@ -935,10 +964,12 @@
       setText(this.count, questions.length ? `${questions.length} waiting for an answer` : '');
     }
 
-    /** Answering is a control: disabled with the others when the monitor has no token. */
+    /** Answering is a control: disabled with the others without a token. */
     updateAccess() {
       for (const form of this.forms.values()) {
-        if (!form._pending) form.querySelector('button[type=submit]').disabled = !config.controls;
+        if (!form._pending) form.querySelector('button[type=submit]').disabled = !controlsUsable();
+        const error = form.querySelector('.answer-error');
+        if (error && error.dataset.auth) { error.hidden = true; delete error.dataset.auth; }
       }
     }
 
@@ -978,10 +1009,10 @@
           this.view.refetchDetail();
         } catch (err) {
           if (isAbort(err)) return;
-          const status = err instanceof ApiError && err.status ? ` (${err.status})` : '';
-          setText(error, `answer refused${status}: ${err.message}`);
+          setText(error, refusal('answer', err));
+          if (err instanceof ApiError && err.status === 401) error.dataset.auth = '1';
           error.hidden = false;
-          submit.disabled = !config.controls;
+          submit.disabled = !controlsUsable();
         } finally {
           form._pending = false;
         }
@@ -2373,7 +2404,7 @@
       this.checkpoints = new Checkpoints(this);
       this.logs = new TaskLogs(this);
       const legend = h('div', { class: 'legend', id: 'legend' },
-        TASK_STATES.map((s) => h('span', { 'data-state': s }, h('span', { class: 'swatch' }), s)));
+        TASK_STATES.map((s) => h('span', { 'data-state': s }, h('span', { class: 'swatch' }), stateLabel(s))));
       this.root.replaceChildren(h('div', { class: 'exec-page' },
         this.header.el, this.questions.el, legend, this.dag.el, this.timeline.el,
         h('div', { class: 'split' }, this.tree.el, this.events.el),
@@ -2404,6 +2435,7 @@
     }
 
     onConfig() {
+      this.header.controls.clearError();
       this.header.controls.update();
       this.questions.updateAccess();
     }
@@ -2778,6 +2810,9 @@
       if (ev) ev.preventDefault();
       token.set(input.value.trim());
       status.textContent = input.value.trim() ? 'saved' : 'cleared';
+      // The page's controls follow the token at once, and its old refusals go.
+      if (token.get()) banner.clear('config');
+      if (current && current.onConfig) current.onConfig();
       clearTimeout(timer);
       timer = setTimeout(() => { status.textContent = ''; }, 2000);
     };

@@ -200,6 +200,11 @@ async fn browser_watches_controls_and_answers() {
     )
     .await;
     assert_eq!(node_state(&client, "publish").await, "pending");
+    let legend = text(&client, "#legend").await;
+    assert!(
+        legend.contains("waiting for subtasks") && !legend.contains('_'),
+        "state names are written for people: {legend}"
+    );
     screenshot(&client, "1-running").await;
     // A heartbeat records each build's start (one `task_started` each, within 2 s): let them land
     // first, so the log stands still unless the pause writes to it.
@@ -232,22 +237,89 @@ async fn browser_watches_controls_and_answers() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Without a token the controls are off and say why.
+    let disabled = |css: &'static str| {
+        let client = &client;
+        async move {
+            client
+                .find(Locator::Css(css))
+                .await
+                .expect("the control is there")
+                .attr("disabled")
+                .await
+                .expect("the page answers")
+                .is_some()
+        }
+    };
+    assert!(disabled("#btn-pause").await, "pause is off without a token");
+    assert!(
+        text(&client, "#controls-disabled-hint")
+            .await
+            .contains("token"),
+        "the hint says to enter the token"
+    );
+    // A wrong token: the controls try, the refusal says so in plain words, once, and changes
+    // nothing.
+    let save_token = |value: &'static str| {
+        let client = &client;
+        async move {
+            let input = client
+                .find(Locator::Css("#token-input"))
+                .await
+                .expect("the token field");
+            input.clear().await.expect("cleared");
+            input.send_keys(value).await.expect("typed");
+            click(client, "#token-form button").await;
+        }
+    };
+    save_token("wrong-token").await;
+    wait_page(
+        &client,
+        "pause is on with a token",
+        Duration::from_secs(10),
+        || async { !disabled("#btn-pause").await },
+    )
+    .await;
     let before = dev.execution(&id).await;
     click(&client, "#btn-pause").await;
     wait_page(
         &client,
         "the refusal is shown",
         Duration::from_secs(10),
-        || async { text(&client, "#control-error").await.contains("token") },
+        || async {
+            text(&client, "#control-error")
+                .await
+                .contains("token was refused")
+        },
     )
     .await;
-    screenshot(&client, "2-refused-without-token").await;
+    let banner = client
+        .execute(
+            "return document.getElementById('banner').textContent",
+            vec![],
+        )
+        .await
+        .expect("the page answers");
+    assert!(
+        !banner.as_str().unwrap_or_default().contains("refused"),
+        "the refusal is not repeated in the banner: {banner}"
+    );
+    screenshot(&client, "2-refused-with-a-wrong-token").await;
     let after = dev.execution(&id).await;
     assert_eq!(after.state, v1::ExecutionState::Running as i32);
     assert_eq!(
         after.last_sequence, before.last_sequence,
         "a refused pause appended events"
     );
+    // The right token: the refusal goes.
+    save_token(TOKEN).await;
+    wait_page(
+        &client,
+        "the refusal is cleared",
+        Duration::from_secs(10),
+        || async { text(&client, "#control-error").await.is_empty() },
+    )
+    .await;
 
     // With the token (from the address, as `trellis dev` prints it): pause, resume, cancel.
     client
