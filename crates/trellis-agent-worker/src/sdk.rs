@@ -236,6 +236,8 @@ impl HandlerRegistry {
 pub(crate) struct Running {
     pub(crate) execution_id: String,
     pub(crate) task_instance_id: String,
+    /// The instance's task id, for heartbeats.
+    pub(crate) task_id: String,
     pub(crate) attempt: u32,
     pub(crate) started_at_unix_ms: i64,
     pub(crate) progress_percent: AtomicU32,
@@ -273,6 +275,7 @@ impl Running {
             traceparent,
             execution_id: assignment.execution_id.clone(),
             task_instance_id: assignment.task_instance_id.clone(),
+            task_id: assignment.task_id.clone(),
             attempt: assignment.attempt,
             started_at_unix_ms,
             progress_percent: AtomicU32::new(0),

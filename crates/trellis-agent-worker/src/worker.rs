@@ -748,6 +748,7 @@ impl Worker {
                     progress_percent: entry.progress_percent.load(Ordering::Relaxed),
                     current_step: lock(&entry.current_step).clone(),
                     started_at_unix_ms: entry.started_at_unix_ms,
+                    task_id: entry.task_id.clone(),
                 })
                 .collect(),
             memory_bytes: sysinfo::resident_memory_bytes(),

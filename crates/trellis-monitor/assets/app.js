@@ -647,14 +647,23 @@
       if (row.key.running !== running) {
         row.key.running = running;
         const items = (w.running || []).map((r) => {
-          const bar = progressBar();
           const pct = Math.max(0, Math.min(100, Number(r.progress) || 0));
-          setBar(bar.fill, pct);
+          // A handler that reports no progress gets how long it has run, not a bar stuck at 0%.
+          let progress;
+          if (pct > 0) {
+            const bar = progressBar();
+            setBar(bar.fill, pct);
+            progress = [bar.el, h('span', { class: 'pct' }, `${Math.round(pct)}%`)];
+          } else {
+            progress = [h('span', { class: 'muted run-for', 'data-started-ms': r.started_ms || '' },
+              r.started_ms ? `for ${fmtDuration(Date.now() - r.started_ms)}` : '')];
+          }
           return h('div', { class: 'run-item' },
             h('span', null,
-              h('a', { class: 'mono', href: `#/executions/${enc(r.execution_id)}`, title: `execution ${r.execution_id}\ninstance ${r.instance}` }, shortId(r.instance)),
+              h('a', { href: `#/executions/${enc(r.execution_id)}`, title: `execution ${r.execution_id}\ninstance ${r.instance}` },
+                h('b', null, r.task_id || shortId(r.instance)), ' · ', r.execution_name || shortId(r.execution_id)),
               r.attempt > 1 ? h('span', { class: 'muted' }, ` attempt ${r.attempt}`) : null),
-            bar.el, h('span', { class: 'pct' }, `${Math.round(pct)}%`),
+            ...progress,
             r.step ? h('span', { class: 'step' }, r.step) : null);
         });
         const slots = w.slots != null ? h('div', { class: 'muted', style: 'font-size:12px' }, `${(w.running || []).length} / ${w.slots} slots`) : null;
@@ -682,7 +691,13 @@
     }
 
     tickAges() {
-      for (const row of this.rows.values()) this.updateAge(row);
+      for (const row of this.rows.values()) {
+        this.updateAge(row);
+        for (const el of row.c.running.querySelectorAll('.run-for[data-started-ms]')) {
+          const started = Number(el.dataset.startedMs);
+          if (started) setText(el, `for ${fmtDuration(Date.now() - started)}`);
+        }
+      }
     }
   }
 

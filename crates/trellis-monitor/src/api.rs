@@ -48,6 +48,26 @@ pub struct App {
     pub access: Access,
     pub shutdown: CancellationToken,
     pub metrics: Metrics,
+    pub names: Names,
+}
+
+/// Execution names by id, for the workers page's running tasks (a name never changes, so each
+/// is asked for once).
+#[derive(Clone, Debug, Default)]
+pub struct Names(Arc<std::sync::Mutex<HashMap<String, String>>>);
+
+/// Most names kept; past it the cache starts over.
+const MAX_NAMES: usize = 10_000;
+/// Most names asked for in one `/api/workers` request.
+const MAX_NAME_LOOKUPS: usize = 32;
+
+impl Names {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        // A panic while holding the map leaves it usable: it is only a cache.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// Who may read and control through the monitor.
@@ -685,13 +705,65 @@ async fn workers(State(mut app): State<App>, caller: Caller) -> ApiResult {
         })?)
         .await?
         .into_inner();
-    let workers: Vec<WorkerView> = response
+    let mut workers: Vec<WorkerView> = response
         .workers
         .iter()
         .map(WorkerView::from_proto)
         .collect();
+    name_running_executions(&app, &caller, &mut workers).await;
     let breakers: Vec<Value> = response.breakers.iter().map(breaker_view).collect();
     Ok(json(&json!({ "workers": workers, "breakers": breakers })))
+}
+
+/// Fills in the names of the executions the workers run tasks of: from the cache, else asked of
+/// the coordinator with the caller's token (at most [`MAX_NAME_LOOKUPS`] at once; one it will not
+/// answer stays unnamed).
+async fn name_running_executions(app: &App, caller: &Caller, workers: &mut [WorkerView]) {
+    let unknown: std::collections::BTreeSet<String> = {
+        let names = app.names.lock();
+        workers
+            .iter()
+            .flat_map(|worker| &worker.running)
+            .map(|running| &running.execution_id)
+            .filter(|id| !names.contains_key(*id))
+            .take(MAX_NAME_LOOKUPS)
+            .cloned()
+            .collect()
+    };
+    let lookups = unknown.into_iter().filter_map(|id| {
+        let request = caller
+            .request(v1::GetExecutionRequest {
+                execution_id: id.clone(),
+            })
+            .ok()?;
+        let mut coordinator = app.coordinator.clone();
+        Some(async move {
+            let name = coordinator
+                .get_execution(request)
+                .await
+                .ok()?
+                .into_inner()
+                .execution?
+                .name;
+            Some((id, name))
+        })
+    });
+    let found: Vec<(String, String)> = futures::future::join_all(lookups)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    let mut names = app.names.lock();
+    if names.len() + found.len() > MAX_NAMES {
+        names.clear();
+    }
+    names.extend(found);
+    for running in workers
+        .iter_mut()
+        .flat_map(|worker| worker.running.iter_mut())
+    {
+        running.execution_name = names.get(&running.execution_id).cloned();
+    }
 }
 
 /// A circuit breaker as the workers page shows it: `{queue, task_type, state (closed|open|

@@ -166,6 +166,7 @@ pub async fn run(
         access,
         shutdown: shutdown.clone(),
         metrics,
+        names: api::Names::default(),
     };
     tracing::info!(%addr, access = ?app.access_mode(), "monitor serving");
     let router = api::router(app);

@@ -461,7 +461,11 @@ pub struct WorkerView {
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct RunningView {
     pub execution_id: String,
+    /// The execution's name, when the monitor could read it.
+    pub execution_name: Option<String>,
     pub instance: String,
+    /// The instance's task id; empty from workers that do not send it.
+    pub task_id: String,
     pub attempt: u32,
     pub progress: u32,
     pub step: String,
@@ -490,7 +494,9 @@ impl WorkerView {
                 .into_iter()
                 .map(|r| RunningView {
                     execution_id: r.execution_id,
+                    execution_name: None,
                     instance: r.task_instance_id,
+                    task_id: r.task_id,
                     attempt: r.attempt,
                     progress: r.progress_percent,
                     step: r.current_step,

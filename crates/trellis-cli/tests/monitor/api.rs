@@ -588,3 +588,42 @@ async fn a_failed_execution_ends_live_and_counts_what_never_ran() {
     assert_eq!(row["percent"], json!(50.0), "{row}");
     assert!(row["eta_ms"].is_null(), "{row}");
 }
+
+/// The workers page names what each worker runs: the task id and the execution's name, not only
+/// an instance id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_workers_page_names_the_running_tasks() {
+    let dev = start_dev();
+    let id = dev
+        .start("name: napping\ntasks:\n- {id: nap, type: sleep, input: {ms: 20000}}\n")
+        .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let running = loop {
+        let (status, body) = get(&format!("{}/api/workers", dev.monitor)).await;
+        assert_eq!(status, 200, "{body}");
+        let found = body["workers"].as_array().and_then(|workers| {
+            workers
+                .iter()
+                .flat_map(|w| w["running"].as_array().cloned().unwrap_or_default())
+                .find(|r| r["execution_id"] == id.as_str())
+        });
+        if let Some(found) = found {
+            break found;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no worker reports the task within 30 s: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(running["task_id"], "nap", "{running}");
+    assert_eq!(running["execution_name"], "napping", "{running}");
+    assert_eq!(
+        running["progress"], 0,
+        "a sleep reports no progress: {running}"
+    );
+    assert!(
+        running["started_ms"].as_i64().is_some_and(|t| t > 0),
+        "{running}"
+    );
+}
