@@ -1998,12 +1998,33 @@
       return this.list.childElementCount - 1; // minus the "older" bar
     }
 
+    /**
+     * The task an event is about, by its task id; an instance the page does not know yet shows
+     * its short id until `relabel` names it.
+     */
+    instCell(instance) {
+      if (!instance) return h('span', { class: 'inst' });
+      const inst = this.view.instances.get(instance);
+      if (inst && inst.task_id) return h('span', { class: 'inst', title: `instance ${instance}` }, inst.task_id);
+      return h('span', { class: 'inst', title: `instance ${instance}`, 'data-instance': instance }, shortId(instance));
+    }
+
+    /** Names the rows whose instance has become known since they were made. */
+    relabel() {
+      for (const el of this.list.querySelectorAll('.inst[data-instance]')) {
+        const inst = this.view.instances.get(el.dataset.instance);
+        if (!inst || !inst.task_id) continue;
+        setText(el, inst.task_id);
+        delete el.dataset.instance;
+      }
+    }
+
     makeRow(ev) {
       const row = h('div', { class: ev.seq % 2 ? 'event odd' : 'event', 'data-seq': ev.seq, 'data-kind': ev.kind, 'data-cat': EVENT_CATEGORY[ev.kind] || null },
         h('span', { class: 'ts', title: ev.ts_ms ? new Date(ev.ts_ms).toLocaleString() : '' }, ev.ts_ms ? fmtClock(ev.ts_ms, true) : ''),
         h('span', { class: 'seq' }, `#${ev.seq}`),
         h('span', { class: 'kind', title: ev.kind }, ev.kind),
-        h('span', { class: 'inst', title: ev.instance || '' }, ev.instance ? shortId(ev.instance) : ''),
+        this.instCell(ev.instance),
         h('span', { class: 'detail' }, (ev.attempt != null && ev.attempt > 1 ? `[attempt ${ev.attempt}] ` : '') + (ev.detail || '')));
       return row;
     }
@@ -2765,6 +2786,7 @@
       this.tree.update(changed);
       this.timeline.draw();
       this.events.flush();
+      if (changed.size) this.events.relabel();
     }
 
     tick() {

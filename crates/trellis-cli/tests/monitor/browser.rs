@@ -205,6 +205,17 @@ async fn browser_watches_controls_and_answers() {
         legend.contains("waiting for subtasks") && !legend.contains('_'),
         "state names are written for people: {legend}"
     );
+    wait_page(
+        &client,
+        "the event log names tasks, not instance ids",
+        Duration::from_secs(10),
+        || async {
+            text(&client, "#event-list .event[data-kind=task_dispatched] .inst")
+                .await
+                .starts_with("build-")
+        },
+    )
+    .await;
     screenshot(&client, "1-running").await;
     // A heartbeat records each build's start (one `task_started` each, within 2 s): let them land
     // first, so the log stands still unless the pause writes to it.
