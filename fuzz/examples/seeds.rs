@@ -255,6 +255,7 @@ fn main() -> std::io::Result<()> {
             progress_percent: 40,
             current_step: "step-2".to_owned(),
             started_at_unix_ms: T0 as i64,
+            task_id: "build".to_owned(),
         }],
         memory_bytes: 64 << 20,
         cpu_percent: 12.5,

@@ -210,9 +210,12 @@ async fn browser_watches_controls_and_answers() {
         "the event log names tasks, not instance ids",
         Duration::from_secs(10),
         || async {
-            text(&client, "#event-list .event[data-kind=task_dispatched] .inst")
-                .await
-                .starts_with("build-")
+            text(
+                &client,
+                "#event-list .event[data-kind=task_dispatched] .inst",
+            )
+            .await
+            .starts_with("build-")
         },
     )
     .await;
