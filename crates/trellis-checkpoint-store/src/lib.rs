@@ -24,6 +24,7 @@ mod leader;
 mod logs;
 mod metrics;
 mod retention;
+mod runs;
 pub mod store;
 
 use std::ffi::OsString;

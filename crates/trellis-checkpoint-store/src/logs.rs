@@ -29,7 +29,7 @@ const MAX_RUN_MESSAGES: usize = 1_000;
 const MAX_RUN_BYTES: usize = 16 * 1024 * 1024;
 /// How long an unacknowledged batch waits before JetStream delivers it again.
 const ACK_WAIT: Duration = Duration::from_secs(60);
-/// Longest pause between two tries of a failed write or a lost consumer.
+/// Longest pause before opening a lost consumer again.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
 
 /// Reads one `TRELLIS_LOGS` message into its row.
@@ -134,23 +134,13 @@ async fn copy(
         let Some(first) = first else {
             return Err("the task log consumer ended".to_owned());
         };
-        let mut received = Vec::new();
-        let mut bytes = 0;
-        let mut next = Some(first);
-        // Take whatever else is already buffered, without waiting.
-        while let Some(item) = next.take() {
-            match item {
-                Ok(message) => {
-                    bytes += message.payload.len();
-                    received.push(message);
-                }
-                Err(err) => tracing::warn!(%err, "task log consumer"),
-            }
-            if received.len() >= MAX_RUN_MESSAGES || bytes >= MAX_RUN_BYTES {
-                break;
-            }
-            next = futures::FutureExt::now_or_never(messages.next()).flatten();
-        }
+        let received = crate::runs::take(
+            first,
+            &mut messages,
+            MAX_RUN_MESSAGES,
+            MAX_RUN_BYTES,
+            "task log",
+        );
         let Some(last) = received.last() else {
             continue;
         };
@@ -165,7 +155,8 @@ async fn copy(
                     .ok()
             })
             .collect();
-        if !write(store, &rows, shutdown).await {
+        let what = format!("writing {} task log batches", rows.len());
+        if !crate::runs::write_until_done(shutdown, &what, || store.insert_task_logs(&rows)).await {
             // Shutting down before the write landed: the batches are delivered again later.
             return Ok(());
         }
@@ -173,24 +164,6 @@ async fn copy(
         if let Err(err) = last.ack().await {
             tracing::warn!(%err, "failed to acknowledge task log batches (they come again and are stored once)");
         }
-    }
-}
-
-/// Writes the rows, trying again until they land; returns false when shut down first.
-async fn write(store: &dyn Store, rows: &[LogBatchRow], shutdown: &CancellationToken) -> bool {
-    let mut delay = Duration::from_millis(50);
-    loop {
-        match store.insert_task_logs(rows).await {
-            Ok(()) => return true,
-            Err(err) => {
-                tracing::error!(%err, batches = rows.len(), "task log write failed; trying again");
-            }
-        }
-        tokio::select! {
-            () = shutdown.cancelled() => return false,
-            () = tokio::time::sleep(delay) => {}
-        }
-        delay = (delay * 2).min(MAX_RETRY_DELAY);
     }
 }
 

@@ -955,8 +955,8 @@
       this.count = h('span', { class: 'sub' });
       this.list = h('div', { class: 'q-list' });
       this.empty = h('div', { class: 'empty' }, 'No open questions.');
-      this.el = h('section', { class: 'card', id: 'questions' },
-        h('div', { class: 'card-head' }, h('h3', null, 'Open questions'), this.count),
+      this.el = h('section', { class: 'card', id: 'questions', hidden: true },
+        h('div', { class: 'card-head' }, h('h3', null, 'Questions'), this.count),
         this.list, this.empty);
     }
 
@@ -971,11 +971,14 @@
         }
       }
       for (const [id, form] of this.forms) {
-        if (!seen.has(id)) { form.remove(); this.forms.delete(id); }
+        // A question answered here stays, with its answer; one answered elsewhere goes.
+        if (!seen.has(id) && !form.dataset.answered) { form.remove(); this.forms.delete(id); }
       }
       this.updateAccess();
       this.empty.hidden = questions.length > 0;
       this.el.classList.toggle('has-questions', questions.length > 0);
+      // No card at all while nothing was asked.
+      this.el.hidden = this.forms.size === 0;
       setText(this.count, questions.length ? `${questions.length} waiting for an answer` : '');
     }
 
@@ -1018,9 +1021,11 @@
         try {
           await api(`/api/executions/${enc(this.view.id)}/questions/${enc(q.question_id)}/answer`,
             { method: 'POST', body: { answer }, signal: this.view.ctl.signal });
-          setText(ok, 'answered');
+          form.dataset.answered = answer;
+          setText(ok, `answered: ${answer}`);
           ok.hidden = false;
           input.disabled = true;
+          submit.hidden = true;
           this.view.refetchDetail();
         } catch (err) {
           if (isAbort(err)) return;

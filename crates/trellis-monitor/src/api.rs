@@ -506,17 +506,7 @@ async fn logs(
     Path(id): Path<String>,
     query: Result<Query<LogsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult {
-    let (id, instance, after) = log_request(&id, query)?;
-    let mut stream = app
-        .coordinator
-        .get_task_logs(caller.request(v1::GetTaskLogsRequest {
-            execution_id: id.to_string(),
-            task_instance_id: instance,
-            attempt: 0,
-            follow: false,
-        })?)
-        .await?
-        .into_inner();
+    let (mut stream, after) = open_logs(&mut app, &caller, &id, query, false).await?;
     let mut lines = Vec::new();
     let mut seen = 0usize;
     while let Some(item) = stream.message().await? {
@@ -530,6 +520,29 @@ async fn logs(
     }
     let next = after + lines.len();
     Ok(json(&json!({ "lines": lines, "next": next })))
+}
+
+/// Opens the `GetTaskLogs` stream a `/logs` or `/logs/live` request asks for (following for the
+/// live one); returns it with how many lines to skip.
+async fn open_logs(
+    app: &mut App,
+    caller: &Caller,
+    id: &str,
+    query: Result<Query<LogsQuery>, axum::extract::rejection::QueryRejection>,
+    follow: bool,
+) -> Result<(tonic::Streaming<v1::GetTaskLogsResponse>, usize), ApiError> {
+    let (id, instance, after) = log_request(id, query)?;
+    let stream = app
+        .coordinator
+        .get_task_logs(caller.request(v1::GetTaskLogsRequest {
+            execution_id: id.to_string(),
+            task_instance_id: instance,
+            attempt: 0,
+            follow,
+        })?)
+        .await?
+        .into_inner();
+    Ok((stream, after))
 }
 
 /// Reads a `/logs` or `/logs/live` request: the execution, the instance (empty: every one) and
@@ -592,17 +605,7 @@ async fn logs_live(
     Path(id): Path<String>,
     query: Result<Query<LogsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult {
-    let (id, instance, after) = log_request(&id, query)?;
-    let mut stream = app
-        .coordinator
-        .get_task_logs(caller.request(v1::GetTaskLogsRequest {
-            execution_id: id.to_string(),
-            task_instance_id: instance,
-            attempt: 0,
-            follow: true,
-        })?)
-        .await?
-        .into_inner();
+    let (mut stream, after) = open_logs(&mut app, &caller, &id, query, true).await?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
     let shutdown = app.shutdown.clone();
     let open = Open::new(&app.metrics.live_streams);

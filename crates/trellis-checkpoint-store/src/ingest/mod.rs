@@ -145,23 +145,13 @@ impl Ingest {
             let Some(first) = first else {
                 return Err("the event consumer ended".to_owned());
             };
-            let mut received = Vec::with_capacity(64);
-            let mut bytes = 0;
-            let mut next = Some(first);
-            // Take whatever else is already buffered, without waiting.
-            while let Some(item) = next.take() {
-                match item {
-                    Ok(message) => {
-                        bytes += message.payload.len();
-                        received.push(message);
-                    }
-                    Err(err) => tracing::warn!(%err, "event consumer"),
-                }
-                if received.len() >= MAX_RUN_MESSAGES || bytes >= MAX_RUN_BYTES {
-                    break;
-                }
-                next = futures::FutureExt::now_or_never(messages.next()).flatten();
-            }
+            let received = crate::runs::take(
+                first,
+                &mut messages,
+                MAX_RUN_MESSAGES,
+                MAX_RUN_BYTES,
+                "event",
+            );
             let Some(last) = received.last() else {
                 continue;
             };
@@ -286,20 +276,8 @@ impl Ingest {
 
     /// Writes the batch, trying again until it lands; returns false when shut down first.
     async fn write(&self, batch: ReadModelBatch, shutdown: &CancellationToken) -> bool {
-        let mut delay = Duration::from_millis(50);
-        loop {
-            match self.store.write_read_model(&batch).await {
-                Ok(()) => return true,
-                Err(err) => {
-                    tracing::error!(%err, events = batch.events.len(), "read model write failed; trying again");
-                }
-            }
-            tokio::select! {
-                () = shutdown.cancelled() => return false,
-                () = tokio::time::sleep(delay) => {}
-            }
-            delay = (delay * 2).min(MAX_RETRY_DELAY);
-        }
+        let what = format!("read model write of {} events", batch.events.len());
+        crate::runs::write_until_done(shutdown, &what, || self.store.write_read_model(&batch)).await
     }
 }
 

@@ -200,6 +200,15 @@ async fn browser_watches_controls_and_answers() {
     )
     .await;
     assert_eq!(node_state(&client, "publish").await, "pending");
+    let questions_hidden = client
+        .execute("return document.getElementById('questions').hidden", vec![])
+        .await
+        .expect("the page answers");
+    assert_eq!(
+        questions_hidden,
+        json!(true),
+        "no questions card while nothing was asked"
+    );
     let legend = text(&client, "#legend").await;
     assert!(
         legend.contains("waiting for subtasks") && !legend.contains('_'),
@@ -430,6 +439,11 @@ async fn browser_watches_controls_and_answers() {
     )
     .await;
     assert_eq!(node_state(&client, "approve").await, "completed");
+    assert_eq!(
+        text(&client, "#questions form.answer .control-ok").await,
+        "answered: release",
+        "the answer stays shown"
+    );
     assert_eq!(
         dev.execution(&id).await.state,
         v1::ExecutionState::Completed as i32
