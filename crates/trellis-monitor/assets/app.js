@@ -23,6 +23,8 @@
     'pending', 'running', 'paused', 'waiting_for_human', 'completed', 'failed', 'cancelled',
   ];
   const TERMINAL_EXEC = new Set(['completed', 'failed', 'cancelled']);
+  /** Task states an instance does not leave. */
+  const TERMINAL_TASK = new Set(['completed', 'failed', 'skipped', 'cancelled']);
   /** Bottom-to-top order of the segments of a wave's stacked bar (settled work at the bottom). */
   const STACK_ORDER = [
     'completed', 'skipped', 'failed', 'cancelled', 'running', 'waiting_for_subtasks',
@@ -1167,6 +1169,15 @@
       // highlight a node's edges on hover
       root.addEventListener('mouseover', (ev) => this.highlight(ev.target.closest('g.node'), true));
       root.addEventListener('mouseout', (ev) => this.highlight(ev.target.closest('g.node'), false));
+      // a node opens its task's newest instance in the drawer
+      root.addEventListener('click', (ev) => {
+        const g = ev.target.closest('g.node');
+        if (!g) return;
+        const taskId = g.getAttribute('data-task-id');
+        const inst = this.view.newestByTask.get(taskId);
+        if (inst) this.view.drawer.open(inst.id);
+        else this.view.drawer.notStarted(taskId);
+      });
       this.scroll.replaceChildren(root);
     }
 
@@ -1331,9 +1342,16 @@
         else if (!this.drag) this.hover(ev);
       });
       this.canvas.addEventListener('mouseleave', () => { this.tip.hidden = true; });
+      this.canvas.addEventListener('click', (ev) => {
+        // a click, not the end of a pan, on a bar opens its task
+        if (this.downX != null && Math.abs(ev.clientX - this.downX) > 2) return;
+        const inst = this.instanceAt(ev);
+        if (inst) this.view.drawer.open(inst.id);
+      });
       this.canvas.addEventListener('mousedown', (ev) => {
         if (ev.button !== 0 || !this.geom) return;
         const { t0, t1 } = this.geom;
+        this.downX = ev.clientX;
         this.drag = { x: ev.clientX, t0, t1 };
         this.tip.hidden = true;
         ev.preventDefault();
@@ -1652,7 +1670,14 @@
 
     /** Tooltip for the instance under the pointer. */
     hover(ev) {
-      if (!this.geom) return;
+      const inst = this.instanceAt(ev);
+      if (!inst) { this.tip.hidden = true; return; }
+      this.showTip(ev, inst);
+    }
+
+    /** The instance whose bar is under the pointer, or null. */
+    instanceAt(ev) {
+      if (!this.geom) return null;
       const rect = this.canvas.getBoundingClientRect();
       const x = ev.clientX - rect.left;
       const y = ev.clientY - rect.top;
@@ -1679,7 +1704,13 @@
           }
         }
       }
-      if (!inst) { this.tip.hidden = true; return; }
+      return inst;
+    }
+
+    showTip(ev, inst) {
+      const rect = this.canvas.getBoundingClientRect();
+      const x = ev.clientX - rect.left;
+      const y = ev.clientY - rect.top;
       const dur = span(inst.started_ms, inst.ended_ms);
       this.tip.replaceChildren(
         h('div', null, h('b', null, inst.task_id), ' ', badge(inst.state)),
@@ -1762,7 +1793,10 @@
         if (more) {
           this.rootLimit += ROOT_PAGE;
           this.rebuildNow();
+          return;
         }
+        const line = ev.target.closest('.tree-line');
+        if (line) this.view.drawer.open(line.getAttribute('data-instance-id'));
       });
     }
 
@@ -1993,6 +2027,10 @@
       this.el = h('section', { class: 'card', id: 'event-log' },
         h('div', { class: 'card-head' }, h('h3', null, 'Event log'), this.info),
         this.list, this.newer);
+      this.list.addEventListener('click', (ev) => {
+        const row = ev.target.closest('.event[data-row-instance]');
+        if (row) this.view.drawer.open(row.getAttribute('data-row-instance'));
+      });
     }
 
     base() {
@@ -2025,7 +2063,7 @@
     }
 
     makeRow(ev) {
-      const row = h('div', { class: ev.seq % 2 ? 'event odd' : 'event', 'data-seq': ev.seq, 'data-kind': ev.kind, 'data-cat': EVENT_CATEGORY[ev.kind] || null },
+      const row = h('div', { class: ev.seq % 2 ? 'event odd' : 'event', 'data-seq': ev.seq, 'data-kind': ev.kind, 'data-cat': EVENT_CATEGORY[ev.kind] || null, 'data-row-instance': ev.instance || null },
         h('span', { class: 'ts', title: ev.ts_ms ? new Date(ev.ts_ms).toLocaleString() : '' }, ev.ts_ms ? fmtClock(ev.ts_ms, true) : ''),
         h('span', { class: 'seq' }, `#${ev.seq}`),
         h('span', { class: 'kind', title: ev.kind }, ev.kind),
@@ -2398,6 +2436,148 @@
     }
   }
 
+  /**
+   * The task drawer: one instance in full — its input and output, every attempt with its error,
+   * worker and times, its validation results, its open question and its log lines (read again
+   * every second while it runs). Opened from a DAG node, a tree line, a timeline bar or an event
+   * row; Escape or × closes it.
+   */
+  class TaskDrawer {
+    constructor(view) {
+      this.view = view;
+      this.instance = null;
+      this.timer = null;
+      this.logNext = 0;
+      this.title = h('h3', { id: 'drawer-title' });
+      this.body = h('div', { class: 'drawer-body' });
+      this.logs = h('div', { class: 'log-lines mono', id: 'drawer-logs' });
+      const close = h('button', { type: 'button', class: 'drawer-close', title: 'close (Esc)', 'aria-label': 'close', onclick: () => this.close() }, '×');
+      this.el = h('aside', { class: 'drawer', id: 'task-drawer', hidden: true, role: 'dialog', 'aria-labelledby': 'drawer-title' },
+        h('div', { class: 'drawer-head' }, this.title, close), this.body);
+      this.onKey = (ev) => { if (ev.key === 'Escape' && !this.el.hidden) this.close(); };
+      document.addEventListener('keydown', this.onKey);
+    }
+
+    destroy() {
+      this.close();
+      document.removeEventListener('keydown', this.onKey);
+    }
+
+    close() {
+      this.el.hidden = true;
+      this.instance = null;
+      clearTimeout(this.timer);
+      this.timer = null;
+    }
+
+    /** A plan task that has no instance yet. */
+    notStarted(taskId) {
+      this.close();
+      setText(this.title, taskId);
+      this.body.replaceChildren(h('p', { class: 'empty' }, 'Not started yet: it waits for its dependencies.'));
+      this.el.hidden = false;
+    }
+
+    async open(instanceId) {
+      if (!instanceId) return;
+      this.close();
+      this.instance = instanceId;
+      this.logNext = 0;
+      this.logs.replaceChildren();
+      const known = this.view.instances.get(instanceId);
+      setText(this.title, known ? known.task_id : shortId(instanceId));
+      this.body.replaceChildren(h('p', { class: 'empty' }, 'Loading…'));
+      this.el.hidden = false;
+      await this.refresh();
+    }
+
+    async refresh() {
+      const id = this.instance;
+      if (!id || !this.view.alive) return;
+      let detail;
+      try {
+        detail = await api(`/api/executions/${enc(this.view.id)}/instances/${enc(id)}`, { signal: this.view.ctl.signal });
+      } catch (err) {
+        if (isAbort(err) || this.instance !== id) return;
+        this.body.replaceChildren(h('p', { class: 'err' }, `This task could not be read: ${err.message}`));
+        return;
+      }
+      if (this.instance !== id) return;
+      this.render(detail);
+      await this.readLogs(id);
+      if (this.instance === id && !TERMINAL_TASK.has(detail.state)) {
+        this.timer = setTimeout(() => this.refresh(), 1000);
+      }
+    }
+
+    render(d) {
+      setText(this.title, d.task_id);
+      const times = (a) => [
+        a.dispatched_ms != null ? `dispatched ${fmtClock(a.dispatched_ms, true)}` : null,
+        a.started_ms != null ? `started ${fmtClock(a.started_ms, true)}` : null,
+        a.ended_ms != null ? `finished ${fmtClock(a.ended_ms, true)}` : null,
+      ].filter(Boolean).join(' · ');
+      const waited = d.dispatched_ms != null && d.started_ms != null ? `waited ${fmtDuration(d.started_ms - d.dispatched_ms)} in the queue` : null;
+      const ran = d.started_ms != null ? `ran ${fmtDuration((d.ended_ms ?? Date.now()) - d.started_ms)}` : null;
+      const attempts = [
+        ...(d.earlier_attempts || []).map((a) => h('li', { class: 'attempt' },
+          h('b', null, `attempt ${a.attempt}`), ` on ${a.worker_id || '—'} · `,
+          [a.dispatched_at_ms != null ? `dispatched ${fmtClock(a.dispatched_at_ms, true)}` : null,
+            a.started_at_ms != null ? `started ${fmtClock(a.started_at_ms, true)}` : null,
+            a.ended_at_ms != null ? `finished ${fmtClock(a.ended_at_ms, true)}` : null].filter(Boolean).join(' · '),
+          a.error ? h('div', { class: 'err' }, a.error) : null)),
+        h('li', { class: 'attempt current' },
+          h('b', null, `attempt ${d.attempt}`), ` on ${d.worker || '—'} · `, times(d),
+          d.error ? h('div', { class: 'err' }, d.error) : null),
+      ];
+      const question = (this.view.openQuestions || []).find((q) => q.task_instance_id === d.id);
+      const output = d.output_ref
+        ? h('p', null, `Stored by reference: ${fmtBytes(d.output_ref.size)} in ${d.output_ref.object} (sha256 ${String(d.output_ref.sha256).slice(0, 12)}…). Fetch it with `,
+          h('code', null, `trellis output ${this.view.id} ${d.task_id}`), '.')
+        : jsonBlock(d.output, 'drawer-output');
+      this.body.replaceChildren(...[
+        h('div', { class: 'drawer-meta' }, badge(d.state),
+          h('span', { class: 'mono muted', title: 'instance id' }, d.id),
+          h('div', null, [`created ${fmtClock(d.created_ms, true)}`, waited, ran].filter(Boolean).join(' · '))),
+        h('h4', null, 'Input'), jsonBlock(d.input, 'drawer-input'),
+        h('h4', null, 'Output'), output,
+        h('h4', null, 'Attempts'), h('ol', { class: 'attempts', id: 'drawer-attempts' }, attempts),
+        (d.validation || []).length ? h('h4', null, 'Validation') : null,
+        (d.validation || []).length ? h('ul', { class: 'checks' }, d.validation.map((c) => h('li', { class: c.passed ? 'ok' : 'err' },
+          `${c.passed ? '✓' : '✗'} ${c.name} (${c.level}, ${fmtDuration(c.duration_ms)})`, c.output ? h('pre', null, c.output) : null))) : null,
+        question ? h('h4', null, 'Question') : null,
+        question ? h('p', null, question.text, (question.options || []).length ? h('span', { class: 'muted' }, ` — ${question.options.join(' / ')}`) : null) : null,
+        h('h4', null, 'Log'), this.logs,
+      ].filter(Boolean));
+    }
+
+    async readLogs(id) {
+      try {
+        const data = await api(`/api/executions/${enc(this.view.id)}/logs?instance=${enc(id)}&after=${this.logNext}`, { signal: this.view.ctl.signal });
+        if (this.instance !== id) return;
+        const lines = data.lines || [];
+        this.logs.append(...lines.map((line) => h('div', { class: `log-line src-${line.source}` },
+          h('span', { class: 'muted' }, fmtClock(line.at_ms, true)), ' ',
+          h('span', { class: 'who' }, `#${line.attempt}`), ' ',
+          h('span', { class: 'text' }, line.text))));
+        this.logNext = Number(data.next) || this.logNext + lines.length;
+        if (!this.logNext) this.logs.replaceChildren(h('div', { class: 'empty' }, 'No log lines.'));
+        else this.logs.querySelector(':scope > .empty')?.remove();
+      } catch (err) {
+        if (!isAbort(err)) this.logs.replaceChildren(h('div', { class: 'err' }, `Log unavailable: ${err.message}`));
+      }
+    }
+  }
+
+  /** A JSON value, pretty and folded past 40 lines; `—` for none. */
+  function jsonBlock(value, id) {
+    if (value === undefined || value === null) return h('p', { class: 'muted', id }, '—');
+    const text = JSON.stringify(value, null, 2);
+    const pre = h('pre', { class: 'json', id }, text);
+    if (text.split('\n').length <= 40) return pre;
+    return h('details', null, h('summary', null, `${text.split('\n').length} lines`), pre);
+  }
+
   // ------------------------------------------------------------------------------------------
   // execution page: data and wiring
   // ------------------------------------------------------------------------------------------
@@ -2444,12 +2624,13 @@
       this.events = new EventLog(this);
       this.checkpoints = new Checkpoints(this);
       this.logs = new TaskLogs(this);
+      this.drawer = new TaskDrawer(this);
       const legend = h('div', { class: 'legend', id: 'legend' },
         TASK_STATES.map((s) => h('span', { 'data-state': s }, h('span', { class: 'swatch' }), stateLabel(s))));
       this.root.replaceChildren(h('div', { class: 'exec-page' },
         this.header.el, this.questions.el, legend, this.dag.el, this.timeline.el,
         h('div', { class: 'split' }, this.tree.el, this.events.el),
-        this.logs.el, this.checkpoints.el));
+        this.logs.el, this.checkpoints.el), this.drawer.el);
       this.header.controls.update();
 
       this.loadDetail();
@@ -2467,6 +2648,7 @@
       this.ctl.abort();
       this.closeLive();
       this.logs.close();
+      this.drawer.destroy();
       this.timers.forEach(clearInterval);
       this.refetchDetail.cancel();
       this.refetchInstances.cancel();
@@ -2489,7 +2671,8 @@
         const data = await api(`/api/executions/${enc(this.id)}`, { signal: this.ctl.signal });
         banner.clear('execution');
         if (data.execution) this.setExecution(data.execution);
-        this.questions.render(Array.isArray(data.questions) ? data.questions : []);
+        this.openQuestions = Array.isArray(data.questions) ? data.questions : [];
+        this.questions.render(this.openQuestions);
         this.renderHolds(Array.isArray(data.holds) ? data.holds : []);
         // a retried or resumed execution runs again: follow it
         if (data.execution && !TERMINAL_EXEC.has(data.execution.state) && this.finished) this.reviveLive();

@@ -237,6 +237,7 @@ pub fn router(app: App) -> Router {
         .route("/api/executions/{id}", get(get_execution))
         .route("/api/executions/{id}/plan", get(plan))
         .route("/api/executions/{id}/instances", get(instances))
+        .route("/api/executions/{id}/instances/{instance}", get(instance))
         .route("/api/executions/{id}/events", get(events))
         .route("/api/executions/{id}/checkpoints", get(checkpoints))
         .route("/api/executions/{id}/logs", get(logs))
@@ -452,6 +453,25 @@ async fn instances(State(app): State<App>, caller: Caller, Path(id): Path<String
     let hub = hub(&app, &caller, &id).await?;
     let (seq, instances) = hub.instances();
     Ok(json(&json!({ "seq": seq, "instances": instances })))
+}
+
+/// One instance in full, for the task drawer.
+async fn instance(
+    State(app): State<App>,
+    caller: Caller,
+    Path((id, instance)): Path<(String, String)>,
+) -> ApiResult {
+    let instance_id: trellis_core::ids::TaskInstanceId = instance.parse().map_err(|_| {
+        ApiError::bad_request(format!("instance `{instance}` is not a task instance id"))
+    })?;
+    let hub = hub(&app, &caller, &id).await?;
+    let detail = hub.instance(instance_id).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("execution {id} has no task instance {instance}"),
+        )
+    })?;
+    Ok(json(&detail))
 }
 
 #[derive(Debug, Deserialize)]

@@ -23,12 +23,12 @@ use prost::Message as _;
 use serde::Serialize;
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
-use trellis_core::ids::ExecutionId;
+use trellis_core::ids::{ExecutionId, TaskInstanceId};
 use trellis_proto::{subjects, v1};
 use trellis_wire::replay::{ReplayError, ReplayErrorKind, Replayer, Step};
 
 use crate::metrics::Open;
-use crate::views::{EventView, ExecutionView, InstanceView, PlanView};
+use crate::views::{EventView, ExecutionView, InstanceDetail, InstanceView, PlanView};
 
 /// Most events one update carries; older ones of the same batch are counted, not sent.
 pub const MAX_EVENTS_PER_UPDATE: usize = 25;
@@ -336,6 +336,18 @@ impl Hub {
                 .collect()
         });
         (state.seq, instances)
+    }
+
+    /// One instance in full (record, input, output), for the task drawer; `None` when the
+    /// execution has no such instance.
+    pub fn instance(&self, instance: TaskInstanceId) -> Option<InstanceDetail> {
+        let state = self.state();
+        let machine = state.replay.as_ref()?.machine();
+        let record = machine.record(instance)?;
+        let input = machine
+            .assignment(instance)
+            .map(|assignment| assignment.input.clone());
+        Some(InstanceDetail::new(&record, input))
     }
 
     /// The plan, laid out by waves.

@@ -194,6 +194,44 @@ impl From<&TaskStatusRecord> for InstanceView {
     }
 }
 
+/// One task instance in full, for the task drawer: its record, the input it was given and its
+/// output (or, for an output stored by reference, where it is and how big: `trellis output`
+/// fetches it).
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct InstanceDetail {
+    #[serde(flatten)]
+    pub instance: InstanceView,
+    pub input: Option<serde_json::Value>,
+    pub output: Option<serde_json::Value>,
+    /// `{object, size, sha256}` of an output stored by reference.
+    pub output_ref: Option<serde_json::Value>,
+}
+
+impl InstanceDetail {
+    pub fn new(record: &TaskStatusRecord, input: Option<serde_json::Value>) -> Self {
+        let reference = record
+            .output
+            .as_ref()
+            .and_then(trellis_bus::OutputRef::from_value);
+        Self {
+            instance: InstanceView::from(record),
+            input,
+            output: if reference.is_some() {
+                None
+            } else {
+                record.output.clone()
+            },
+            output_ref: reference.map(|reference| {
+                serde_json::json!({
+                    "object": reference.location(),
+                    "size": reference.size,
+                    "sha256": reference.sha256,
+                })
+            }),
+        }
+    }
+}
+
 /// One plan task, placed in its wave.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct PlanTaskView {

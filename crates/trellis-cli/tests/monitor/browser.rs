@@ -504,6 +504,101 @@ async fn browser_watches_controls_and_answers() {
     assert_eq!(log_texts().await, expected);
     screenshot(&client, "8-task-logs").await;
 
+    // The task drawer, from each of the four places: a DAG node, a tree line, an event row and a
+    // timeline bar. It shows the input, the attempt with its worker and times, and the log.
+    let drawer_title = || async { text(&client, "#task-drawer:not([hidden]) #drawer-title").await };
+    let close_drawer = || async { click(&client, "#task-drawer .drawer-close").await };
+    click(&client, "#dag g.node[data-task-id=\"tick\"]").await;
+    wait_page(
+        &client,
+        "the drawer shows the task's input, attempt and log",
+        Duration::from_secs(10),
+        || async {
+            drawer_title().await == "tick"
+                && text(&client, "#drawer-input").await.contains("tick $i")
+                && text(&client, "#drawer-attempts")
+                    .await
+                    .contains("attempt 1 on ")
+                && text(&client, "#drawer-logs").await.contains("tick 29")
+                && !text(&client, "#task-drawer").await.contains("null")
+        },
+    )
+    .await;
+    screenshot(&client, "9-drawer").await;
+    close_drawer().await;
+    wait_page(
+        &client,
+        "the drawer closes",
+        Duration::from_secs(5),
+        || async { drawer_title().await.is_empty() },
+    )
+    .await;
+    let tree_line = client
+        .find_all(Locator::Css(".tree-line"))
+        .await
+        .expect("tree lines");
+    let mut opened = false;
+    for line in tree_line {
+        if line.text().await.unwrap_or_default().contains("tick") {
+            line.click().await.expect("the tree line is clicked");
+            opened = true;
+            break;
+        }
+    }
+    assert!(opened, "a tree line for tick");
+    wait_page(
+        &client,
+        "the drawer from the tree",
+        Duration::from_secs(10),
+        || async { drawer_title().await == "tick" },
+    )
+    .await;
+    close_drawer().await;
+    click(&client, "#event-list .event[data-kind=task_completed]").await;
+    wait_page(
+        &client,
+        "the drawer from the event log",
+        Duration::from_secs(10),
+        || async { drawer_title().await == "tick" },
+    )
+    .await;
+    close_drawer().await;
+    let canvas = client
+        .find(Locator::Css("#timeline-canvas"))
+        .await
+        .expect("the timeline");
+    let (_, _, _, height) = canvas.rectangle().await.expect("its size");
+    let mut from_timeline = String::new();
+    for row in 0..3 {
+        use fantoccini::actions::{InputSource, MOUSE_BUTTON_LEFT, MouseActions, PointerAction};
+        // Rows are 18 px under a 26 px axis; the bar spans the middle of the time axis.
+        let y = -height / 2.0 + 26.0 + 18.0 * f64::from(row) + 9.0;
+        let press = MouseActions::new("mouse".to_owned())
+            .then(PointerAction::MoveToElement {
+                element: canvas.clone(),
+                duration: None,
+                x: 0.0,
+                y,
+            })
+            .then(PointerAction::Down {
+                button: MOUSE_BUTTON_LEFT,
+            })
+            .then(PointerAction::Up {
+                button: MOUSE_BUTTON_LEFT,
+            });
+        client.perform_actions(press).await.expect("a click");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        from_timeline = drawer_title().await;
+        if from_timeline == "tick" {
+            break;
+        }
+        if !from_timeline.is_empty() {
+            close_drawer().await;
+        }
+    }
+    assert_eq!(from_timeline, "tick", "the drawer from a timeline bar");
+    close_drawer().await;
+
     // An execution that does not exist: one page that says so, no panes, no error banner.
     client
         .goto(&format!(

@@ -111,6 +111,37 @@ async fn a_5_mb_output_is_stored_by_reference_read_by_its_dependent_and_fetched(
         .to_owned();
     assert!(object.starts_with(&format!("{id}/")), "{object}");
 
+    // The monitor's task drawer shows where the output is and how big, not the 5 MB.
+    let drawer = |instance: &str| {
+        let url = format!("{}/api/executions/{id}/instances/{instance}", dev.monitor);
+        async move {
+            let response = reqwest::get(&url).await.expect("the monitor answers");
+            let status = response.status().as_u16();
+            (
+                status,
+                response.json::<serde_json::Value>().await.expect("JSON"),
+            )
+        }
+    };
+    let (status, detail) = drawer(&big.task_instance_id).await;
+    assert_eq!(status, 200, "{detail}");
+    assert_eq!(detail["task_id"], "big", "{detail}");
+    assert!(detail["output"].is_null(), "no 5 MB in the drawer");
+    assert_eq!(detail["output_ref"]["size"], SIZE as u64, "{detail}");
+    assert_eq!(
+        detail["output_ref"]["object"],
+        format!("trellis_outputs/{object}"),
+        "{detail}"
+    );
+    assert!(
+        detail["input"]["command"].is_array(),
+        "the input it was given: {detail}"
+    );
+    let (status, body) = drawer("0190a5c4-7d1e-7000-8000-0000000000ff").await;
+    assert_eq!(status, 404, "{body}");
+    let (status, body) = drawer("nope").await;
+    assert_eq!(status, 400, "{body}");
+
     // The dependent was handed the value itself.
     let reader = record(&dev, &id, "reader").await;
     let reader_output: serde_json::Value =

@@ -198,6 +198,11 @@ impl Execution {
         inst.state
     }
 
+    /// Returns one task instance's seed-000 record, if it exists.
+    pub fn record(&self, instance: TaskInstanceId) -> Option<TaskStatusRecord> {
+        self.by_id.get(&instance).map(|&idx| self.record_of(idx))
+    }
+
     /// Returns every task instance as a seed-000 record, preceded by a root record standing for
     /// the execution itself: plan task instances are members of the root's group, so one execution
     /// is one tree.
