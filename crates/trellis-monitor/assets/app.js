@@ -1767,6 +1767,7 @@
       this.needsBuild = true;
       this.lastBuild = 0;
       this.rootLimit = ROOT_PAGE;
+      this.groupStart = new Map(); // "<instance>:<group>" -> index of the first member shown
       this.info = h('span', { class: 'sub' });
       this.body = h('div', { class: 'tree-body', id: 'tree-body' });
       const expand = h('button', { type: 'button', class: 'link', onclick: () => { this.collapsed.clear(); this.rebuildNow(); } }, 'expand all');
@@ -1795,9 +1796,41 @@
           this.rebuildNow();
           return;
         }
+        const pager = ev.target.closest('.tree-pager');
+        if (pager) {
+          const key = pager.getAttribute('data-key');
+          const start = this.groupStart.get(key) || 0;
+          if (ev.target.closest('.tree-page-next')) this.pageTo(key, start + GROUP_SHOW);
+          else if (ev.target.closest('.tree-page-prev')) this.pageTo(key, start - GROUP_SHOW);
+          else if (ev.target.closest('.tree-jump-go')) this.jump(pager);
+          return;
+        }
         const line = ev.target.closest('.tree-line');
         if (line) this.view.drawer.open(line.getAttribute('data-instance-id'));
       });
+      this.body.addEventListener('keydown', (ev) => {
+        if (ev.key === 'Enter' && ev.target.classList.contains('tree-jump')) {
+          this.jump(ev.target.closest('.tree-pager'));
+        }
+      });
+    }
+
+    /** Shows a group's members from index `start` on (clamped when the page is built). */
+    pageTo(key, start) {
+      this.groupStart.set(key, Math.max(0, start));
+      this.rebuildNow();
+    }
+
+    /** Shows the page holding the member number typed in a group's pager (1-based). */
+    jump(pager) {
+      const n = Number(pager.querySelector('.tree-jump').value);
+      const total = Number(pager.getAttribute('data-total')) || 0;
+      if (!Number.isInteger(n) || n < 1 || n > total) {
+        setText(pager.querySelector('.tree-jump-error'), `enter a member from 1 to ${total}`);
+        return;
+      }
+      setText(pager.querySelector('.tree-jump-error'), '');
+      this.pageTo(pager.getAttribute('data-key'), n - 1);
     }
 
     rebuildNow() {
@@ -1890,10 +1923,29 @@
               const g = textLine(`g:${inst.id}:${gid}`, 'tree-group', depth + 1,
                 `subtask group ${gid ? shortId(gid) : '—'} · ${members.length} member${members.length === 1 ? '' : 's'}`);
               if (gid) g.setAttribute('data-group-id', gid);
-              for (const m of members.slice(0, GROUP_SHOW)) renderInst(m, depth + 1);
+              const key = `${inst.id}:${gid}`;
+              const start = Math.min(this.groupStart.get(key) || 0, Math.max(0, members.length - GROUP_SHOW));
+              if (start > 0) {
+                const before = members.slice(0, start);
+                textLine(`b:${key}`, 'tree-more', depth + 1, `… ${before.length} earlier (${countStates(before)})`);
+              }
+              for (const m of members.slice(start, start + GROUP_SHOW)) renderInst(m, depth + 1);
               if (members.length > GROUP_SHOW) {
-                const rest = members.slice(GROUP_SHOW);
-                textLine(`m:${inst.id}:${gid}`, 'tree-more', depth + 1, `… and ${rest.length} more (${countStates(rest)})`);
+                const rest = members.slice(start + GROUP_SHOW);
+                const pager = take(`m:${key}`, () => h('div', { class: 'tree-more tree-pager', 'data-key': key },
+                  h('span', { class: 'tree-page-info' }), ' ',
+                  h('button', { type: 'button', class: 'link tree-page-prev' }, `previous ${GROUP_SHOW}`), ' ',
+                  h('button', { type: 'button', class: 'link tree-page-next' }, `next ${GROUP_SHOW}`), ' · member ',
+                  h('input', { type: 'number', class: 'tree-jump', min: 1, 'aria-label': 'jump to member' }), ' ',
+                  h('button', { type: 'button', class: 'link tree-jump-go' }, 'go'), ' ',
+                  h('span', { class: 'err tree-jump-error' })));
+                if (pager.style.paddingLeft !== indent(depth + 1)) pager.style.paddingLeft = indent(depth + 1);
+                pager.setAttribute('data-total', String(members.length));
+                setText(pager.querySelector('.tree-page-info'),
+                  `members ${start + 1}–${Math.min(start + GROUP_SHOW, members.length)} of ${members.length}` +
+                  (rest.length ? ` · ${rest.length} later (${countStates(rest)})` : ''));
+                pager.querySelector('.tree-page-prev').disabled = start === 0;
+                pager.querySelector('.tree-page-next').disabled = rest.length === 0;
               }
             }
             for (const r of sorted(resumedAfter.get(gid) || [])) renderInst(r, depth, `resumed after group ${shortId(gid)}`, '');

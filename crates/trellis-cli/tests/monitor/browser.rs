@@ -599,6 +599,62 @@ async fn browser_watches_controls_and_answers() {
     assert_eq!(from_timeline, "tick", "the drawer from a timeline bar");
     close_drawer().await;
 
+    // A 2,000-member fan-out: the tree pages through the group and jumps to member 1,200.
+    let fanout = dev
+        .start(
+            "name: big-fanout\ntasks:\n- {id: split, type: fanout, \
+             input: {count: 2000, child: {type: noop, input: {}}}}\n",
+        )
+        .await;
+    client
+        .goto(&format!("{}/#/executions/{fanout}", dev.monitor))
+        .await
+        .expect("the fan-out's page opens");
+    let pager_info = || async { text(&client, ".tree-pager .tree-page-info").await };
+    wait_page(
+        &client,
+        "the group's pager",
+        Duration::from_secs(30),
+        || async { pager_info().await.starts_with("members 1–50 of 2000") },
+    )
+    .await;
+    let jump = |value: &'static str| {
+        let client = &client;
+        async move {
+            let input = client
+                .find(Locator::Css(".tree-pager .tree-jump"))
+                .await
+                .expect("the jump field");
+            input.clear().await.expect("cleared");
+            input.send_keys(value).await.expect("typed");
+            click(client, ".tree-pager .tree-jump-go").await;
+        }
+    };
+    jump("5000").await;
+    wait_page(
+        &client,
+        "a member past the end is refused",
+        Duration::from_secs(5),
+        || async {
+            text(&client, ".tree-pager .tree-jump-error").await == "enter a member from 1 to 2000"
+        },
+    )
+    .await;
+    jump("1200").await;
+    wait_page(
+        &client,
+        "member 1,200 is shown",
+        Duration::from_secs(10),
+        || async { pager_info().await.starts_with("members 1200–1249 of 2000") },
+    )
+    .await;
+    click(&client, ".tree-pager .tree-page-next").await;
+    wait_page(&client, "the next 50", Duration::from_secs(10), || async {
+        pager_info().await.starts_with("members 1250–1299 of 2000")
+    })
+    .await;
+    screenshot(&client, "9-fanout-paged").await;
+
     // An execution that does not exist: one page that says so, no panes, no error banner.
     client
         .goto(&format!(
