@@ -48,6 +48,7 @@
   const DAG_NODE_LIMIT = 300;   // above this many plan tasks the DAG is drawn per wave
   const GROUP_SHOW = 50;        // subtask group members listed in the tree
   const ROOT_PAGE = 200;        // root instances listed in the tree before "show more"
+  const FILTER_SHOW = 500;      // instances listed when the tree is filtered
   const EVENT_CAP = 1000;       // rows kept in the event log
   const EVENT_PAGE = 500;       // events per page fetched from the stored log
 
@@ -1778,8 +1779,16 @@
           this.rebuildNow();
         },
       }, 'collapse all');
+      // Filters: a state and a part of the task id; either set lists the matching instances flat.
+      this.stateFilter = h('select', { id: 'tree-state-filter', 'aria-label': 'Only instances in this state' },
+        h('option', { value: '' }, 'all states'),
+        ...TASK_STATES.map((state) => h('option', { value: state }, stateLabel(state))));
+      this.nameFilter = h('input', { id: 'tree-name-filter', type: 'search', placeholder: 'task id contains…', 'aria-label': 'Only tasks whose id contains' });
+      this.stateFilter.addEventListener('change', () => this.rebuildNow());
+      this.nameFilter.addEventListener('input', () => this.rebuildNow());
       this.el = h('section', { class: 'card', id: 'tree' },
-        h('div', { class: 'card-head' }, h('h3', null, 'Execution tree'), this.info, h('div', { class: 'grow' }), expand, collapse),
+        h('div', { class: 'card-head' }, h('h3', null, 'Execution tree'), this.info, h('div', { class: 'grow' }),
+          this.stateFilter, this.nameFilter, expand, collapse),
         this.body);
       this.body.addEventListener('click', (ev) => {
         const toggle = ev.target.closest('.tree-toggle');
@@ -1954,13 +1963,30 @@
         for (const c of sorted(continuedBy.get(inst.id) || [])) renderInst(c, depth, `continues ${shortId(inst.id)}`, 'cont');
       };
 
-      const shownRoots = roots.slice(0, this.rootLimit);
-      for (const r of shownRoots) renderInst(r, 0);
-      if (roots.length > shownRoots.length) {
-        const rest = roots.slice(shownRoots.length);
-        const el = take('m:roots', () => h('div', { class: 'tree-more', style: `padding-left:${indent(0)}` },
-          h('span'), ' ', h('button', { type: 'button', class: 'link tree-more-roots' }, 'show more')));
-        setText(el.firstChild, `… and ${rest.length} more (${countStates(rest)})`);
+      const state = this.stateFilter.value;
+      const name = this.nameFilter.value.trim().toLowerCase();
+      if (state || name) {
+        // Filtered: the matching instances, oldest first, flat.
+        const matching = [...insts.values()]
+          .filter((inst) => (!state || inst.state === state) && (!name || inst.task_id.toLowerCase().includes(name)))
+          .sort(byCreated);
+        for (const inst of matching.slice(0, FILTER_SHOW)) {
+          const refs = this.lineFor(inst, cache, 0, 'leaf');
+          nodes.set(`l:${inst.id}`, refs);
+          order.push(refs.el);
+          lines.set(inst.id, refs);
+        }
+        textLine('f:count', 'tree-more tree-filter-count', 0, matching.length === 0 ? 'No task instance matches the filter.'
+          : `${matching.length} matching` + (matching.length > FILTER_SHOW ? ` (the first ${FILTER_SHOW} listed)` : ''));
+      } else {
+        const shownRoots = roots.slice(0, this.rootLimit);
+        for (const r of shownRoots) renderInst(r, 0);
+        if (roots.length > shownRoots.length) {
+          const rest = roots.slice(shownRoots.length);
+          const el = take('m:roots', () => h('div', { class: 'tree-more', style: `padding-left:${indent(0)}` },
+            h('span'), ' ', h('button', { type: 'button', class: 'link tree-more-roots' }, 'show more')));
+          setText(el.firstChild, `… and ${rest.length} more (${countStates(rest)})`);
+        }
       }
       if (insts.size === 0) take('empty', () => h('div', { class: 'empty' }, 'No task instances yet.'));
 
@@ -2076,8 +2102,12 @@
         h('button', { type: 'button', id: 'events-latest', onclick: () => this.showLatest() }, 'show latest'));
       this.info = h('span', { class: 'sub' });
       this.list.append(this.older);
+      // "Failures only": rows of the bad kinds (failed, lost, timed out, budget exhausted).
+      this.failuresOnly = h('input', { type: 'checkbox', id: 'events-failures-only' });
+      this.failuresOnly.addEventListener('change', () => this.list.classList.toggle('failures-only', this.failuresOnly.checked));
       this.el = h('section', { class: 'card', id: 'event-log' },
-        h('div', { class: 'card-head' }, h('h3', null, 'Event log'), this.info),
+        h('div', { class: 'card-head' }, h('h3', null, 'Event log'), this.info, h('div', { class: 'grow' }),
+          h('label', { class: 'sub' }, this.failuresOnly, ' failures only')),
         this.list, this.newer);
       this.list.addEventListener('click', (ev) => {
         const row = ev.target.closest('.event[data-row-instance]');

@@ -655,6 +655,70 @@ async fn browser_watches_controls_and_answers() {
     .await;
     screenshot(&client, "9-fanout-paged").await;
 
+    // Finding the failure: the tree filtered by state and name, the events by "failures only".
+    let failing = dev
+        .start(
+            "name: mixed\ntasks:\n- {id: fine, type: noop}\n\
+             - {id: broken, type: fail, input: {times: 99}}\n",
+        )
+        .await;
+    client
+        .goto(&format!("{}/#/executions/{failing}", dev.monitor))
+        .await
+        .expect("the failing execution's page opens");
+    wait_page(
+        &client,
+        "the execution fails",
+        Duration::from_secs(60),
+        || async { text(&client, "#execution-state").await == "failed" },
+    )
+    .await;
+    client
+        .find(Locator::Css("#tree-state-filter"))
+        .await
+        .expect("the state filter")
+        .select_by_value("failed")
+        .await
+        .expect("failed chosen");
+    client
+        .find(Locator::Css("#tree-name-filter"))
+        .await
+        .expect("the name filter")
+        .send_keys("BRO")
+        .await
+        .expect("typed");
+    wait_page(
+        &client,
+        "only the failed task is listed",
+        Duration::from_secs(10),
+        || async { text(&client, "#tree .tree-filter-count").await == "1 matching" },
+    )
+    .await;
+    let listed = client
+        .execute(
+            "return [...document.querySelectorAll('#tree-body .tree-line')]\
+             .map((line) => line.querySelector('.task-id').textContent + ':' + line.dataset.state)",
+            vec![],
+        )
+        .await
+        .expect("the page answers");
+    assert_eq!(listed, json!(["broken:failed"]), "the filtered tree");
+    click(&client, "#events-failures-only").await;
+    let shown = client
+        .execute(
+            "return [...document.querySelectorAll('#event-list .event')]\
+             .filter((row) => row.offsetParent !== null).map((row) => row.dataset.kind)",
+            vec![],
+        )
+        .await
+        .expect("the page answers");
+    let kinds: Vec<String> = serde_json::from_value(shown).expect("kinds");
+    assert!(
+        !kinds.is_empty() && kinds.iter().all(|k| k == "task_failed"),
+        "failures only: {kinds:?}"
+    );
+    screenshot(&client, "9-filtered").await;
+
     // An execution that does not exist: one page that says so, no panes, no error banner.
     client
         .goto(&format!(
