@@ -2145,7 +2145,9 @@
     }
 
     makeRow(ev) {
-      const row = h('div', { class: ev.seq % 2 ? 'event odd' : 'event', 'data-seq': ev.seq, 'data-kind': ev.kind, 'data-cat': EVENT_CATEGORY[ev.kind] || null, 'data-row-instance': ev.instance || null },
+      // An execution that finished other than completed is a failure to find, not a success.
+      const cat = ev.kind === 'execution_finished' && ev.detail !== 'completed' ? 'bad' : EVENT_CATEGORY[ev.kind];
+      const row = h('div', { class: ev.seq % 2 ? 'event odd' : 'event', 'data-seq': ev.seq, 'data-kind': ev.kind, 'data-cat': cat || null, 'data-row-instance': ev.instance || null },
         h('span', { class: 'ts', title: ev.ts_ms ? new Date(ev.ts_ms).toLocaleString() : '' }, ev.ts_ms ? fmtClock(ev.ts_ms, true) : ''),
         h('span', { class: 'seq' }, `#${ev.seq}`),
         h('span', { class: 'kind', title: ev.kind }, ev.kind),

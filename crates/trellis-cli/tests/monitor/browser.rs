@@ -714,8 +714,12 @@ async fn browser_watches_controls_and_answers() {
         .expect("the page answers");
     let kinds: Vec<String> = serde_json::from_value(shown).expect("kinds");
     assert!(
-        !kinds.is_empty() && kinds.iter().all(|k| k == "task_failed"),
-        "failures only: {kinds:?}"
+        kinds.contains(&"task_failed".to_owned())
+            && kinds.last().map(String::as_str) == Some("execution_finished")
+            && kinds
+                .iter()
+                .all(|k| k == "task_failed" || k == "execution_finished"),
+        "failures only, the run's failed end among them: {kinds:?}"
     );
     screenshot(&client, "9-filtered").await;
 
