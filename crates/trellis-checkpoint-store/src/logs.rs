@@ -12,12 +12,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer};
-use futures::StreamExt;
 use prost::Message as _;
 use tokio_util::sync::CancellationToken;
 use trellis_core::ids::{ExecutionId, TaskInstanceId};
 use trellis_proto::{subjects, v1};
 
+use crate::runs::Next;
 use crate::store::{LogBatchRow, Store};
 
 /// The durable consumer of `TRELLIS_LOGS` that copies batches into the store.
@@ -127,20 +127,19 @@ async fn copy(
         .map_err(|err| format!("cannot consume TRELLIS_LOGS: {err}"))?;
     tracing::info!(consumer = CONSUMER_NAME, "the store copies the task logs");
     loop {
-        let first = tokio::select! {
-            () = shutdown.cancelled() => return Ok(()),
-            next = messages.next() => next,
-        };
-        let Some(first) = first else {
-            return Err("the task log consumer ended".to_owned());
-        };
-        let received = crate::runs::take(
-            first,
+        let received = match crate::runs::next(
             &mut messages,
+            shutdown,
             MAX_RUN_MESSAGES,
             MAX_RUN_BYTES,
             "task log",
-        );
+        )
+        .await
+        {
+            Next::Run(received) => received,
+            Next::ShutDown => return Ok(()),
+            Next::Ended => return Err("the task log consumer ended".to_owned()),
+        };
         let Some(last) = received.last() else {
             continue;
         };

@@ -14,10 +14,44 @@ use crate::store::Error;
 /// Longest pause between two tries of a failed write.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
 
+/// What waiting for the next run of messages gave.
+pub(crate) enum Next {
+    /// At least one message arrived: it and whatever else was already buffered (possibly none,
+    /// when all of them were delivery errors).
+    Run(Vec<Message>),
+    /// Shutdown came first.
+    ShutDown,
+    /// The consumer's stream ended.
+    Ended,
+}
+
+/// Waits for the next message (or `shutdown`), then takes it with whatever else is already
+/// buffered, without waiting, up to `max_messages` messages or `max_bytes` payload bytes.
+pub(crate) async fn next<S, E>(
+    messages: &mut S,
+    shutdown: &CancellationToken,
+    max_messages: usize,
+    max_bytes: usize,
+    what: &str,
+) -> Next
+where
+    S: Stream<Item = Result<Message, E>> + Unpin,
+    E: Display,
+{
+    let first = tokio::select! {
+        () = shutdown.cancelled() => return Next::ShutDown,
+        next = messages.next() => next,
+    };
+    match first {
+        Some(first) => Next::Run(take(first, messages, max_messages, max_bytes, what)),
+        None => Next::Ended,
+    }
+}
+
 /// Takes `first` and whatever else `messages` has already buffered, without waiting, up to
 /// `max_messages` messages or `max_bytes` payload bytes. A delivery error is logged (naming
 /// `what`) and skipped.
-pub(crate) fn take<S, E>(
+fn take<S, E>(
     first: Result<Message, E>,
     messages: &mut S,
     max_messages: usize,

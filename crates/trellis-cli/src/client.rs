@@ -11,7 +11,7 @@ use tonic::{Code, Status};
 use trellis_grpc::{AuthChannel, ClientSecurity};
 use trellis_proto::v1::coordinator_client::CoordinatorClient;
 use trellis_proto::v1::planner_client::PlannerClient;
-use trellis_proto::v1::{ObserveExecutionRequest, ObserveExecutionResponse};
+use trellis_proto::v1::{self, ObserveExecutionRequest, ObserveExecutionResponse};
 
 use crate::commands::Failure;
 
@@ -115,6 +115,49 @@ impl Coordinator {
 }
 
 impl Coordinator {
+    /// Reads one execution (`GetExecution`); a refusal becomes a message naming it.
+    ///
+    /// # Errors
+    ///
+    /// The coordinator's refusal, or an answer without the execution.
+    pub async fn execution(&mut self, execution_id: &str) -> Result<v1::Execution, Failure> {
+        let what = format!("execution {execution_id}");
+        self.client
+            .get_execution(v1::GetExecutionRequest {
+                execution_id: execution_id.to_owned(),
+            })
+            .await
+            .map_err(|status| self.status_failure(&status, &what))?
+            .into_inner()
+            .execution
+            .ok_or_else(|| Failure::failed(format!("{what} not found")))
+    }
+
+    /// Reads an execution's graph (`GetExecutionGraph`) for run `run_number` (0: the latest);
+    /// a refusal becomes a message naming it.
+    ///
+    /// # Errors
+    ///
+    /// The coordinator's refusal.
+    pub async fn graph(
+        &mut self,
+        execution_id: &str,
+        run_number: u32,
+    ) -> Result<v1::ExecutionGraph, Failure> {
+        let what = format!("execution {execution_id}");
+        Ok(self
+            .client
+            .get_execution_graph(v1::GetExecutionGraphRequest {
+                execution_id: execution_id.to_owned(),
+                run_number,
+            })
+            .await
+            .map_err(|status| self.status_failure(&status, &what))?
+            .into_inner()
+            .graph
+            .unwrap_or_default())
+    }
+
     /// Follows an execution's events from `from_sequence`, calling `on_item` for each stream item
     /// in order, until the stream ends (after the run's terminal event) or `on_item` breaks.
     ///

@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 use trellis_core::ids::ExecutionId;
 use trellis_proto::{subjects, v1};
 
+use crate::runs::Next;
 use crate::store::{ReadModelBatch, Store};
 use apply::{Applier, LogMessage, Run, decode_message};
 
@@ -138,20 +139,19 @@ impl Ingest {
             .map_err(|err| format!("cannot consume the event log: {err}"))?;
         tracing::info!(consumer = %name, "read model consuming the event log");
         loop {
-            let first = tokio::select! {
-                () = shutdown.cancelled() => return Ok(()),
-                next = messages.next() => next,
-            };
-            let Some(first) = first else {
-                return Err("the event consumer ended".to_owned());
-            };
-            let received = crate::runs::take(
-                first,
+            let received = match crate::runs::next(
                 &mut messages,
+                shutdown,
                 MAX_RUN_MESSAGES,
                 MAX_RUN_BYTES,
                 "event",
-            );
+            )
+            .await
+            {
+                Next::Run(received) => received,
+                Next::ShutDown => return Ok(()),
+                Next::Ended => return Err("the event consumer ended".to_owned()),
+            };
             let Some(last) = received.last() else {
                 continue;
             };

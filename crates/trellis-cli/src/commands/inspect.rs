@@ -6,10 +6,7 @@ use std::ops::ControlFlow;
 
 use clap::{Args, ValueEnum};
 use serde_json::{Value, json};
-use trellis_proto::v1::{
-    Execution, ExecutionState, GetExecutionGraphRequest, GetExecutionRequest,
-    ListExecutionsRequest, PageRequest,
-};
+use trellis_proto::v1::{Execution, ExecutionState, ListExecutionsRequest, PageRequest};
 
 use super::Failure;
 use crate::client::Coordinator;
@@ -126,18 +123,12 @@ pub struct EventsArgs {
 /// Runs `trellis status`.
 pub async fn status(coordinator_url: &str, args: StatusArgs) -> Result<(), Failure> {
     let mut coordinator = Coordinator::connect(coordinator_url).await?;
-    let execution = get_execution(&mut coordinator, &args.execution_id).await?;
+    let execution = coordinator.execution(&args.execution_id).await?;
     // The checks live in the task records: read them from the graph, when it can be had (the
     // status is worth printing without them).
     let checked = coordinator
-        .client
-        .get_execution_graph(GetExecutionGraphRequest {
-            execution_id: args.execution_id.clone(),
-            run_number: 0,
-        })
+        .graph(&args.execution_id, 0)
         .await
-        .ok()
-        .and_then(|response| response.into_inner().graph)
         .map(|graph| checks::summary(&graph))
         .unwrap_or_default();
     let mut out = BufWriter::new(io::stdout().lock());
@@ -211,22 +202,9 @@ pub async fn list(coordinator_url: &str, args: ListArgs) -> Result<(), Failure> 
 /// Runs `trellis tree`.
 pub async fn tree(coordinator_url: &str, args: TreeArgs) -> Result<(), Failure> {
     let mut coordinator = Coordinator::connect(coordinator_url).await?;
-    let what = format!("execution {}", args.execution_id);
-    let graph = coordinator
-        .client
-        .get_execution_graph(GetExecutionGraphRequest {
-            execution_id: args.execution_id.clone(),
-            run_number: args.run,
-        })
-        .await
-        .map_err(|status| coordinator.status_failure(&status, &what))?
-        .into_inner()
-        .graph
-        .unwrap_or_default();
+    let graph = coordinator.graph(&args.execution_id, args.run).await?;
     // Best effort: the tree is still worth showing without the group rules and routed-out tasks.
-    let execution = get_execution(&mut coordinator, &args.execution_id)
-        .await
-        .ok();
+    let execution = coordinator.execution(&args.execution_id).await.ok();
     let rules = match &execution {
         Some(execution) if !graph.groups.is_empty() => {
             group_rules(
@@ -289,7 +267,8 @@ pub async fn events(coordinator_url: &str, args: EventsArgs) -> Result<(), Failu
     let stop_at = if args.follow {
         u64::MAX
     } else {
-        let last_sequence = get_execution(&mut coordinator, &args.execution_id)
+        let last_sequence = coordinator
+            .execution(&args.execution_id)
             .await?
             .last_sequence;
         if last_sequence < args.from {
@@ -320,24 +299,6 @@ pub async fn events(coordinator_url: &str, args: EventsArgs) -> Result<(), Failu
         })
         .await?;
     Ok(out.flush()?)
-}
-
-async fn get_execution(
-    coordinator: &mut Coordinator,
-    execution_id: &str,
-) -> Result<Execution, Failure> {
-    coordinator
-        .client
-        .get_execution(GetExecutionRequest {
-            execution_id: execution_id.to_owned(),
-        })
-        .await
-        .map_err(|status| {
-            coordinator.status_failure(&status, &format!("execution {execution_id}"))
-        })?
-        .into_inner()
-        .execution
-        .ok_or_else(|| Failure::failed(format!("execution {execution_id} not found")))
 }
 
 /// Returns an execution summary as JSON.

@@ -5,7 +5,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::io::{self, BufWriter, Write};
 
 use clap::Args;
-use trellis_proto::v1::{GetExecutionGraphRequest, GetTaskLogsRequest};
+use trellis_proto::v1::GetTaskLogsRequest;
 
 use super::Failure;
 use crate::client::Coordinator;
@@ -45,19 +45,7 @@ async fn task_names(
     coordinator: &mut Coordinator,
     execution_id: &str,
 ) -> Result<HashMap<String, String>, Failure> {
-    let graph = coordinator
-        .client
-        .get_execution_graph(GetExecutionGraphRequest {
-            execution_id: execution_id.to_owned(),
-            run_number: 0,
-        })
-        .await
-        .map_err(|status| {
-            coordinator.status_failure(&status, &format!("execution {execution_id}"))
-        })?
-        .into_inner()
-        .graph
-        .unwrap_or_default();
+    let graph = coordinator.graph(execution_id, 0).await?;
     Ok(graph
         .nodes
         .into_iter()

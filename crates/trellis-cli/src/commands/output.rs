@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use clap::Args;
 use tonic::Code;
 use trellis_bus::OutputRef;
-use trellis_proto::v1::{self, GetExecutionGraphRequest, GetTaskOutputRequest};
+use trellis_proto::v1::{self, GetTaskOutputRequest};
 
 use super::Failure;
 use crate::client::Coordinator;
@@ -42,28 +42,8 @@ pub struct OutputArgs {
 pub async fn run(coordinator_url: &str, args: OutputArgs) -> Result<(), Failure> {
     let mut coordinator = Coordinator::connect(coordinator_url).await?;
     let what = format!("execution {}", args.execution_id);
-    let graph = coordinator
-        .client
-        .get_execution_graph(GetExecutionGraphRequest {
-            execution_id: args.execution_id.clone(),
-            run_number: 0,
-        })
-        .await
-        .map_err(|status| coordinator.status_failure(&status, &what))?
-        .into_inner()
-        .graph
-        .unwrap_or_default();
-    let name = coordinator
-        .client
-        .get_execution(v1::GetExecutionRequest {
-            execution_id: args.execution_id.clone(),
-        })
-        .await
-        .map_err(|status| coordinator.status_failure(&status, &what))?
-        .into_inner()
-        .execution
-        .map(|execution| execution.name)
-        .unwrap_or_default();
+    let graph = coordinator.graph(&args.execution_id, 0).await?;
+    let name = coordinator.execution(&args.execution_id).await?.name;
     // The graph's first root is a record named after the plan that stands for the execution
     // itself: it has no output and is not a task of the plan.
     let root = graph.root_indices.first().copied();

@@ -4,6 +4,7 @@
 
 mod api;
 mod browser;
+mod browser_tasks;
 mod outputs;
 
 use std::io::{BufRead, BufReader};

@@ -1,0 +1,325 @@
+//! The UI in real headless Chromium, as `browser`: a task's log lines live, the task drawer from
+//! each of the four places it opens from, a 2,000-member group paged to member 1,200, the tree
+//! and events filtered to a failure, and an unknown execution's page.
+
+use std::time::Duration;
+
+use fantoccini::Locator;
+use serde_json::json;
+use trellis_proto::v1;
+
+use crate::browser::{browser, click, screenshot, start_driver, text, wait_page};
+use crate::{TOKEN, start_dev};
+
+/// A `shell` task that prints a line every 100 ms for three seconds, then `done`.
+const TICKING_PLAN: &str = "name: monitor-live-logs\ntasks:\n\
+    - {id: tick, type: shell, input: {command: [sh, -c, 'i=0; while [ $i -lt 30 ]; do echo tick $i; \
+      i=$((i+1)); sleep 0.1; done; echo done']}}\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browser_reads_a_task_in_full_and_finds_things_in_big_runs() {
+    let driver = start_driver();
+    let dev = start_dev();
+    let client = browser(&driver).await;
+    // With the token, as `trellis dev` prints it.
+    client
+        .goto(&format!("{}/?token={TOKEN}#/", dev.monitor))
+        .await
+        .expect("the monitor opens with the token");
+
+    // A task's log lines arrive in the page while it runs, each once and in order.
+    let ticking = dev.start(TICKING_PLAN).await;
+    client
+        .goto(&format!("{}/#/executions/{ticking}", dev.monitor))
+        .await
+        .expect("the third execution's page opens");
+    let log_texts = || async {
+        let texts = client
+            .execute(
+                "return [...document.querySelectorAll('#task-logs .log-line .text')]\
+                 .map((line) => line.textContent)",
+                vec![],
+            )
+            .await
+            .expect("the page answers");
+        serde_json::from_value::<Vec<String>>(texts).expect("a list of texts")
+    };
+    wait_page(
+        &client,
+        "a first log line",
+        Duration::from_secs(30),
+        || async { !log_texts().await.is_empty() },
+    )
+    .await;
+    assert_eq!(
+        dev.execution(&ticking).await.state,
+        v1::ExecutionState::Running as i32,
+        "the first line is shown while the task runs"
+    );
+    wait_page(
+        &client,
+        "the execution completes with its last line shown",
+        Duration::from_secs(60),
+        || async {
+            text(&client, "#execution-state").await == "completed"
+                && log_texts().await.last().is_some_and(|last| last == "done")
+        },
+    )
+    .await;
+    let mut expected: Vec<String> = (0..30).map(|n| format!("tick {n}")).collect();
+    expected.push("done".to_owned());
+    assert_eq!(log_texts().await, expected);
+    screenshot(&client, "8-task-logs").await;
+
+    // The task drawer, from each of the four places: a DAG node, a tree line, an event row and a
+    // timeline bar. It shows the input, the attempt with its worker and times, and the log.
+    let drawer_title = || async { text(&client, "#task-drawer:not([hidden]) #drawer-title").await };
+    let close_drawer = || async { click(&client, "#task-drawer .drawer-close").await };
+    click(&client, "#dag g.node[data-task-id=\"tick\"]").await;
+    wait_page(
+        &client,
+        "the drawer shows the task's input, attempt and log",
+        Duration::from_secs(10),
+        || async {
+            drawer_title().await == "tick"
+                && text(&client, "#drawer-input").await.contains("tick $i")
+                && text(&client, "#drawer-attempts")
+                    .await
+                    .contains("attempt 1 on ")
+                && text(&client, "#drawer-logs").await.contains("tick 29")
+                && !text(&client, "#task-drawer").await.contains("null")
+        },
+    )
+    .await;
+    screenshot(&client, "9-drawer").await;
+    close_drawer().await;
+    wait_page(
+        &client,
+        "the drawer closes",
+        Duration::from_secs(5),
+        || async { drawer_title().await.is_empty() },
+    )
+    .await;
+    let tree_line = client
+        .find_all(Locator::Css(".tree-line"))
+        .await
+        .expect("tree lines");
+    let mut opened = false;
+    for line in tree_line {
+        if line.text().await.unwrap_or_default().contains("tick") {
+            line.click().await.expect("the tree line is clicked");
+            opened = true;
+            break;
+        }
+    }
+    assert!(opened, "a tree line for tick");
+    wait_page(
+        &client,
+        "the drawer from the tree",
+        Duration::from_secs(10),
+        || async { drawer_title().await == "tick" },
+    )
+    .await;
+    close_drawer().await;
+    click(&client, "#event-list .event[data-kind=task_completed]").await;
+    wait_page(
+        &client,
+        "the drawer from the event log",
+        Duration::from_secs(10),
+        || async { drawer_title().await == "tick" },
+    )
+    .await;
+    close_drawer().await;
+    let canvas = client
+        .find(Locator::Css("#timeline-canvas"))
+        .await
+        .expect("the timeline");
+    let (_, _, _, height) = canvas.rectangle().await.expect("its size");
+    let mut from_timeline = String::new();
+    for row in 0..3 {
+        use fantoccini::actions::{InputSource, MOUSE_BUTTON_LEFT, MouseActions, PointerAction};
+        // Rows are 18 px under a 26 px axis; the bar spans the middle of the time axis.
+        let y = -height / 2.0 + 26.0 + 18.0 * f64::from(row) + 9.0;
+        let press = MouseActions::new("mouse".to_owned())
+            .then(PointerAction::MoveToElement {
+                element: canvas.clone(),
+                duration: None,
+                x: 0.0,
+                y,
+            })
+            .then(PointerAction::Down {
+                button: MOUSE_BUTTON_LEFT,
+            })
+            .then(PointerAction::Up {
+                button: MOUSE_BUTTON_LEFT,
+            });
+        client.perform_actions(press).await.expect("a click");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        from_timeline = drawer_title().await;
+        if from_timeline == "tick" {
+            break;
+        }
+        if !from_timeline.is_empty() {
+            close_drawer().await;
+        }
+    }
+    assert_eq!(from_timeline, "tick", "the drawer from a timeline bar");
+    close_drawer().await;
+
+    // A 2,000-member fan-out: the tree pages through the group and jumps to member 1,200.
+    let fanout = dev
+        .start(
+            "name: big-fanout\ntasks:\n- {id: split, type: fanout, \
+             input: {count: 2000, child: {type: noop, input: {}}}}\n",
+        )
+        .await;
+    client
+        .goto(&format!("{}/#/executions/{fanout}", dev.monitor))
+        .await
+        .expect("the fan-out's page opens");
+    let pager_info = || async { text(&client, ".tree-pager .tree-page-info").await };
+    wait_page(
+        &client,
+        "the group's pager",
+        Duration::from_secs(30),
+        || async { pager_info().await.starts_with("members 1–50 of 2000") },
+    )
+    .await;
+    let jump = |value: &'static str| {
+        let client = &client;
+        async move {
+            let input = client
+                .find(Locator::Css(".tree-pager .tree-jump"))
+                .await
+                .expect("the jump field");
+            input.clear().await.expect("cleared");
+            input.send_keys(value).await.expect("typed");
+            click(client, ".tree-pager .tree-jump-go").await;
+        }
+    };
+    jump("5000").await;
+    wait_page(
+        &client,
+        "a member past the end is refused",
+        Duration::from_secs(5),
+        || async {
+            text(&client, ".tree-pager .tree-jump-error").await == "enter a member from 1 to 2000"
+        },
+    )
+    .await;
+    jump("1200").await;
+    wait_page(
+        &client,
+        "member 1,200 is shown",
+        Duration::from_secs(10),
+        || async { pager_info().await.starts_with("members 1200–1249 of 2000") },
+    )
+    .await;
+    click(&client, ".tree-pager .tree-page-next").await;
+    wait_page(&client, "the next 50", Duration::from_secs(10), || async {
+        pager_info().await.starts_with("members 1250–1299 of 2000")
+    })
+    .await;
+    screenshot(&client, "9-fanout-paged").await;
+
+    // Finding the failure: the tree filtered by state and name, the events by "failures only".
+    let failing = dev
+        .start(
+            "name: mixed\ntasks:\n- {id: fine, type: noop}\n\
+             - {id: broken, type: fail, input: {times: 99}}\n",
+        )
+        .await;
+    client
+        .goto(&format!("{}/#/executions/{failing}", dev.monitor))
+        .await
+        .expect("the failing execution's page opens");
+    wait_page(
+        &client,
+        "the execution fails",
+        Duration::from_secs(60),
+        || async { text(&client, "#execution-state").await == "failed" },
+    )
+    .await;
+    client
+        .find(Locator::Css("#tree-state-filter"))
+        .await
+        .expect("the state filter")
+        .select_by_value("failed")
+        .await
+        .expect("failed chosen");
+    client
+        .find(Locator::Css("#tree-name-filter"))
+        .await
+        .expect("the name filter")
+        .send_keys("BRO")
+        .await
+        .expect("typed");
+    wait_page(
+        &client,
+        "only the failed task is listed",
+        Duration::from_secs(10),
+        || async { text(&client, "#tree .tree-filter-count").await == "1 matching" },
+    )
+    .await;
+    let listed = client
+        .execute(
+            "return [...document.querySelectorAll('#tree-body .tree-line')]\
+             .map((line) => line.querySelector('.task-id').textContent + ':' + line.dataset.state)",
+            vec![],
+        )
+        .await
+        .expect("the page answers");
+    assert_eq!(listed, json!(["broken:failed"]), "the filtered tree");
+    click(&client, "#events-failures-only").await;
+    let shown = client
+        .execute(
+            "return [...document.querySelectorAll('#event-list .event')]\
+             .filter((row) => row.offsetParent !== null).map((row) => row.dataset.kind)",
+            vec![],
+        )
+        .await
+        .expect("the page answers");
+    let kinds: Vec<String> = serde_json::from_value(shown).expect("kinds");
+    assert!(
+        kinds.contains(&"task_failed".to_owned())
+            && kinds.last().map(String::as_str) == Some("execution_finished")
+            && kinds
+                .iter()
+                .all(|k| k == "task_failed" || k == "execution_finished"),
+        "failures only, the run's failed end among them: {kinds:?}"
+    );
+    screenshot(&client, "9-filtered").await;
+
+    // An execution that does not exist: one page that says so, no panes, no error banner.
+    client
+        .goto(&format!(
+            "{}/#/executions/0190a5c4-7d1e-7000-8000-0000000000ff",
+            dev.monitor
+        ))
+        .await
+        .expect("the unknown execution's page opens");
+    wait_page(
+        &client,
+        "the not-found page",
+        Duration::from_secs(10),
+        || async { text(&client, "#not-found h2").await == "Execution not found" },
+    )
+    .await;
+    // Give late answers a moment to (wrongly) bring panes or banners back.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        client.find(Locator::Css("#execution-state")).await.is_err(),
+        "no execution header on the not-found page"
+    );
+    let banner = client
+        .execute("return document.getElementById('banner').hidden", vec![])
+        .await
+        .expect("the page answers");
+    assert_eq!(
+        banner,
+        json!(true),
+        "no error banner beside the not-found page"
+    );
+    screenshot(&client, "9-not-found").await;
+    client.close().await.expect("the browser closes");
+}
