@@ -32,6 +32,7 @@ use trellis_telemetry::redact::Secret;
 use crate::assets;
 use crate::hub::{Hub, HubError, Hubs};
 
+mod history;
 mod logs;
 use crate::metrics::{Metrics, Open};
 use crate::views::{CheckpointView, ExecutionView, QuestionView, WorkerView};
@@ -40,6 +41,8 @@ use crate::views::{CheckpointView, ExecutionView, QuestionView, WorkerView};
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// Most events one `/events` page returns.
 const MAX_EVENTS_PAGE: usize = 5_000;
+/// Most executions one `/api/executions` page returns (the coordinator's own cap).
+const MAX_LIST_PAGE: u32 = 1_000;
 
 /// What every handler shares.
 #[derive(Clone, Debug)]
@@ -245,6 +248,7 @@ pub fn router(app: App) -> Router {
         .route("/api/executions/{id}/logs", get(logs::logs))
         .route("/api/executions/{id}/logs/live", get(logs::logs_live))
         .route("/api/executions/{id}/live", get(live))
+        .route("/api/plans/{name}/history", get(history::plan_history))
         .route("/api/workers", get(workers))
         .route("/api/cluster", get(cluster))
         .route("/api/pauses", get(pauses))
@@ -307,8 +311,12 @@ async fn list_executions(
     let Query(pairs) = query.map_err(|err| ApiError::bad_request(err.body_text()))?;
     let mut states = Vec::new();
     let mut name = String::new();
+    let mut page_size = MAX_LIST_PAGE;
+    let mut page_token = String::new();
     for (key, value) in pairs {
         match key.as_str() {
+            "page_size" => page_size = whole_number_in("page_size", &value, 1, MAX_LIST_PAGE)?,
+            "page_token" => page_token = value,
             "state" if !value.is_empty() => {
                 let state = execution_state_from_name(&value).ok_or_else(|| {
                     ApiError::bad_request(format!(
@@ -328,8 +336,8 @@ async fn list_executions(
             states,
             name_contains: name,
             page: Some(v1::PageRequest {
-                page_size: 1000,
-                page_token: String::new(),
+                page_size,
+                page_token,
             }),
             ..Default::default()
         })?)
@@ -340,7 +348,26 @@ async fn list_executions(
         .iter()
         .map(ExecutionView::from_proto)
         .collect();
-    Ok(json(&json!({ "executions": executions })))
+    let next_page_token = response
+        .page
+        .map(|page| page.next_page_token)
+        .filter(|token| !token.is_empty());
+    Ok(json(
+        &json!({ "executions": executions, "next_page_token": next_page_token }),
+    ))
+}
+
+/// Parses query parameter `key` as a whole number from `min` to `max`.
+fn whole_number_in(key: &str, value: &str, min: u32, max: u32) -> Result<u32, ApiError> {
+    match value.trim().parse::<u32>() {
+        Ok(n) if (min..=max).contains(&n) => Ok(n),
+        Ok(n) => Err(ApiError::bad_request(format!(
+            "{key} {n} is out of range: ask for {min} to {max}"
+        ))),
+        Err(_) => Err(ApiError::bad_request(format!(
+            "{key} `{value}` is not a whole number: ask for {min} to {max}"
+        ))),
+    }
 }
 
 /// The wire state named `name` (`running`, `waiting_for_human`, ...).
@@ -442,7 +469,15 @@ async fn hub(app: &App, caller: &Caller, id: &str) -> Result<Arc<Hub>, ApiError>
 
 async fn plan(State(app): State<App>, caller: Caller, Path(id): Path<String>) -> ApiResult {
     let hub = hub(&app, &caller, &id).await?;
-    let plan = hub.plan().ok_or_else(|| {
+    let plan = tokio::task::spawn_blocking(move || hub.plan())
+        .await
+        .map_err(|err| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("drawing the plan failed: {err}"),
+            )
+        })?;
+    let plan = plan.ok_or_else(|| {
         ApiError::new(
             StatusCode::BAD_GATEWAY,
             "the execution's plan is not loaded",

@@ -28,6 +28,9 @@ use trellis_proto::{subjects, v1};
 use trellis_wire::replay::{ReplayError, ReplayErrorKind, Replayer, Step};
 
 use crate::metrics::Open;
+mod questions;
+use questions::Questions;
+
 use crate::views::{EventView, ExecutionView, InstanceDetail, InstanceView, PlanView};
 
 /// Most events one update carries; older ones of the same batch are counted, not sent.
@@ -36,6 +39,8 @@ pub const MAX_EVENTS_PER_UPDATE: usize = 25;
 pub const MAX_INSTANCES_PER_UPDATE: usize = 1_000;
 /// Frames a slow stream may fall behind before it is sent a fresh snapshot instead.
 const UPDATE_BUFFER: usize = 256;
+/// Most instances followed back through `continues` for a drawer's questions.
+const MAX_QUESTION_CHAIN: usize = 1_000;
 /// A hub with no stream and no request for this long stops.
 const IDLE_AFTER: Duration = Duration::from_secs(60);
 /// How long a request waits for a new hub to catch up with its log.
@@ -235,6 +240,8 @@ struct Projection {
     finished: bool,
     /// The plan as the API shows it, built on first request.
     plan: Option<Arc<PlanView>>,
+    /// Every question asked, with its outcome.
+    questions: Questions,
 }
 
 /// The first frame of a stream.
@@ -347,20 +354,36 @@ impl Hub {
         let input = machine
             .assignment(instance)
             .map(|assignment| assignment.input.clone());
-        Some(InstanceDetail::new(&record, input))
+        let mut detail = InstanceDetail::new(&record, input);
+        // The questions of the task's turn: this instance's, and those of the instances it
+        // continues (an answer starts a new instance that continues the asking one).
+        let mut at = Some(record);
+        let mut chain = Vec::new();
+        while let Some(record) = at {
+            chain.push(state.questions.asked_by(record.task_instance_id).to_vec());
+            at = record
+                .continues_task_instance_id
+                .and_then(|earlier| machine.record(earlier))
+                .filter(|_| chain.len() < MAX_QUESTION_CHAIN);
+        }
+        detail.questions = chain.into_iter().rev().flatten().collect();
+        Some(detail)
     }
 
-    /// The plan, laid out by waves.
+    /// The plan, laid out by waves and drawn (see [`crate::layout`]); made once, on first use.
+    /// The drawing of a large plan takes a while: callers on the async runtime call this from a
+    /// blocking task, and it is made outside the lock so updates keep flowing meanwhile.
     pub fn plan(&self) -> Option<Arc<PlanView>> {
+        let plan = {
+            let state = self.state();
+            if let Some(view) = &state.plan {
+                return Some(Arc::clone(view));
+            }
+            Arc::clone(state.replay.as_ref()?.machine().plan())
+        };
+        let view = Arc::new(PlanView::from(&*plan));
         let mut state = self.state();
-        if state.plan.is_none() {
-            let plan = state
-                .replay
-                .as_ref()
-                .map(|replay| PlanView::from(&**replay.machine().plan()))?;
-            state.plan = Some(Arc::new(plan));
-        }
-        state.plan.clone()
+        Some(Arc::clone(state.plan.get_or_insert(view)))
     }
 
     /// A snapshot frame and the updates that follow it, taken under one lock so that no update
@@ -422,6 +445,7 @@ impl Hub {
             }
             state.seq = event.sequence;
             self.replay(&mut state, event);
+            state.questions.note(event);
             if matches!(event.kind, Some(v1::event::Kind::ExecutionFinished(_))) {
                 state.finished = true;
             }

@@ -34,6 +34,7 @@ mod cli;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod hub;
+pub mod layout;
 pub mod metrics;
 pub mod views;
 

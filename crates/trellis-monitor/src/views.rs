@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::layout::{PlanGraph, plan_graph};
 use serde::Serialize;
 use trellis_core::analysis;
 use trellis_core::machine::{Execution as Machine, StateCounts};
@@ -11,6 +12,9 @@ use trellis_core::record::{AttemptRecord, CheckResult, TaskState, TaskStatusReco
 use trellis_proto::v1;
 use trellis_wire::log::Started;
 use trellis_wire::read;
+
+mod history;
+pub use history::{HistoryColumn, PlanHistory, final_task_states};
 
 /// One execution: its state, progress and times.
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
@@ -205,6 +209,36 @@ pub struct InstanceDetail {
     pub output: Option<serde_json::Value>,
     /// `{object, size, sha256}` of an output stored by reference.
     pub output_ref: Option<serde_json::Value>,
+    /// The questions asked in the task's turn (by this instance or those it continues), oldest
+    /// first, with their outcome.
+    pub questions: Vec<AskedQuestionView>,
+}
+
+/// A question as the task drawer shows it.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct AskedQuestionView {
+    pub question_id: String,
+    #[serde(rename = "type")]
+    pub question_type: String,
+    pub text: String,
+    pub options: Vec<String>,
+    /// `open`, `answered` or `expired`.
+    pub outcome: &'static str,
+    pub answer: Option<String>,
+}
+
+impl AskedQuestionView {
+    /// A question just asked.
+    pub fn asked(question: &v1::Question) -> Self {
+        Self {
+            question_id: question.question_id.clone(),
+            question_type: question.question_type.clone(),
+            text: question.text.clone(),
+            options: question.options.clone(),
+            outcome: "open",
+            answer: None,
+        }
+    }
 }
 
 impl InstanceDetail {
@@ -228,6 +262,7 @@ impl InstanceDetail {
                     "sha256": reference.sha256,
                 })
             }),
+            questions: Vec::new(),
         }
     }
 }
@@ -250,6 +285,8 @@ pub struct PlanView {
     pub tasks: Vec<PlanTaskView>,
     pub waves: Vec<Vec<String>>,
     pub conflicts: Vec<[String; 2]>,
+    /// The drawing, fan-outs folded; `None` when it has too many nodes to draw one by one.
+    pub graph: Option<PlanGraph>,
 }
 
 impl From<&Plan> for PlanView {
@@ -287,6 +324,7 @@ impl From<&Plan> for PlanView {
                 .map(|wave| wave.iter().map(|&t| id(t)).collect())
                 .collect(),
             conflicts,
+            graph: plan_graph(plan, &waves),
         }
     }
 }

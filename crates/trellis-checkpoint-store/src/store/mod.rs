@@ -223,7 +223,8 @@ pub struct TaskInstanceQuery {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExecutionQuery {
     pub states: Vec<ExecutionState>,
-    /// Plan names containing this text; empty matches all.
+    /// Plan names containing this text, ignoring case (SQLite folds ASCII letters only); empty
+    /// matches all.
     pub name_contains: String,
     /// Executions of this namespace; empty matches all.
     pub namespace: String,

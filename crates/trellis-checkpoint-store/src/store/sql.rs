@@ -584,10 +584,12 @@ impl Store for StoreImpl {
                 .push_bind(text(&filter.namespace));
         }
         if !filter.name_contains.is_empty() {
+            // Case does not matter: people type `build` for `Nightly Build`. SQLite's `lower`
+            // folds ASCII letters only; PostgreSQL's folds every letter.
             query
-                .push(format!(" AND {CONTAINS_FN}(name, "))
+                .push(format!(" AND {CONTAINS_FN}(lower(name), lower("))
                 .push_bind(text(&filter.name_contains))
-                .push(") > 0");
+                .push(")) > 0");
         }
         for (key, value) in &filter.labels {
             query

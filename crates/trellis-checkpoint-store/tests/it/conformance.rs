@@ -753,12 +753,20 @@ async fn executions_are_listed_by_filters(store: TestStore) -> anyhow::Result<()
         listed(store.store.list_executions(&builds).await?),
         [ids[1], ids[0]]
     );
-    // Case matters: "alpha" is not in "Alpha build".
+    // Case does not matter: "alpha" finds "Alpha build", "BUILD" both builds.
     let alpha = ExecutionQuery {
         name_contains: "alpha".to_owned(),
         ..all.clone()
     };
-    assert!(store.store.list_executions(&alpha).await?.is_empty());
+    assert_eq!(listed(store.store.list_executions(&alpha).await?), [ids[0]]);
+    let shouted = ExecutionQuery {
+        name_contains: "BUILD".to_owned(),
+        ..all.clone()
+    };
+    assert_eq!(
+        listed(store.store.list_executions(&shouted).await?),
+        [ids[1], ids[0]]
+    );
     let failed_in_prod = ExecutionQuery {
         states: vec![ExecutionState::Failed],
         labels: BTreeMap::from([

@@ -35,7 +35,7 @@ pub struct ListArgs {
     /// Only executions in this state (repeatable).
     #[arg(long, value_enum)]
     pub state: Vec<StateFilter>,
-    /// Only executions whose plan name contains this text.
+    /// Only executions whose plan name contains this text, ignoring case.
     #[arg(long, value_name = "TEXT")]
     pub name: Option<String>,
     /// Only executions of this namespace (a token sees only its own anyway).

@@ -13,7 +13,7 @@ const QUESTION_PLAN: &str = "name: monitor-api\ntasks:\n\
     - {id: ask, type: question, depends_on: [prepare], input: {text: Ship it?, options: [yes, no]}}\n\
     - {id: ship, type: noop, depends_on: [ask]}\n";
 
-async fn get(url: &str) -> (u16, Value) {
+pub(crate) async fn get(url: &str) -> (u16, Value) {
     let response = reqwest::get(url).await.expect("the monitor answers");
     let status = response.status().as_u16();
     let body = response.json().await.expect("a JSON body");

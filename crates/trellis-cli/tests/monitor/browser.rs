@@ -1,16 +1,13 @@
-//! The UI in real headless Chromium, driven over WebDriver (chromedriver): open an execution,
-//! watch its tasks change state live, pause, resume and cancel it; answer another one's question
-//! and see it finish. Screenshots are written to `<target>/tmp/monitor-screenshots/`; the helpers
-//! here serve `browser_tasks` too.
+//! The UI in real headless Chromium (see `page`): open an execution, watch its tasks change state
+//! live, pause, resume and cancel it; answer another one's question and see it finish.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use fantoccini::{Client, ClientBuilder, Locator};
+use fantoccini::Locator;
 use serde_json::json;
 use trellis_proto::v1;
 
+use crate::page::{browser, click, node_state, screenshot, start_driver, tab, text, wait_page};
 use crate::{TOKEN, start_dev};
 
 /// Four tasks side by side that run far longer than the test needs, so the execution is still
@@ -28,150 +25,6 @@ const QUESTION_PLAN: &str = "name: monitor-question\ntasks:\n\
     - {id: approve, type: question, depends_on: [build], \
        input: {text: Release the build?, options: [release, hold]}}\n\
     - {id: publish, type: sleep, depends_on: [approve], input: {ms: 300}}\n";
-
-const INSTALL: &str =
-    "install Chromium and its driver: apt-get install -y chromium chromium-driver";
-
-/// A chromedriver process on a free port; killed on drop.
-pub(crate) struct Driver {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-pub(crate) fn start_driver() -> Driver {
-    let binary = ["chromedriver", "/usr/bin/chromedriver"]
-        .into_iter()
-        .find(|b| {
-            Command::new(b)
-                .arg("--version")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok()
-        })
-        .unwrap_or_else(|| panic!("no chromedriver found: {INSTALL}"));
-    let port = trellis_testkit::free_port().expect("a free port");
-    let driver = Driver {
-        child: Command::new(binary)
-            .arg(format!("--port={port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("chromedriver does not start ({e}): {INSTALL}")),
-        url: format!("http://127.0.0.1:{port}"),
-    };
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return driver;
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    panic!("chromedriver did not listen on port {port}: {INSTALL}");
-}
-
-pub(crate) async fn browser(driver: &Driver) -> Client {
-    let mut capabilities = serde_json::Map::new();
-    capabilities.insert(
-        "goog:chromeOptions".to_owned(),
-        json!({
-            "binary": "/usr/bin/chromium",
-            "args": [
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-dev-shm-usage",
-                "--window-size=1280,900",
-            ],
-        }),
-    );
-    let connector = hyper_util::client::legacy::connect::HttpConnector::new();
-    ClientBuilder::new(connector)
-        .capabilities(capabilities)
-        .connect(&driver.url)
-        .await
-        .unwrap_or_else(|e| panic!("cannot open a Chromium session ({e}): {INSTALL}"))
-}
-
-fn screenshot_dir() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("monitor-screenshots");
-    std::fs::create_dir_all(&dir).expect("the screenshot directory");
-    dir
-}
-
-pub(crate) async fn screenshot(client: &Client, name: &str) {
-    let png = client.screenshot().await.expect("a screenshot");
-    let path = screenshot_dir().join(format!("{name}.png"));
-    std::fs::write(&path, png).expect("the screenshot is written");
-    eprintln!("screenshot: {}", path.display());
-}
-
-/// The text of the first element matching `css`, or empty when there is none.
-pub(crate) async fn text(client: &Client, css: &str) -> String {
-    match client.find(Locator::Css(css)).await {
-        Ok(element) => element.text().await.unwrap_or_default(),
-        Err(_) => String::new(),
-    }
-}
-
-/// The `data-state` of the DAG node of `task`.
-async fn node_state(client: &Client, task: &str) -> String {
-    let css = format!("#dag [data-task-id=\"{task}\"]");
-    match client.find(Locator::Css(&css)).await {
-        Ok(element) => element
-            .attr("data-state")
-            .await
-            .ok()
-            .flatten()
-            .unwrap_or_default(),
-        Err(_) => String::new(),
-    }
-}
-
-/// Polls `condition` every 50 ms; after `timeout` saves a screenshot named after `what` and fails
-/// with what the page shows.
-pub(crate) async fn wait_page<F, Fut>(
-    client: &Client,
-    what: &str,
-    timeout: Duration,
-    mut condition: F,
-) where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    while !condition().await {
-        if tokio::time::Instant::now() > deadline {
-            screenshot(client, &format!("failed-{}", what.replace(' ', "-"))).await;
-            panic!(
-                "{what}: still not so after {timeout:?}; the page shows state {:?}, control error \
-                 {:?}, banner {:?}, live {:?}",
-                text(client, "#execution-state").await,
-                text(client, "#control-error").await,
-                text(client, "#banner").await,
-                text(client, "#live-status").await,
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-pub(crate) async fn click(client: &Client, css: &str) {
-    client
-        .find(Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("no {css} on the page: {e}"))
-        .click()
-        .await
-        .unwrap_or_else(|e| panic!("cannot click {css}: {e}"));
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn browser_watches_controls_and_answers() {
@@ -438,6 +291,13 @@ async fn browser_watches_controls_and_answers() {
     )
     .await;
     assert_eq!(node_state(&client, "approve").await, "completed");
+    // The header counts the task states, and nothing on the page threw on the way.
+    let counts = text(&client, "#execution-counts").await;
+    assert!(
+        counts.contains("completed 4"),
+        "the header's state counts: {counts:?}"
+    );
+    assert_eq!(text(&client, "#banner").await, "", "no error on the page");
     assert_eq!(
         text(&client, "#questions form.answer .control-ok").await,
         "answered: release",
@@ -448,6 +308,21 @@ async fn browser_watches_controls_and_answers() {
         v1::ExecutionState::Completed as i32
     );
     screenshot(&client, "6-completed").await;
+    // The asking task's drawer keeps the question with the answer given.
+    tab(&client, "graph").await;
+    click(&client, "#dag g.node[data-task-id=\"approve\"]").await;
+    wait_page(
+        &client,
+        "the drawer shows the question and its answer",
+        Duration::from_secs(10),
+        || async {
+            let questions = text(&client, "#drawer-questions").await;
+            questions.contains("Release the build?") && questions.contains("answered: release")
+        },
+    )
+    .await;
+    click(&client, "#task-drawer .drawer-close").await;
+    tab(&client, "overview").await;
     // The whole page: timeline, tree, event log and checkpoints below the fold.
     client
         .set_window_size(1280, 3200)
@@ -458,6 +333,57 @@ async fn browser_watches_controls_and_answers() {
         .set_window_size(1280, 900)
         .await
         .expect("the window shrinks");
+
+    // A question answered elsewhere (here through the API, as `trellis answer` does) stays in the
+    // card with its answer instead of vanishing.
+    let id = dev.start(QUESTION_PLAN).await;
+    client
+        .goto(&format!("{}/#/executions/{id}", dev.monitor))
+        .await
+        .expect("the third execution's page opens");
+    wait_page(
+        &client,
+        "the question is shown",
+        Duration::from_secs(30),
+        || async { client.find(Locator::Css(form)).await.is_ok() },
+    )
+    .await;
+    let question = dev
+        .execution(&id)
+        .await
+        .open_questions
+        .first()
+        .and_then(|open| open.question.as_ref())
+        .map(|q| q.question_id.clone())
+        .expect("an open question");
+    dev.client()
+        .await
+        .answer_question(v1::AnswerQuestionRequest {
+            execution_id: id.clone(),
+            question_id: question,
+            answer: "hold".to_owned(),
+            answered_by: "someone-else".to_owned(),
+        })
+        .await
+        .expect("the question is answered through the API");
+    wait_page(
+        &client,
+        "the answer given elsewhere is shown",
+        Duration::from_secs(30),
+        || async {
+            text(&client, "#questions form.answer .control-ok").await == "answered elsewhere: hold"
+                && text(&client, "#execution-state").await == "completed"
+        },
+    )
+    .await;
+    let submit_shown = client
+        .execute(
+            "return !document.querySelector('#questions form.answer button[type=submit]').hidden",
+            vec![],
+        )
+        .await
+        .expect("the page answers");
+    assert_eq!(submit_shown, json!(false), "nothing left to submit");
 
     client
         .goto(&format!("{}/#/workers", dev.monitor))

@@ -8,8 +8,10 @@ use fantoccini::Locator;
 use serde_json::json;
 use trellis_proto::v1;
 
-use crate::browser::{browser, click, screenshot, start_driver, text, wait_page};
-use crate::{TOKEN, start_dev};
+use crate::page::{
+    browser_with_token, choose, click, screenshot, start_driver, tab, text, type_into, wait_page,
+};
+use crate::start_dev;
 
 /// A `shell` task that prints a line every 100 ms for three seconds, then `done`.
 const TICKING_PLAN: &str = "name: monitor-live-logs\ntasks:\n\
@@ -20,12 +22,7 @@ const TICKING_PLAN: &str = "name: monitor-live-logs\ntasks:\n\
 async fn browser_reads_a_task_in_full_and_finds_things_in_big_runs() {
     let driver = start_driver();
     let dev = start_dev();
-    let client = browser(&driver).await;
-    // With the token, as `trellis dev` prints it.
-    client
-        .goto(&format!("{}/?token={TOKEN}#/", dev.monitor))
-        .await
-        .expect("the monitor opens with the token");
+    let client = browser_with_token(&driver, &dev.monitor).await;
 
     // A task's log lines arrive in the page while it runs, each once and in order.
     let ticking = dev.start(TICKING_PLAN).await;
@@ -75,6 +72,7 @@ async fn browser_reads_a_task_in_full_and_finds_things_in_big_runs() {
     // timeline bar. It shows the input, the attempt with its worker and times, and the log.
     let drawer_title = || async { text(&client, "#task-drawer:not([hidden]) #drawer-title").await };
     let close_drawer = || async { click(&client, "#task-drawer .drawer-close").await };
+    tab(&client, "graph").await;
     click(&client, "#dag g.node[data-task-id=\"tick\"]").await;
     wait_page(
         &client,
@@ -100,6 +98,7 @@ async fn browser_reads_a_task_in_full_and_finds_things_in_big_runs() {
         || async { drawer_title().await.is_empty() },
     )
     .await;
+    tab(&client, "overview").await;
     let tree_line = client
         .find_all(Locator::Css(".tree-line"))
         .await
@@ -130,6 +129,7 @@ async fn browser_reads_a_task_in_full_and_finds_things_in_big_runs() {
     )
     .await;
     close_drawer().await;
+    tab(&client, "timeline").await;
     let canvas = client
         .find(Locator::Css("#timeline-canvas"))
         .await
@@ -240,20 +240,8 @@ async fn browser_reads_a_task_in_full_and_finds_things_in_big_runs() {
         || async { text(&client, "#execution-state").await == "failed" },
     )
     .await;
-    client
-        .find(Locator::Css("#tree-state-filter"))
-        .await
-        .expect("the state filter")
-        .select_by_value("failed")
-        .await
-        .expect("failed chosen");
-    client
-        .find(Locator::Css("#tree-name-filter"))
-        .await
-        .expect("the name filter")
-        .send_keys("BRO")
-        .await
-        .expect("typed");
+    choose(&client, "#tree-state-filter", "failed").await;
+    type_into(&client, "#tree-name-filter", "BRO").await;
     wait_page(
         &client,
         "only the failed task is listed",
@@ -288,7 +276,46 @@ async fn browser_reads_a_task_in_full_and_finds_things_in_big_runs() {
                 .all(|k| k == "task_failed" || k == "execution_finished"),
         "failures only, the run's failed end among them: {kinds:?}"
     );
+    // The event log by task id, and the timeline by state and task id.
+    type_into(&client, "#events-name-filter", "fine").await;
+    click(&client, "#events-failures-only").await;
+    let about = client
+        .execute(
+            "return [...document.querySelectorAll('#event-list .event')]             .filter((row) => row.offsetParent !== null)             .map((row) => row.querySelector('.inst').textContent)",
+            vec![],
+        )
+        .await
+        .expect("the page answers");
+    let about: Vec<String> = serde_json::from_value(about).expect("task ids");
+    assert!(
+        !about.is_empty() && about.iter().all(|task| task == "fine"),
+        "only the events of `fine`: {about:?}"
+    );
     screenshot(&client, "9-filtered").await;
+    tab(&client, "timeline").await;
+    wait_page(
+        &client,
+        "the timeline lists the run's root and its two tasks",
+        Duration::from_secs(10),
+        || async { text(&client, "#timeline-info").await == "3 instances" },
+    )
+    .await;
+    choose(&client, "#timeline-state-filter", "failed").await;
+    wait_page(
+        &client,
+        "the timeline keeps the failed instances (the root and `broken`)",
+        Duration::from_secs(10),
+        || async { text(&client, "#timeline-info").await == "2 of 3 instances match" },
+    )
+    .await;
+    type_into(&client, "#timeline-name-filter", "BRO").await;
+    wait_page(
+        &client,
+        "the failed instance of `broken`",
+        Duration::from_secs(10),
+        || async { text(&client, "#timeline-info").await == "1 of 3 instances match" },
+    )
+    .await;
 
     // An execution that does not exist: one page that says so, no panes, no error banner.
     client
@@ -321,5 +348,84 @@ async fn browser_reads_a_task_in_full_and_finds_things_in_big_runs() {
         "no error banner beside the not-found page"
     );
     screenshot(&client, "9-not-found").await;
+    client.close().await.expect("the browser closes");
+}
+
+/// A plan's history grid: from the plan name in the list to the grid, where the failed run's cell
+/// of the flaky task is red and opens that run; the list marks an execution waiting for an answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browser_finds_the_failed_run_in_a_plans_history() {
+    let driver = start_driver();
+    let dev = start_dev();
+    let runs = crate::history::three_nightly_runs(&dev).await;
+    let asking = dev
+        .start(
+            "name: needs-an-answer\ntasks:\n\
+             - {id: ask, type: question, input: {text: Go?, options: [yes, no]}}\n",
+        )
+        .await;
+    let client = browser_with_token(&driver, &dev.monitor).await;
+
+    let badge = format!("tr[data-execution-id=\"{asking}\"] .qbadge");
+    wait_page(
+        &client,
+        "the asking execution has a question badge",
+        Duration::from_secs(30),
+        || async { text(&client, &badge).await == "question" },
+    )
+    .await;
+    let quiet = format!("tr[data-execution-id=\"{}\"] .qbadge", runs[0]);
+    assert_eq!(
+        text(&client, &quiet).await,
+        "",
+        "no badge on a finished run"
+    );
+    screenshot(&client, "12-list-with-question-badge").await;
+
+    click(
+        &client,
+        &format!("tr[data-execution-id=\"{}\"] a.plan-link", runs[0]),
+    )
+    .await;
+    let failed_cell = format!(
+        "#history-table tr[data-task-id=\"flaky\"] a.cell[data-state=\"failed\"][data-execution-id=\"{}\"]",
+        runs[1]
+    );
+    wait_page(
+        &client,
+        "the failed run's flaky cell is red",
+        Duration::from_secs(30),
+        || async { client.find(Locator::Css(&failed_cell)).await.is_ok() },
+    )
+    .await;
+    let states = client
+        .execute(
+            "return [...document.querySelectorAll('#history-table tr[data-task-id=\"flaky\"] a.cell')]\
+             .map((cell) => cell.dataset.state)",
+            vec![],
+        )
+        .await
+        .expect("the page answers");
+    assert_eq!(
+        states,
+        json!(["completed", "failed", "completed"]),
+        "newest first, the middle run failed"
+    );
+    assert_eq!(text(&client, "#history-plan").await, "Nightly-Build");
+    screenshot(&client, "12-plan-history").await;
+
+    click(&client, &failed_cell).await;
+    wait_page(
+        &client,
+        "the failed run opens",
+        Duration::from_secs(20),
+        || async { text(&client, "#execution-state").await == "failed" },
+    )
+    .await;
+    let hash = client
+        .execute("return location.hash", vec![])
+        .await
+        .expect("the page answers");
+    assert_eq!(hash, json!(format!("#/executions/{}", runs[1])));
     client.close().await.expect("the browser closes");
 }

@@ -4,8 +4,11 @@
 
 mod api;
 mod browser;
+mod browser_dag;
 mod browser_tasks;
+mod history;
 mod outputs;
+mod page;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

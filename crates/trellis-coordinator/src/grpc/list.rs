@@ -167,7 +167,7 @@ fn filter_and_sort(
     executions.retain(|e| {
         (request.namespace.is_empty() || e.namespace == request.namespace)
             && (request.states.is_empty() || request.states.contains(&e.state))
-            && (request.name_contains.is_empty() || e.name.contains(&request.name_contains))
+            && name_matches(&e.name, &request.name_contains)
             && request
                 .labels
                 .iter()
@@ -180,6 +180,12 @@ fn filter_and_sort(
     executions.sort_by(|a, b| b.execution_id.cmp(&a.execution_id));
     executions.dedup_by(|a, b| a.execution_id == b.execution_id);
     executions
+}
+
+/// Whether plan name `name` contains `needle`, ignoring case, as the read model's filter does;
+/// an empty needle matches every name.
+fn name_matches(name: &str, needle: &str) -> bool {
+    needle.is_empty() || name.to_lowercase().contains(&needle.to_lowercase())
 }
 
 /// The page size (default 100, at most 1,000) and the id the page starts after.
@@ -237,6 +243,33 @@ mod tests {
         let third = page(all, &request(2, "b"));
         assert_eq!(ids(&third), ["a"]);
         assert!(third.page.is_none());
+    }
+
+    #[test]
+    fn the_name_filter_ignores_case() {
+        let named = |id: &str, name: &str| v1::Execution {
+            name: name.to_owned(),
+            ..execution(id, v1::ExecutionState::Running)
+        };
+        let all = vec![
+            named("c", "Nightly Build"),
+            named("b", "build-docs"),
+            named("a", "deploy"),
+        ];
+        let filtered = |needle: &str| {
+            let request = v1::ListExecutionsRequest {
+                name_contains: needle.to_owned(),
+                ..Default::default()
+            };
+            filter_and_sort(all.clone(), &request)
+                .into_iter()
+                .map(|e| e.execution_id)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(filtered("BUILD"), ["c", "b"]);
+        assert_eq!(filtered("nightly b"), ["c"]);
+        assert_eq!(filtered(""), ["c", "b", "a"]);
+        assert!(filtered("builds").is_empty());
     }
 
     #[test]
