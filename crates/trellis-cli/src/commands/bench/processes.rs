@@ -240,6 +240,7 @@ pub(super) async fn workers_only(args: &BenchArgs) -> Result<local::Local, Strin
         coordinator: false,
         monitor: None,
         breakers: local::Breakers::default(),
+        sync: args.sync,
     })
     .await
     .map_err(|f| f.message)
