@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use trellis_proto::subjects;
 use trellis_proto::v1::{self, RecordedStep, RecordedSteps, TaskAssignment, task_result};
+use trellis_telemetry::hops;
 
 use crate::sdk::{Outcome, Running, lock};
 use crate::steps;
@@ -327,6 +328,7 @@ pub(crate) async fn publisher(
                 Err(_) => break,
             }
         }
+        hops::mark("worker.result_sent");
         let mut pending = Vec::with_capacity(batch.len());
         for finished in batch.drain(..) {
             let publish = match message(

@@ -19,7 +19,7 @@ use trellis_proto::subjects;
 use trellis_proto::v1::{self, TaskAssignment};
 
 use tracing::Instrument as _;
-use trellis_telemetry::propagation;
+use trellis_telemetry::{hops, propagation};
 
 use crate::fences::Fences;
 use crate::intake::{SetAside, accept_assignment, cancel_request};
@@ -444,6 +444,7 @@ impl Worker {
         permit: OwnedSemaphorePermit,
         finished_tx: &mpsc::Sender<Finished>,
     ) {
+        hops::mark("worker.received");
         let delivered = message.info().map_or(1, |info| info.delivered);
         // How long the assignment waited in the queue: JetStream's timestamp of the message to
         // now (first deliveries only; a redelivery's wait includes the lost worker's run).
@@ -683,7 +684,9 @@ impl Worker {
             }
             let keep_inline = assignment.keep_output_inline;
             let ctx = TaskContext::new(assignment, attempt_running.clone(), sink);
+            hops::mark("worker.started");
             let outcome = handler.run(ctx).await;
+            hops::mark("worker.handled");
             let (outcome, results) = validate(&checks, outcome, &attempt_running).await;
             *lock(&attempt_running.validation) = results;
             outputs.store(outcome, &attempt_running, keep_inline).await

@@ -109,6 +109,11 @@ pub struct Local {
 }
 
 impl Local {
+    /// The store directory of the nats-server started here; `None` for one given by URL.
+    pub fn nats_store(&self) -> Option<&std::path::Path> {
+        self.nats.as_ref().map(|nats| nats.store.as_path())
+    }
+
     /// Stops the services and waits briefly for them to drain.
     pub async fn stop(mut self) {
         self.shutdown.cancel();

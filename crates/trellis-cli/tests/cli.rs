@@ -1738,6 +1738,85 @@ fn dev_refuses_to_promise_sync_always_for_a_nats_server_it_does_not_start() {
     );
 }
 
+/// `latency` says where each task's time went, hop by hop in path order; `floor` measures the
+/// bare JetStream pipeline; `loaded` samples latency while throughput runs; each of them counts
+/// the disk's flushes per task.
+#[test]
+fn bench_splits_a_task_into_hops_and_measures_the_floor() {
+    let out = Command::new(TRELLIS)
+        .args([
+            "bench",
+            "--scenario",
+            "latency",
+            "--scenario",
+            "floor",
+            "--scenario",
+            "loaded",
+            "--n",
+            "30",
+        ])
+        .env_remove("NATS_URL")
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("trellis bench runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "trellis bench failed: {stderr}");
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 3, "one line per scenario: {lines:?}");
+    let [latency, floor, loaded] = &lines[..] else {
+        unreachable!("three lines, checked above")
+    };
+    assert_eq!(
+        latency["unsplit"], 0,
+        "every sample read along its path: {latency}"
+    );
+    let hops = latency["hop_p50_us"]
+        .as_array()
+        .expect("hop_p50_us is a list");
+    let names: Vec<&str> = hops.iter().filter_map(|hop| hop[0].as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "submit",
+            "append",
+            "dispatch",
+            "fetch",
+            "start",
+            "handler",
+            "result",
+            "consume",
+            "append_result",
+            "observe"
+        ],
+        "{latency}"
+    );
+    let total_us: f64 = hops.iter().filter_map(|hop| hop[1].as_f64()).sum();
+    let p99_us = latency["p99_ms"].as_f64().expect("p99_ms") * 1000.0;
+    assert!(
+        total_us > 0.0 && total_us <= p99_us + 1000.0,
+        "the hops' medians add up to no more than a slow task: {latency}"
+    );
+    for line in &lines {
+        assert!(line.get("error").is_none(), "{line}");
+        assert!(
+            line["disk_flushes_per_task"].is_null()
+                || line["disk_flushes_per_task"].as_f64() >= Some(0.0),
+            "flushes per task counted where the disk counts them: {line}"
+        );
+    }
+    assert!(floor["tasks_per_s"].as_f64() > Some(0.0), "{floor}");
+    assert_eq!(floor["samples"], 500, "{floor}");
+    assert!(floor["p50_ms"].as_f64() > Some(0.0), "{floor}");
+    assert!(loaded["load_tasks_per_s"].as_f64() > Some(0.0), "{loaded}");
+    assert!(
+        loaded["p999_ms"].as_f64() >= loaded["p50_ms"].as_f64(),
+        "{loaded}"
+    );
+}
+
 /// `trellis bench --sync always` runs on a server that flushes every write and says so on every
 /// line, with the server's version. Needs nats-server 2.10 or newer first on PATH (scripts/test
 /// installs one); with an older one the command refuses, naming the fix.
@@ -1779,6 +1858,11 @@ fn bench_with_sync_always_says_so_on_every_line() {
             "a nats-server that can sync every write: {line}"
         );
         assert!(line.get("error").is_none(), "{line}");
+        assert!(
+            line["disk_flushes_per_task"].is_null()
+                || line["disk_flushes_per_task"].as_f64() > Some(0.0),
+            "every task costs the disk flushes when every write is synced: {line}"
+        );
     }
 }
 

@@ -19,6 +19,7 @@
 //! [`exit_code`].
 
 pub mod admin;
+pub mod hops;
 pub mod metrics;
 pub mod propagation;
 pub mod redact;

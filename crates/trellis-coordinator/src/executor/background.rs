@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 use trellis_core::ids::ExecutionId;
 use trellis_proto::subjects;
-use trellis_telemetry::propagation;
+use trellis_telemetry::{hops, propagation};
 
 use super::append::{MAX_BACKOFF, retry_until};
 use super::{Executor, Inbound};
@@ -278,6 +278,7 @@ async fn consume_results(
                 }
                 next = futures::FutureExt::now_or_never(messages.next()).flatten();
             }
+            hops::mark("coordinator.consumed");
             if !batch.is_empty() && tx.send(Inbound::Results(batch)).await.is_err() {
                 return;
             }

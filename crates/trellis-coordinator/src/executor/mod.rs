@@ -29,7 +29,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use trellis_core::ids::ExecutionId;
 use trellis_proto::v1;
-use trellis_telemetry::propagation;
+use trellis_telemetry::{hops, propagation};
 
 use crate::checkpoints::StoreClient;
 use crate::failpoints::{self, Point};
@@ -256,7 +256,11 @@ impl Executor {
         if !appends.is_empty() {
             failpoints::reached(Point::BeforeAppend);
         }
+        let appending = !appends.is_empty();
         let outcomes = self.append(appends).await;
+        if appending {
+            hops::mark("coordinator.appended");
+        }
         // Only an armed failpoint looks at the outcomes (`settled` is never set unarmed).
         if (settled || failpoints::is_armed(Point::AfterAppend))
             && outcomes
@@ -309,6 +313,7 @@ impl Executor {
     fn take(&mut self, inbound: Inbound, inputs: &mut Vec<Input>) {
         match inbound {
             Inbound::Request { request, reply } => {
+                hops::mark("coordinator.request");
                 self.next_reply += 1;
                 self.replies.insert(self.next_reply, reply);
                 inputs.push(Input::Request {

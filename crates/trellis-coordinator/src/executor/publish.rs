@@ -12,7 +12,7 @@ use async_nats::jetstream::{self, context::PublishAckFuture, context::PublishErr
 use bytes::Bytes;
 use futures::future::join_all;
 use trellis_proto::{subjects, v1};
-use trellis_telemetry::propagation;
+use trellis_telemetry::{hops, propagation};
 
 use super::append::retry_until;
 use super::{Executor, Flushed};
@@ -53,6 +53,9 @@ impl Executor {
             consume,
             fences,
         } = effects;
+        if !assignments.is_empty() {
+            hops::mark("coordinator.dispatched");
+        }
         for chunk in assignments.chunks(PUBLISH_CHUNK) {
             let mut published = Vec::with_capacity(chunk.len());
             for assign in chunk {

@@ -14,9 +14,14 @@ use trellis_proto::v1::{self, ExecutionState};
 use super::Failure;
 use crate::local;
 
+mod disk;
+mod floor;
+mod latency;
 mod processes;
 mod recovery;
 
+use floor::floor;
+use latency::{latency, loaded};
 use processes::{scale, soak};
 use recovery::recovery;
 
@@ -24,16 +29,29 @@ use recovery::recovery;
 type Fields = Vec<(&'static str, Value)>;
 
 /// The scenarios, in the order they run by default.
-const SCENARIOS: [&str; 9] = [
+const SCENARIOS: [&str; 11] = [
     "fanout",
     "chain",
     "throughput",
     "logs",
     "executions",
     "latency",
+    "loaded",
+    "floor",
     "checkpoint",
     "recovery",
     "observers",
+];
+
+/// Scenarios whose `n` counts tasks: their lines say how many disk flushes each task cost.
+const TASK_SCENARIOS: [&str; 7] = [
+    "fanout",
+    "chain",
+    "throughput",
+    "logs",
+    "latency",
+    "loaded",
+    "floor",
 ];
 
 /// Scenarios run only when named: they take minutes.
@@ -54,8 +72,10 @@ const LONG_SCENARIOS: [&str; 2] = ["soak", "scale"];
         trellis bench --scenario latency --scenario chain --workers 2"
 )]
 pub struct BenchArgs {
-    /// A scenario to run (repeatable): fanout, chain, throughput, logs, executions, latency,
-    /// checkpoint, recovery, observers; and, only when named, soak (many executions of 100
+    /// A scenario to run (repeatable): fanout, chain, throughput, logs, executions, latency
+    /// (with the median of each hop of one task), loaded (latency while throughput runs), floor
+    /// (the bare JetStream pipeline a task rides on, without Trellis), checkpoint, recovery,
+    /// observers; and, only when named, soak (many executions of 100
     /// tasks through one coordinator process, its RSS before, at the peak and after
     /// --keep-finished) and scale (throughput and executions through 1, 2 and 3 coordinator
     /// processes). Default: all but soak and scale.
@@ -124,6 +144,9 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
             ),
         ),
     ];
+    // The disk the server stores on; `None` for a server given by URL or a device without the
+    // counter, and the lines then say `null`.
+    let flushes = local.nats_store().and_then(disk::Flushes::of);
     let mut failed = false;
     for scenario in scenarios {
         let sizes: Vec<usize> = match (scenario, args.n) {
@@ -136,12 +159,15 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
             ("checkpoint", None) => vec![10_000],
             ("recovery", None) => vec![20_000],
             ("observers", None) => vec![20_000],
+            ("floor", None) => vec![20_000],
+            ("loaded", None) => vec![1000],
             ("soak", None) => vec![2000],
             ("scale", None) => vec![20_000],
             _ => vec![500],
         };
         for n in sizes {
             eprintln!("bench: {scenario} n={n} ...");
+            let flushes_before = flushes.as_ref().and_then(disk::Flushes::read);
             let result = match scenario {
                 "fanout" => fanout(client.clone(), n).await,
                 "chain" => chain(client.clone(), n).await,
@@ -153,12 +179,23 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
                 "observers" => observers(&local, client.clone(), n, args.observers).await,
                 "soak" => soak(&args, n).await,
                 "scale" => scale(&args, n).await,
+                "loaded" => loaded(client.clone(), n).await,
+                "floor" => floor(&local.nats_url, n).await,
                 _ => latency(client.clone(), n).await,
             };
-            let fields = result.unwrap_or_else(|error| {
+            let mut fields = result.unwrap_or_else(|error| {
                 failed = true;
                 vec![("error", json!(error))]
             });
+            if TASK_SCENARIOS.contains(&scenario) && !fields.iter().any(|(k, _)| *k == "error") {
+                let flushed = flushes_before
+                    .zip(flushes.as_ref().and_then(disk::Flushes::read))
+                    .map(|(before, after)| after.saturating_sub(before));
+                fields.push((
+                    "disk_flushes_per_task",
+                    flushed.map_or(Value::Null, |f| json!(round(f as f64 / n as f64, 3))),
+                ));
+            }
             println!("{}", line(scenario, n, &setup, &fields));
         }
     }
@@ -182,6 +219,14 @@ fn line(scenario: &str, n: usize, setup: &[(&str, Value)], fields: &[(&str, Valu
     }
     line.push('}');
     line
+}
+
+/// The `q` quantile of ascending `sorted` samples (0 for none).
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * q).round() as usize]
 }
 
 fn round(x: f64, digits: i32) -> f64 {
@@ -428,25 +473,6 @@ async fn executions(client: CoordinatorClient<Channel>, n: usize) -> Result<Fiel
     Ok(vec![
         ("seconds", json!(round(seconds, 3))),
         ("executions_per_s", json!(round(n as f64 / seconds, 0))),
-    ])
-}
-
-async fn latency(client: CoordinatorClient<Channel>, n: usize) -> Result<Fields, String> {
-    let mut samples = Vec::with_capacity(n);
-    for _ in 0..n {
-        samples.push(
-            run_one(client.clone(), ONE_TASK.to_owned())
-                .await?
-                .as_secs_f64()
-                * 1000.0,
-        );
-    }
-    samples.sort_by(f64::total_cmp);
-    let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q).round() as usize];
-    Ok(vec![
-        ("p50_ms", json!(round(at(0.50), 3))),
-        ("p95_ms", json!(round(at(0.95), 3))),
-        ("p99_ms", json!(round(at(0.99), 3))),
     ])
 }
 

@@ -1,0 +1,131 @@
+//! One task at a time: `latency` (idle, with where each task's time went, hop by hop) and
+//! `loaded` (the same while `throughput` executions run in the same process).
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+use trellis_proto::v1::coordinator_client::CoordinatorClient;
+use trellis_telemetry::hops::{self, Path};
+
+use super::{Fields, ONE_TASK, percentile, round, run_one, throughput};
+
+/// One task's path through the services, as the marks of [`trellis_telemetry::hops`] name its
+/// points: each hop runs from the previous point to its own.
+const ONE_TASK_PATH: Path<'static> = Path::new(&[
+    // The StartExecution call reaches the coordinator's loop.
+    ("submit", "coordinator.request"),
+    // A turn decides, and the new execution's events are stored in its log.
+    ("append", "coordinator.appended"),
+    // The effects of the append up to the assignment's publish.
+    ("dispatch", "coordinator.dispatched"),
+    // JetStream stores the assignment and a worker's pull delivers it.
+    ("fetch", "worker.received"),
+    // The worker reads it and starts the handler.
+    ("start", "worker.started"),
+    ("handler", "worker.handled"),
+    // The output is stored and the result queued for the worker's publisher.
+    ("result", "worker.result_sent"),
+    // JetStream stores the result and the coordinator's consumer delivers it.
+    ("consume", "coordinator.consumed"),
+    // A turn applies it and the execution's last events are stored.
+    ("append_result", "coordinator.appended"),
+    // The observer's stream carries the end to the caller.
+    ("observe", "bench.done"),
+]);
+
+/// `n` one-task executions, one after the other: percentiles of their latency, and the median
+/// of each hop of [`ONE_TASK_PATH`] (`hop_p50_us`, in path order).
+pub(super) async fn latency(
+    client: CoordinatorClient<Channel>,
+    n: usize,
+) -> Result<Fields, String> {
+    let mut samples = Vec::with_capacity(n);
+    let mut splits: Vec<Vec<f64>> = vec![Vec::with_capacity(n); ONE_TASK_PATH.names().count()];
+    let mut unsplit = 0;
+    for _ in 0..n {
+        hops::start();
+        hops::mark("bench.submit");
+        let took = run_one(client.clone(), ONE_TASK.to_owned()).await;
+        hops::mark("bench.done");
+        let trace = hops::take();
+        samples.push(took?.as_secs_f64() * 1000.0);
+        match ONE_TASK_PATH.split("bench.submit", &trace) {
+            Some(split) => {
+                for (hop, (_, took)) in splits.iter_mut().zip(split) {
+                    hop.push(took.as_secs_f64() * 1e6);
+                }
+            }
+            None => unsplit += 1,
+        }
+    }
+    samples.sort_by(f64::total_cmp);
+    let hops: Vec<Value> = ONE_TASK_PATH
+        .names()
+        .zip(&mut splits)
+        .map(|(name, took)| {
+            took.sort_by(f64::total_cmp);
+            json!([name, round(percentile(took, 0.5), 0)])
+        })
+        .collect();
+    Ok(vec![
+        ("p50_ms", json!(round(percentile(&samples, 0.50), 3))),
+        ("p95_ms", json!(round(percentile(&samples, 0.95), 3))),
+        ("p99_ms", json!(round(percentile(&samples, 0.99), 3))),
+        ("hop_p50_us", json!(hops)),
+        ("unsplit", json!(unsplit)),
+    ])
+}
+
+/// Tasks of each background `throughput` execution of `loaded`.
+const LOAD_TASKS: usize = 20_000;
+
+/// `n` one-task executions, one after the other, while `throughput` executions of
+/// [`LOAD_TASKS`] tasks run back to back in the same process: their latency percentiles, and
+/// the background's rate.
+pub(super) async fn loaded(client: CoordinatorClient<Channel>, n: usize) -> Result<Fields, String> {
+    let stop = CancellationToken::new();
+    let load = tokio::spawn({
+        let client = client.clone();
+        let stop = stop.clone();
+        async move {
+            let start = Instant::now();
+            let mut tasks = 0;
+            while !stop.is_cancelled() {
+                throughput(client.clone(), LOAD_TASKS).await?;
+                tasks += LOAD_TASKS;
+            }
+            Ok::<_, String>((tasks, start.elapsed()))
+        }
+    });
+    // Let the first load execution get going before sampling.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut samples = Vec::with_capacity(n);
+    let mut failure = None;
+    for _ in 0..n {
+        match run_one(client.clone(), ONE_TASK.to_owned()).await {
+            Ok(took) => samples.push(took.as_secs_f64() * 1000.0),
+            Err(error) => {
+                failure = Some(error);
+                break;
+            }
+        }
+    }
+    stop.cancel();
+    let (tasks, took) = load.await.map_err(|e| format!("the load failed: {e}"))??;
+    if let Some(error) = failure {
+        return Err(error);
+    }
+    samples.sort_by(f64::total_cmp);
+    Ok(vec![
+        ("p50_ms", json!(round(percentile(&samples, 0.50), 3))),
+        ("p99_ms", json!(round(percentile(&samples, 0.99), 3))),
+        ("p999_ms", json!(round(percentile(&samples, 0.999), 3))),
+        ("max_ms", json!(round(percentile(&samples, 1.0), 3))),
+        (
+            "load_tasks_per_s",
+            json!(round(tasks as f64 / took.as_secs_f64(), 0)),
+        ),
+    ])
+}
