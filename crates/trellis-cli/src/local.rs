@@ -34,6 +34,8 @@ pub struct Options {
     pub breakers: Breakers,
     /// How the nats-server started here writes JetStream to disk.
     pub sync: SyncMode,
+    /// The coordinator's dispatch window (`trellis-coordinator --dispatch-window`).
+    pub dispatch_window: u32,
 }
 
 /// How the nats-server Trellis starts writes JetStream's files (`--sync`); see the durability
@@ -213,6 +215,7 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         telemetry: telemetry.clone(),
         breaker_failures: options.breakers.failures,
         breaker_cooldown: options.breakers.cooldown,
+        dispatch_window: options.dispatch_window,
         ..trellis_coordinator::Config::default()
     };
     let token = shutdown.child_token();

@@ -90,6 +90,12 @@ pub struct Args {
     /// How long an open circuit breaker holds dispatches before its probe (e.g. `30s`, `2m`).
     #[arg(long, env = "TRELLIS_BREAKER_COOLDOWN", default_value = "30s", value_parser = humantime::parse_duration)]
     breaker_cooldown: std::time::Duration,
+    /// Most tasks of one execution dispatched to workers and not yet finished; its other ready
+    /// tasks wait for results. Tasks wait in a queue's stream in dispatch order, so the window
+    /// bounds how long one execution's tasks can keep another's waiting; a larger one suits a
+    /// fleet with many more handler slots. 0: no limit (`max_concurrency` still applies).
+    #[arg(long, env = "TRELLIS_DISPATCH_WINDOW", default_value_t = crate::turn::DEFAULT_DISPATCH_WINDOW)]
+    dispatch_window: u32,
     #[command(flatten)]
     server: trellis_grpc::ServerArgs,
     #[command(flatten)]
@@ -156,6 +162,7 @@ async fn main_async(args: Args, client: &trellis_grpc::ClientArgs) -> ExitCode {
         keep_finished: args.keep_finished,
         breaker_failures: args.breaker_failures,
         breaker_cooldown: args.breaker_cooldown,
+        dispatch_window: args.dispatch_window,
         advertise: args.advertise,
         security,
         store_client,

@@ -75,6 +75,9 @@ pub struct Config {
     /// How long an open breaker holds dispatches before it lets one probe through.
     #[serde(with = "millis")]
     pub breaker_cooldown: Duration,
+    /// Most tasks of one execution dispatched and not yet finished (0: no limit), so a large
+    /// execution cannot queue all its tasks ahead of everyone else's.
+    pub dispatch_window: u32,
     /// TLS of the gRPC port and token authentication with namespaces, quotas and limits.
     #[serde(skip)]
     pub security: ServerSecurity,
@@ -100,6 +103,7 @@ impl Default for Config {
             advertise: None,
             breaker_failures: 0,
             breaker_cooldown: Duration::from_secs(30),
+            dispatch_window: turn::DEFAULT_DISPATCH_WINDOW,
             security: ServerSecurity::default(),
             store_client: ClientSecurity::default(),
             telemetry: Telemetry::default(),
@@ -222,6 +226,7 @@ pub async fn run(
                 failures: config.breaker_failures,
                 cooldown_ms: u64::try_from(config.breaker_cooldown.as_millis()).unwrap_or(u64::MAX),
             },
+            dispatch_window: config.dispatch_window,
         },
         &config.telemetry.registry,
     );

@@ -64,6 +64,11 @@ pub struct DevArgs {
     /// Not for a server given by NATS_URL, whose own configuration decides.
     #[arg(long, value_enum, env = "TRELLIS_SYNC", default_value_t = local::SyncMode::Interval)]
     pub sync: local::SyncMode,
+    /// Most tasks of one execution dispatched to workers and not yet finished; its other ready
+    /// tasks wait for results, so one large execution cannot queue all its tasks ahead of
+    /// everyone else's. 0: no limit.
+    #[arg(long, env = "TRELLIS_DISPATCH_WINDOW", default_value_t = trellis_coordinator::turn::DEFAULT_DISPATCH_WINDOW)]
+    pub dispatch_window: u32,
 }
 
 /// Runs `trellis dev` until Ctrl-C or SIGTERM.
@@ -88,6 +93,7 @@ pub async fn run(args: DevArgs) -> Result<(), Failure> {
             cooldown: args.breaker_cooldown,
         },
         sync: args.sync,
+        dispatch_window: args.dispatch_window,
     })
     .await?;
     let admin = if args.admin_addr.eq_ignore_ascii_case("off") {

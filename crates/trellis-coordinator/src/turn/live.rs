@@ -254,20 +254,35 @@ impl Live {
     }
 
     /// Lets the machine decide until it has nothing more to do now; nothing a fleet pause or an
-    /// open circuit breaker covers is dispatched, and a half-open breaker's probe is recorded.
+    /// open circuit breaker covers is dispatched, a half-open breaker's probe is recorded, and
+    /// no more than `window` tasks are in flight at once (0: no limit; the rest wait for
+    /// results, which bring the execution back here).
     pub(super) fn decide(
         &mut self,
         id: ExecutionId,
         now: u64,
+        window: u32,
         metrics: &Metrics,
         pauses: &FleetPauses,
         breakers: &mut Breakers,
     ) {
+        let window = if window == 0 { u32::MAX } else { window };
+        // Taken over and the fence not stored yet: a former owner's message may still start.
+        let unfenced = self.epoch > 0 && !self.fenced;
         for _ in 0..1_000 {
             let mut probing = BTreeSet::new();
             let namespace = &self.namespace;
+            let mut in_flight = self.machine.running();
             let commands = self.machine.decide_holding(now, &mut |queue, task_type| {
-                pauses.holds(namespace, queue) || breakers.holds(queue, task_type, &mut probing)
+                // The window first: a held candidate must not spend a breaker's probe.
+                let held = unfenced
+                    || in_flight >= window
+                    || pauses.holds(namespace, queue)
+                    || breakers.holds(queue, task_type, &mut probing);
+                if !held {
+                    in_flight += 1;
+                }
+                held
             });
             if commands.is_empty() {
                 return;

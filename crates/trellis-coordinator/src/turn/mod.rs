@@ -97,7 +97,16 @@ pub struct Config {
     pub keep_finished_ms: u64,
     /// When the circuit breakers of queues and task types open (off by default).
     pub breakers: BreakerConfig,
+    /// Most tasks of one execution dispatched and not yet finished (0: no limit). Tasks wait
+    /// in the workers' queue in the order they were dispatched: without a window, an execution
+    /// of 20,000 ready tasks puts all of them ahead of the next execution's first one.
+    pub dispatch_window: u32,
 }
+
+/// The default [`Config::dispatch_window`]: enough in flight to keep two workers of 256 slots
+/// busy at full rate, few enough that another execution's task waits behind milliseconds of
+/// work, not seconds.
+pub const DEFAULT_DISPATCH_WINDOW: u32 = 256;
 
 /// How often finished executions are looked at for leaving memory.
 const FORGET_EVERY_MS: u64 = 1_000;
@@ -261,7 +270,14 @@ impl Coordinator {
         self.breaker_transitions();
         for id in &self.dirty {
             if let Some(live) = self.executions.get_mut(id) {
-                live.decide(*id, now, &self.metrics, &self.pauses, &mut self.breakers);
+                live.decide(
+                    *id,
+                    now,
+                    self.config.dispatch_window,
+                    &self.metrics,
+                    &self.pauses,
+                    &mut self.breakers,
+                );
             }
         }
         self.writes()

@@ -16,6 +16,10 @@
 //!    attempt is recorded as `TaskLost` (no retry used), its cancel sent in case a cut-off worker
 //!    still runs it, and the instance dispatched again as the next attempt under the new epoch.
 //!
+//! 3. Nothing is dispatched under the new epoch until the fence is stored, inherited attempts or
+//!    not: the message of an attempt that finished but was not acknowledged by its worker is
+//!    delivered again, and once the fence is stored no worker starts it beside a retry.
+//!
 //! An attempt this owner dispatched itself needs none of this: JetStream hands its message to
 //! another worker when the one running it dies.
 
@@ -60,9 +64,11 @@ impl Live {
                 ))
             })
             .collect();
-        self.fence_due = !self.inherited.is_empty();
+        // Always fenced, inherited attempts or not: a finished attempt's message that its worker
+        // had not acknowledged is delivered again, and must not run beside this owner's retry.
+        self.fence_due = true;
         self.fenced = false;
-        self.fence_due
+        !self.inherited.is_empty()
     }
 
     /// Records as lost the inherited attempts no heartbeat named for [`LAPSE_MS`] and forgets the
@@ -162,6 +168,8 @@ impl Coordinator {
         for inherited in live.inherited.values_mut() {
             inherited.seen_ms = inherited.seen_ms.max(now);
         }
+        // Dispatches waited for the fence (`Live::decide`).
+        self.mark(id);
     }
 
     /// On a tick: inherited attempts no heartbeat names any more are lost and dispatched again.

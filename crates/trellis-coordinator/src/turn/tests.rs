@@ -79,6 +79,7 @@ mod attention {
             seed: 7,
             keep_finished_ms: 1_000,
             breakers: crate::turn::BreakerConfig::default(),
+            dispatch_window: 0,
         };
         Coordinator::new(config, &trellis_telemetry::Registry::default())
     }
@@ -219,5 +220,147 @@ mod attention {
         // The shard moves: it is no longer held here.
         turn(&mut coordinator, vec![Input::LeaseLost(0)], 9);
         assert_eq!(coordinator.needing_attention().count(), 0);
+    }
+}
+
+mod window {
+    use prost::Message as _;
+    use trellis_core::ids::ExecutionId;
+    use trellis_grpc::access::Principal;
+    use trellis_proto::v1;
+
+    use crate::turn::{Appended, Config, Coordinator, Delivery, Effects, Input, Request};
+
+    fn coordinator(dispatch_window: u32) -> Coordinator {
+        let config = Config {
+            id: "c".to_owned(),
+            shards: 1,
+            checkpoint_every_ms: 60_000,
+            checkpoint_store: false,
+            access: None,
+            max_message_bytes: 0,
+            index_scan_every_ms: 60_000,
+            seed: 7,
+            keep_finished_ms: 60_000,
+            breakers: crate::turn::BreakerConfig::default(),
+            dispatch_window,
+        };
+        Coordinator::new(config, &trellis_telemetry::Registry::default())
+    }
+
+    /// Runs one turn whose appends are all stored; returns what the coordinator does after.
+    fn turn(coordinator: &mut Coordinator, inputs: Vec<Input>, now: u64) -> Effects {
+        let writes = coordinator.turn(inputs, now);
+        let stored: Vec<(ExecutionId, Appended)> = writes
+            .appends
+            .iter()
+            .map(|append| {
+                let stream_seq = append.expected_stream_seq + append.messages.len() as u64;
+                (append.id, Appended::Stored { stream_seq })
+            })
+            .collect();
+        coordinator.appended(stored, now)
+    }
+
+    fn start(tasks: usize) -> Input {
+        let mut text = String::from("name: wide\ntasks:\n");
+        for i in 0..tasks {
+            text.push_str(&format!("- {{id: t{i}, type: noop}}\n"));
+        }
+        Input::Request {
+            reply: 1,
+            request: Request::Start {
+                source: Box::new(v1::start_execution_request::PlanSource::Spec(
+                    v1::PlanSpec {
+                        text,
+                        format: v1::PlanFormat::Yaml.into(),
+                        ..Default::default()
+                    },
+                )),
+                options: v1::ExecutionOptions::default(),
+                principal: Principal::anonymous(),
+                traceparent: String::new(),
+            },
+        }
+    }
+
+    /// The result of an assignment, completed.
+    fn completed(payload: &[u8], token: u64) -> Delivery {
+        let assignment = v1::TaskAssignment::decode(payload).expect("an assignment");
+        let result = v1::TaskResult {
+            execution_id: assignment.execution_id,
+            task_instance_id: assignment.task_instance_id,
+            attempt: assignment.attempt,
+            worker_id: "w".to_owned(),
+            started_at_unix_ms: Some(1),
+            outcome: Some(v1::task_result::Outcome::Completed(
+                v1::task_result::Completed {
+                    output: b"{}".to_vec(),
+                },
+            )),
+            ..Default::default()
+        };
+        Delivery {
+            token,
+            payload: result.encode_to_vec().into(),
+            span: tracing::Span::none(),
+        }
+    }
+
+    /// An execution keeps at most the window's tasks in flight; each result lets one more go,
+    /// and every task still runs.
+    #[test]
+    fn an_execution_keeps_no_more_than_its_window_in_flight() {
+        let mut coordinator = coordinator(3);
+        turn(&mut coordinator, vec![Input::LeaseAcquired(0)], 1);
+        turn(
+            &mut coordinator,
+            vec![Input::ShardRecovered {
+                shard: 0,
+                recovered: Vec::new(),
+                missing: Vec::new(),
+                broken: Vec::new(),
+            }],
+            2,
+        );
+        let mut in_flight = turn(&mut coordinator, vec![start(10)], 3).assignments;
+        assert_eq!(in_flight.len(), 3, "the window's worth dispatched at once");
+        let mut ran = 0;
+        let mut now = 4;
+        while let Some(done) = in_flight.pop() {
+            ran += 1;
+            let more = turn(
+                &mut coordinator,
+                vec![Input::Results(vec![completed(&done.payload, now)])],
+                now,
+            )
+            .assignments;
+            assert!(more.len() <= 1, "one finished, at most one more: {more:?}");
+            in_flight.extend(more);
+            assert!(in_flight.len() <= 3, "never more than the window in flight");
+            now += 1;
+        }
+        assert_eq!(ran, 10, "every task ran");
+    }
+
+    /// Without a window (0) every ready task goes at once.
+    #[test]
+    fn no_window_dispatches_every_ready_task() {
+        let mut coordinator = coordinator(0);
+        turn(&mut coordinator, vec![Input::LeaseAcquired(0)], 1);
+        turn(
+            &mut coordinator,
+            vec![Input::ShardRecovered {
+                shard: 0,
+                recovered: Vec::new(),
+                missing: Vec::new(),
+                broken: Vec::new(),
+            }],
+            2,
+        );
+        assert_eq!(
+            turn(&mut coordinator, vec![start(10)], 3).assignments.len(),
+            10
+        );
     }
 }

@@ -544,6 +544,9 @@ pub(crate) fn coordinator(seed: u64, idx: usize, incarnation: u64) -> Coordinato
                 failures: 2,
                 cooldown_ms: 200,
             },
+            // A small window, so executions keep tasks waiting for it: holding them back must
+            // keep every invariant too.
+            dispatch_window: 3,
         },
         &trellis_telemetry::Registry::default(),
     )

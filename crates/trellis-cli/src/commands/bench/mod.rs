@@ -98,6 +98,11 @@ pub struct BenchArgs {
     /// nats-server 2.10 or newer). Every line says which, and the server's version.
     #[arg(long, value_enum, default_value_t = local::SyncMode::Interval)]
     pub sync: local::SyncMode,
+    /// The in-process coordinator's dispatch window: most tasks of one execution dispatched and
+    /// not yet finished (0: no limit). The coordinators the recovery, scale and soak scenarios
+    /// start as processes take TRELLIS_DISPATCH_WINDOW or their default.
+    #[arg(long, default_value_t = trellis_coordinator::turn::DEFAULT_DISPATCH_WINDOW)]
+    pub dispatch_window: u32,
     /// Print JSON lines (the default and only format; accepted for compatibility).
     #[arg(long)]
     pub json: bool,
@@ -121,6 +126,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         }),
         breakers: local::Breakers::default(),
         sync: args.sync,
+        dispatch_window: args.dispatch_window,
     })
     .await?;
     let client = CoordinatorClient::connect(local.coordinator_url.clone())

@@ -241,6 +241,7 @@ pub(super) async fn workers_only(args: &BenchArgs) -> Result<local::Local, Strin
         monitor: None,
         breakers: local::Breakers::default(),
         sync: args.sync,
+        dispatch_window: args.dispatch_window,
     })
     .await
     .map_err(|f| f.message)
