@@ -1738,33 +1738,39 @@ fn dev_refuses_to_promise_sync_always_for_a_nats_server_it_does_not_start() {
     );
 }
 
-/// `latency` says where each task's time went, hop by hop in path order; `floor` measures the
-/// bare JetStream pipeline; `loaded` samples latency while throughput runs; each of them counts
-/// the disk's flushes per task.
-#[test]
-fn bench_splits_a_task_into_hops_and_measures_the_floor() {
+/// Runs `trellis bench` with these arguments on a nats-server of its own and returns its JSON
+/// lines; a failed run fails the test with its stderr.
+fn bench(args: &[&str]) -> Vec<serde_json::Value> {
     let out = Command::new(TRELLIS)
-        .args([
-            "bench",
-            "--scenario",
-            "latency",
-            "--scenario",
-            "floor",
-            "--scenario",
-            "loaded",
-            "--n",
-            "30",
-        ])
+        .arg("bench")
+        .args(args)
         .env_remove("NATS_URL")
         .env("RUST_LOG", "warn")
         .output()
         .expect("trellis bench runs");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "trellis bench failed: {stderr}");
-    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+    String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(|line| serde_json::from_str(line).expect("a JSON line"))
-        .collect();
+        .collect()
+}
+
+/// `latency` says where each task's time went, hop by hop in path order; `floor` measures the
+/// bare JetStream pipeline; `loaded` samples latency while throughput runs; each of them counts
+/// the disk's flushes per task.
+#[test]
+fn bench_splits_a_task_into_hops_and_measures_the_floor() {
+    let lines = bench(&[
+        "--scenario",
+        "latency",
+        "--scenario",
+        "floor",
+        "--scenario",
+        "loaded",
+        "--n",
+        "30",
+    ]);
     assert_eq!(lines.len(), 3, "one line per scenario: {lines:?}");
     let [latency, floor, loaded] = &lines[..] else {
         unreachable!("three lines, checked above")
@@ -1822,28 +1828,16 @@ fn bench_splits_a_task_into_hops_and_measures_the_floor() {
 /// installs one); with an older one the command refuses, naming the fix.
 #[test]
 fn bench_with_sync_always_says_so_on_every_line() {
-    let out = Command::new(TRELLIS)
-        .args([
-            "bench",
-            "--scenario",
-            "latency",
-            "--scenario",
-            "chain",
-            "--n",
-            "20",
-            "--sync",
-            "always",
-        ])
-        .env_remove("NATS_URL")
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("trellis bench runs");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "trellis bench failed: {stderr}");
-    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|line| serde_json::from_str(line).expect("a JSON line"))
-        .collect();
+    let lines = bench(&[
+        "--scenario",
+        "latency",
+        "--scenario",
+        "chain",
+        "--n",
+        "20",
+        "--sync",
+        "always",
+    ]);
     assert_eq!(lines.len(), 2, "one line per scenario: {lines:?}");
     for line in &lines {
         assert_eq!(line["sync"], "always", "{line}");

@@ -262,6 +262,18 @@ mod window {
         coordinator.appended(stored, now)
     }
 
+    /// Takes the lease of shard 0 and finds nothing to recover in it.
+    fn own_shard_0(coordinator: &mut Coordinator) {
+        turn(coordinator, vec![Input::LeaseAcquired(0)], 1);
+        let recovered = Input::ShardRecovered {
+            shard: 0,
+            recovered: Vec::new(),
+            missing: Vec::new(),
+            broken: Vec::new(),
+        };
+        turn(coordinator, vec![recovered], 2);
+    }
+
     fn start(tasks: usize) -> Input {
         let mut text = String::from("name: wide\ntasks:\n");
         for i in 0..tasks {
@@ -312,17 +324,7 @@ mod window {
     #[test]
     fn an_execution_keeps_no_more_than_its_window_in_flight() {
         let mut coordinator = coordinator(3);
-        turn(&mut coordinator, vec![Input::LeaseAcquired(0)], 1);
-        turn(
-            &mut coordinator,
-            vec![Input::ShardRecovered {
-                shard: 0,
-                recovered: Vec::new(),
-                missing: Vec::new(),
-                broken: Vec::new(),
-            }],
-            2,
-        );
+        own_shard_0(&mut coordinator);
         let mut in_flight = turn(&mut coordinator, vec![start(10)], 3).assignments;
         assert_eq!(in_flight.len(), 3, "the window's worth dispatched at once");
         let mut ran = 0;
@@ -347,17 +349,7 @@ mod window {
     #[test]
     fn no_window_dispatches_every_ready_task() {
         let mut coordinator = coordinator(0);
-        turn(&mut coordinator, vec![Input::LeaseAcquired(0)], 1);
-        turn(
-            &mut coordinator,
-            vec![Input::ShardRecovered {
-                shard: 0,
-                recovered: Vec::new(),
-                missing: Vec::new(),
-                broken: Vec::new(),
-            }],
-            2,
-        );
+        own_shard_0(&mut coordinator);
         assert_eq!(
             turn(&mut coordinator, vec![start(10)], 3).assignments.len(),
             10
