@@ -1817,6 +1817,7 @@ fn bench_splits_a_task_into_hops_and_measures_the_floor() {
     assert_eq!(floor["samples"], 500, "{floor}");
     assert!(floor["p50_ms"].as_f64() > Some(0.0), "{floor}");
     assert!(loaded["load_tasks_per_s"].as_f64() > Some(0.0), "{loaded}");
+    assert_eq!(loaded["samples"], 30, "every sample taken: {loaded}");
     assert!(
         loaded["p999_ms"].as_f64() >= loaded["p50_ms"].as_f64(),
         "{loaded}"

@@ -80,10 +80,14 @@ pub(super) async fn latency(
 
 /// Tasks of each background `throughput` execution of `loaded`.
 const LOAD_TASKS: usize = 20_000;
+/// How long `loaded` samples at most: without a dispatch window each sample can wait for a whole
+/// load execution, and 1,000 of them would take most of an hour.
+const LOADED_FOR_AT_MOST: Duration = Duration::from_secs(60);
 
 /// `n` one-task executions, one after the other, while `throughput` executions of
-/// [`LOAD_TASKS`] tasks run back to back in the same process: their latency percentiles, and
-/// the background's rate.
+/// [`LOAD_TASKS`] tasks run back to back in the same process: their latency percentiles, how
+/// many were taken (`samples`: fewer than `n` when [`LOADED_FOR_AT_MOST`] ran out), and the
+/// background's rate.
 pub(super) async fn loaded(client: CoordinatorClient<Channel>, n: usize) -> Result<Fields, String> {
     let stop = CancellationToken::new();
     let load = tokio::spawn({
@@ -103,7 +107,8 @@ pub(super) async fn loaded(client: CoordinatorClient<Channel>, n: usize) -> Resu
     tokio::time::sleep(Duration::from_millis(200)).await;
     let mut samples = Vec::with_capacity(n);
     let mut failure = None;
-    for _ in 0..n {
+    let sampling = Instant::now();
+    while samples.len() < n && sampling.elapsed() < LOADED_FOR_AT_MOST {
         match run_one(client.clone(), ONE_TASK.to_owned()).await {
             Ok(took) => samples.push(took.as_secs_f64() * 1000.0),
             Err(error) => {
@@ -119,6 +124,7 @@ pub(super) async fn loaded(client: CoordinatorClient<Channel>, n: usize) -> Resu
     }
     samples.sort_by(f64::total_cmp);
     Ok(vec![
+        ("samples", json!(samples.len())),
         ("p50_ms", json!(round(percentile(&samples, 0.50), 3))),
         ("p99_ms", json!(round(percentile(&samples, 0.99), 3))),
         ("p999_ms", json!(round(percentile(&samples, 0.999), 3))),
