@@ -10,6 +10,7 @@
 //! reproduce the exact state that was live.
 
 pub mod analysis;
+pub mod backlog;
 pub mod checksum;
 pub mod graph;
 pub mod ids;
