@@ -9,6 +9,8 @@
 
 pub mod grouping;
 pub mod model;
+pub mod order;
+pub mod run;
 pub mod rules;
 
 pub use model::{

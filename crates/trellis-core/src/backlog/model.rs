@@ -8,7 +8,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::plan::model::{CheckLevel, FileImpact, FileOp, RelationshipKind};
+use crate::plan::{CheckLevel, FileImpact, FileOp, RelationshipKind};
 
 /// What a backlog input got wrong: the field (a path such as `files[2].path`) and why.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::model::{Category, FieldError};
-use crate::plan::model::CheckLevel;
+use crate::plan::CheckLevel;
 
 /// A rule as stored and sent: every field still text, read by [`Rule::parse`].
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
