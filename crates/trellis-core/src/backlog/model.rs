@@ -8,7 +8,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::plan::model::{CheckLevel, FileImpact, FileOp, RelationshipKind};
+use crate::plan::{CheckLevel, FileImpact, FileOp, RelationshipKind};
 
 /// What a backlog input got wrong: the field (a path such as `files[2].path`) and why.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -170,7 +170,10 @@ impl Placement {
     /// Reads the two columns of the seed's model (`queue`, `task_list_id`): exactly one is set, and
     /// the queue can only be `evaluation`.
     pub fn from_parts(queue: Option<&str>, list: Option<&str>) -> Result<Self, FieldError> {
-        match (queue.filter(|q| !q.is_empty()), list.filter(|l| !l.is_empty())) {
+        match (
+            queue.filter(|q| !q.is_empty()),
+            list.filter(|l| !l.is_empty()),
+        ) {
             (Some(EVALUATION_QUEUE), None) => Ok(Self::Evaluation),
             (Some(other), None) => Err(FieldError::new(
                 "queue",

@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::model::{Category, FieldError};
-use crate::plan::model::CheckLevel;
+use crate::plan::CheckLevel;
 
 /// A rule as stored and sent: every field still text, read by [`Rule::parse`].
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -38,10 +38,19 @@ pub struct RuleSpec {
 /// What a rule checks.
 #[derive(Clone, Debug)]
 pub enum RuleKind {
-    RequiredField { field: TaskField },
-    TestRequired { levels: Vec<CheckLevel> },
-    PatternMatch { field: TaskField, pattern: regex::Regex },
-    Custom { command: String },
+    RequiredField {
+        field: TaskField,
+    },
+    TestRequired {
+        levels: Vec<CheckLevel>,
+    },
+    PatternMatch {
+        field: TaskField,
+        pattern: regex::Regex,
+    },
+    Custom {
+        command: String,
+    },
 }
 
 /// A task field a rule can read.
