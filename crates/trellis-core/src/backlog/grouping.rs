@@ -9,9 +9,8 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::model::{
-    BacklogTask, Category, FieldError, Placement, TaskStatus, check_slug, display_id, file_op_name,
-};
+use self::naming::{group_name, unique_name};
+use super::model::{BacklogTask, FieldError, Placement, TaskStatus, display_id, file_op_name};
 use crate::plan::{FileOp, RelationshipKind};
 
 /// The weight of each criterion, per project. Each is in 0–1; they need not sum to 1 (a pair's
@@ -89,9 +88,6 @@ const MIN_SIMILARITY_REASON: f64 = 0.5;
 
 /// Most reasons a suggestion's reason joins.
 const MAX_GROUP_REASONS: usize = 4;
-
-/// Longest slug [`check_slug`] accepts.
-const MAX_SLUG: usize = 64;
 
 /// One pair's score (0–1) and the reasons behind it, strongest first.
 #[derive(Clone, Debug, PartialEq)]
@@ -456,83 +452,6 @@ fn group_reason(pairs: &[Scored]) -> String {
         .join("; ")
 }
 
-/// Names a group after the component the most of its tasks touch, if two or more do, else after
-/// its most common category.
-fn group_name(group: &[&Features<'_>]) -> String {
-    let mut touched: BTreeMap<&str, usize> = BTreeMap::new();
-    for features in group {
-        for component in &features.components {
-            *touched.entry(component).or_default() += 1;
-        }
-    }
-    // The most tasks, then the first name: `max_by` keeps the last of equals, so names compare
-    // reversed.
-    let top = touched
-        .iter()
-        .filter(|(_, count)| **count >= 2)
-        .max_by(|x, y| x.1.cmp(y.1).then(y.0.cmp(x.0)));
-    if let Some(slug) = top.and_then(|(component, _)| slugify(component)) {
-        return slug;
-    }
-    let mut counts: BTreeMap<Category, usize> = BTreeMap::new();
-    for features in group {
-        *counts.entry(features.task.category).or_default() += 1;
-    }
-    let category = counts
-        .iter()
-        .max_by(|x, y| x.1.cmp(y.1).then(y.0.cmp(x.0)))
-        .map_or(Category::Task, |(category, _)| *category);
-    category_slug(category).to_owned()
-}
-
-/// A list name for a group of one category.
-fn category_slug(category: Category) -> &'static str {
-    match category {
-        Category::Feature => "features",
-        Category::Bug => "bug-fixes",
-        Category::Task => "tasks",
-        Category::Improvement => "improvements",
-        Category::Refactor => "refactoring",
-        Category::Test => "tests",
-        Category::Docs => "docs",
-        Category::Infra => "infra",
-        Category::Research => "research",
-    }
-}
-
-/// Turns text into a slug: lowercase ASCII letters and digits, every other run of characters one
-/// `-`, none at either end, at most [`MAX_SLUG`] bytes. `None` when nothing is left.
-fn slugify(text: &str) -> Option<String> {
-    let mut slug = String::new();
-    for c in text.chars() {
-        if c.is_ascii_alphanumeric() {
-            slug.push(c.to_ascii_lowercase());
-        } else if !slug.is_empty() && !slug.ends_with('-') {
-            slug.push('-');
-        }
-    }
-    // The slug is ASCII, so any byte index is a character boundary.
-    slug.truncate(MAX_SLUG);
-    let slug = slug.trim_end_matches('-');
-    (check_slug("name", slug).is_ok()).then(|| slug.to_owned())
-}
-
-/// Returns `base`, or `base-2`, `base-3`… (shortened to stay a valid slug), whichever is not
-/// taken yet, and takes it.
-fn unique_name(base: &str, taken: &mut HashSet<String>) -> String {
-    let mut name = base.to_owned();
-    let mut n = 2;
-    while taken.contains(&name) {
-        let suffix = format!("-{n}");
-        // Bases are ASCII slugs, so any byte index is a character boundary.
-        let stem = base[..base.len().min(MAX_SLUG - suffix.len())].trim_end_matches('-');
-        name = format!("{stem}{suffix}");
-        n += 1;
-    }
-    taken.insert(name.clone());
-    name
-}
-
 /// Disjoint sets of indices, joined pair by pair; the smaller index is a set's root.
 #[derive(Debug)]
 struct UnionFind {
@@ -561,5 +480,6 @@ impl UnionFind {
     }
 }
 
+mod naming;
 #[cfg(test)]
 mod tests;

@@ -3,8 +3,9 @@
 
 use proptest::prelude::*;
 
+use super::naming::slugify;
 use super::*;
-use crate::backlog::model::{Effort, Link, Priority};
+use crate::backlog::model::{Category, Effort, Link, Priority, check_slug};
 use crate::plan::FileImpact;
 
 /// A queued task with no files, links or text beyond its title.
