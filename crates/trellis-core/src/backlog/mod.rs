@@ -13,7 +13,11 @@ pub mod order;
 pub mod run;
 pub mod rules;
 
+pub use grouping::{
+    DEFAULT_THRESHOLD, PairScore, Suggestion, Weights, score_pair, suggest, suggest_for,
+};
 pub use model::{
     BacklogTask, Block, BlockKind, Category, Effort, FieldError, ItemStatus, Link, ListStatus,
     Placement, Priority, TaskStatus, display_id, parse_task_ref,
 };
+pub use rules::{Finding, Rule, RuleKind, RuleSpec, Severity, TaskField};

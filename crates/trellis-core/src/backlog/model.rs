@@ -170,7 +170,10 @@ impl Placement {
     /// Reads the two columns of the seed's model (`queue`, `task_list_id`): exactly one is set, and
     /// the queue can only be `evaluation`.
     pub fn from_parts(queue: Option<&str>, list: Option<&str>) -> Result<Self, FieldError> {
-        match (queue.filter(|q| !q.is_empty()), list.filter(|l| !l.is_empty())) {
+        match (
+            queue.filter(|q| !q.is_empty()),
+            list.filter(|l| !l.is_empty()),
+        ) {
             (Some(EVALUATION_QUEUE), None) => Ok(Self::Evaluation),
             (Some(other), None) => Err(FieldError::new(
                 "queue",
