@@ -7,6 +7,7 @@
 //! so both backends behave the same by construction. Both backends run the very same SQL
 //! (`sql.rs`, compiled once per backend), which the conformance suite checks against both.
 
+pub mod backlog;
 mod postgres;
 mod sqlite;
 
@@ -20,6 +21,7 @@ use trellis_core::machine::{ExecutionState, Question, StateCounts, Usage};
 use trellis_core::record::{TaskState, TaskStatusRecord};
 use uuid::Uuid;
 
+pub use backlog::{Backlog, connect_backlog};
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 

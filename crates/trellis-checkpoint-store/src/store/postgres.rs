@@ -74,3 +74,4 @@ fn text(value: &str) -> String {
 }
 
 include!("sql.rs");
+include!("backlog_sql.rs");

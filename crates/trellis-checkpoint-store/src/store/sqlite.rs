@@ -28,6 +28,9 @@ const MAX_CONNECTIONS: u32 = 4;
 /// it never waits for or blocks a writer.
 const WAL_CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
 
+/// Held while a store of this process applies its migrations.
+static MIGRATING: Mutex<()> = Mutex::const_new(());
+
 /// A [`super::Store`] on SQLite.
 #[derive(Debug)]
 pub struct SqliteStore {
@@ -93,6 +96,10 @@ impl SqliteStore {
                 Error::database(format!("cannot open SQLite database {url}"), source)
                     .with_kind(ErrorKind::Unavailable)
             })?;
+        // Two stores of one process on one file (`trellis dev`'s checkpoint-store and planner)
+        // must not apply the migrations at the same time: SQLite's migrator takes no lock, and
+        // the second would fail on the tables the first created.
+        let _migrating = MIGRATING.lock().await;
         sqlx::migrate!("./migrations/sqlite")
             .run(&pool)
             .await
@@ -147,3 +154,4 @@ fn text(value: &str) -> String {
 }
 
 include!("sql.rs");
+include!("backlog_sql.rs");

@@ -2,6 +2,7 @@
 //! test, a private `nats-server -js` per test, and the tonic server on a free port. Nothing is
 //! mocked.
 
+mod backlog;
 mod conformance;
 mod driver;
 mod grpc;

@@ -175,6 +175,14 @@ impl TestStore {
         self.scalar(&format!("SELECT COUNT(*) FROM {table}")).await
     }
 
+    /// Runs one statement as is, bypassing the store (what another client could send).
+    pub async fn execute(&self, sql: &str) -> anyhow::Result<u64> {
+        Ok(match &self.raw {
+            Raw::Sqlite(pool) => sqlx::query(sql).execute(pool).await?.rows_affected(),
+            Raw::Postgres(pool) => sqlx::query(sql).execute(pool).await?.rows_affected(),
+        })
+    }
+
     /// Returns the BIGINT a query answers with.
     pub async fn scalar(&self, sql: &str) -> anyhow::Result<i64> {
         Ok(match &self.raw {
