@@ -6,10 +6,21 @@ use std::process::ExitCode;
 use clap::Parser;
 use trellis_core::plan::Limits;
 
+/// The `trellis-planner` binary: the planner's flags and the client credentials it calls the
+/// coordinator with (the `trellis` command line has those for every subcommand).
+#[derive(Debug, Parser)]
+#[command(name = "trellis-planner", version, about)]
+struct Binary {
+    #[command(flatten)]
+    args: Args,
+    #[command(flatten)]
+    client: trellis_grpc::ClientArgs,
+}
+
 /// The Trellis planner: compiles and analyses plans, serves the `Planner` gRPC API.
 ///
 /// It keeps no state, so replicas can run side by side behind one address.
-#[derive(Debug, Parser)]
+#[derive(Debug, clap::Args)]
 #[command(
     version,
     about,
@@ -30,6 +41,15 @@ pub struct Args {
     /// else 64 MiB).
     #[arg(long, env = "TRELLIS_PLAN_MAX_BYTES")]
     pub max_input_bytes: Option<usize>,
+    /// The backlog's database, the checkpoint-store's (postgres://USER@HOST/DB or
+    /// sqlite://PATH); with one, the planner also serves the Backlog API (`trellis tasks`,
+    /// `trellis lists`). Without, it only compiles and analyses plans.
+    #[arg(long, env = "TRELLIS_DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// The coordinator list runs start on (`trellis lists run`), called with the --token and
+    /// TLS flags; without, the backlog starts no runs.
+    #[arg(long, env = "TRELLIS_COORDINATOR", value_name = "URL")]
+    pub coordinator: Option<String>,
     #[command(flatten)]
     pub server: trellis_grpc::ServerArgs,
     #[command(flatten)]
@@ -61,21 +81,21 @@ impl Args {
 /// Runs the `trellis-planner` binary: parses the flags, installs tracing, and serves until SIGTERM
 /// or Ctrl-C.
 pub fn main_entry() -> ExitCode {
-    match trellis_telemetry::parse_flags(std::env::args_os()) {
-        Ok(args) => run_with(args),
+    match trellis_telemetry::parse_flags::<Binary>(std::env::args_os()) {
+        Ok(binary) => run_with(binary.args, &binary.client),
         Err(exit) => exit,
     }
 }
 
 /// Serves with flags already parsed (`trellis planner` hosts the service this way): installs
 /// tracing and serves until SIGTERM or Ctrl-C.
-pub fn run_with(args: Args) -> ExitCode {
+pub fn run_with(args: Args, client: &trellis_grpc::ClientArgs) -> ExitCode {
     let log_format = args.telemetry.log_format;
-    trellis_telemetry::block_on_service("trellis-planner", log_format, serve(args))
+    trellis_telemetry::block_on_service("trellis-planner", log_format, serve(args, client))
 }
 
 /// Serves with `args` until SIGTERM or Ctrl-C; for the binary and `trellis planner`.
-pub async fn serve(args: Args) -> ExitCode {
+pub async fn serve(args: Args, client: &trellis_grpc::ClientArgs) -> ExitCode {
     let listener = match tokio::net::TcpListener::bind(args.listen).await {
         Ok(listener) => listener,
         Err(err) => {
@@ -104,10 +124,23 @@ pub async fn serve(args: Args) -> ExitCode {
         eprintln!("trellis-planner: {err}");
         return ExitCode::from(2);
     }
+    let coordinator = match (&args.coordinator, client.load()) {
+        (None, _) => None,
+        (Some(url), Ok(security)) => Some(crate::backlog::runs::Coordinator {
+            url: url.clone(),
+            security,
+        }),
+        (Some(_), Err(err)) => {
+            eprintln!("trellis-planner: {err}");
+            return ExitCode::from(2);
+        }
+    };
     let config = crate::Config {
         limits: args.limits(&security),
         security,
         telemetry,
+        database_url: args.database_url.clone(),
+        coordinator,
     };
     let outcome = crate::run(listener, config, shutdown).await;
     trellis_telemetry::exit_code("trellis-planner", outcome)
@@ -119,6 +152,6 @@ mod tests {
 
     #[test]
     fn the_command_line_is_consistent() {
-        super::Args::command().debug_assert();
+        super::Binary::command().debug_assert();
     }
 }

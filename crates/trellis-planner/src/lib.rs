@@ -7,6 +7,10 @@
 //! an expected answer (status OK, errors in the response); gRPC errors are kept for malformed
 //! requests. The service holds no state: any number of replicas can run behind one address.
 //!
+//! Given a database (`--database-url`, the checkpoint-store's), the planner also serves the
+//! `Backlog` API ([`backlog`]): projects, tasks before they run, task lists, validation rules and
+//! grouping suggestions. The state is the database's, so replicas still share nothing else.
+//!
 //! `main.rs` is a thin shell around [`run`]; `trellis planner` hosts the same service.
 
 use std::net::SocketAddr;
@@ -22,11 +26,13 @@ use trellis_core::plan::{Limits, Plan, PlanErrors};
 use trellis_grpc::ServerSecurity;
 use trellis_grpc::server::Authenticate;
 use trellis_proto::v1;
+use trellis_proto::v1::backlog_server::BacklogServer;
 use trellis_proto::v1::planner_server::{Planner, PlannerServer};
 use trellis_telemetry::Telemetry;
 use trellis_telemetry::metrics::Labels1;
 use trellis_wire::plan;
 
+pub mod backlog;
 mod cli;
 
 pub use cli::{Args, main_entry, run_with};
@@ -45,6 +51,8 @@ pub enum Error {
     Listener(std::io::Error),
     #[error(transparent)]
     Grpc(#[from] trellis_grpc::Error),
+    #[error("cannot open the backlog's database: {0}")]
+    Database(trellis_checkpoint_store::store::Error),
 }
 
 /// Planner settings.
@@ -56,6 +64,11 @@ pub struct Config {
     pub security: ServerSecurity,
     /// Metrics and readiness ("planner").
     pub telemetry: Telemetry,
+    /// The database of the backlog (`postgres://...`, `sqlite://PATH`): with one, the planner
+    /// serves the `Backlog` API too.
+    pub database_url: Option<String>,
+    /// Where the backlog's list runs start; `None`: `RunList` is refused.
+    pub coordinator: Option<backlog::runs::Coordinator>,
 }
 
 /// The `Planner` gRPC service.
@@ -183,14 +196,40 @@ pub async fn run(
     );
     let readiness = config.telemetry.health.component("planner");
     let service = PlannerServer::new(PlannerService::new(
-        config.limits,
+        config.limits.clone(),
         &config.telemetry.registry,
     ))
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let authenticate =
         Authenticate::new(config.security.access.clone(), &config.telemetry.registry);
-    let routes = tonic::service::Routes::new(InterceptedService::new(service, authenticate));
+    let mut routes =
+        tonic::service::Routes::new(InterceptedService::new(service, authenticate.clone()));
+    if let Some(url) = &config.database_url {
+        let store = trellis_checkpoint_store::store::connect_backlog(url)
+            .await
+            .map_err(Error::Database)?;
+        let read_model = trellis_checkpoint_store::store::connect(url)
+            .await
+            .map_err(Error::Database)?;
+        tracing::info!(
+            runs = config.coordinator.is_some(),
+            "planner serving the backlog"
+        );
+        tokio::spawn(backlog::runs::follow(
+            store.clone(),
+            read_model,
+            shutdown.clone(),
+        ));
+        routes = routes.add_service(InterceptedService::new(
+            BacklogServer::new(backlog::BacklogService::new(
+                store,
+                config.coordinator.clone(),
+                config.limits.clone(),
+            )),
+            authenticate,
+        ));
+    }
     readiness.set(true);
     let health = config.telemetry.health.clone();
     let stopping = shutdown.clone();

@@ -1,6 +1,8 @@
 //! The planner service over real gRPC on a loopback port: compile, analyse, errors as answers,
 //! malformed requests refused, health reported.
 
+mod backlog;
+
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;

@@ -28,7 +28,7 @@ fn index(idx: usize) -> i32 {
 
 #[test]
 fn services_have_their_rpcs() {
-    let expected: [(&str, &[&str]); 3] = [
+    let expected: [(&str, &[&str]); 4] = [
         (
             "Coordinator",
             &[
@@ -54,6 +54,33 @@ fn services_have_their_rpcs() {
             ],
         ),
         ("Planner", &["CompilePlan", "AnalyzePlan"]),
+        (
+            "Backlog",
+            &[
+                "CreateProject",
+                "ListProjects",
+                "SetGroupingWeights",
+                "AddTask",
+                "GetTask",
+                "ListTasks",
+                "EditTask",
+                "BlockTask",
+                "UnblockTask",
+                "CheckTask",
+                "CreateList",
+                "GetList",
+                "ListLists",
+                "MoveTask",
+                "RunList",
+                "ListRuns",
+                "PutRule",
+                "ListRules",
+                "DeleteRule",
+                "SuggestGroups",
+                "ListSuggestions",
+                "ResolveSuggestion",
+            ],
+        ),
         (
             "CheckpointStore",
             &[
