@@ -10,8 +10,8 @@
 pub mod grouping;
 pub mod model;
 pub mod order;
-pub mod run;
 pub mod rules;
+pub mod run;
 
 pub use grouping::{
     DEFAULT_THRESHOLD, PairScore, Suggestion, Weights, score_pair, suggest, suggest_for,

@@ -9,8 +9,10 @@ use crate::plan::RelationshipKind;
 
 /// Returns each task's prerequisites: the tasks it must wait for.
 pub fn prerequisites(tasks: &[BacklogTask]) -> BTreeMap<u32, BTreeSet<u32>> {
-    let mut waits: BTreeMap<u32, BTreeSet<u32>> =
-        tasks.iter().map(|task| (task.number, BTreeSet::new())).collect();
+    let mut waits: BTreeMap<u32, BTreeSet<u32>> = tasks
+        .iter()
+        .map(|task| (task.number, BTreeSet::new()))
+        .collect();
     for task in tasks {
         for link in &task.links {
             match link.kind {

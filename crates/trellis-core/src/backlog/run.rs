@@ -9,12 +9,11 @@ use serde_json::json;
 
 use super::model::{BacklogTask, FieldError, ItemStatus, TaskStatus, display_id};
 use super::order::prerequisites;
+use crate::plan::spec::{
+    CheckSpec, CommandSpec, FileOpSpec, FileSpec, OptionsSpec, PlanSpec, RelationshipSpec, TaskSpec,
+};
 use crate::plan::{CheckLevel, FileOp, RelationshipKind};
 use crate::record::TaskState;
-use crate::plan::spec::{
-    CheckSpec, CommandSpec, FileOpSpec, FileSpec, OptionsSpec, PlanSpec, RelationshipSpec,
-    TaskSpec,
-};
 
 /// What a run of a list is made of.
 #[derive(Clone, Debug)]
@@ -116,8 +115,9 @@ pub fn item_status(state: TaskState) -> ItemStatus {
         | TaskState::WaitingForHuman
         | TaskState::RetryScheduled => ItemStatus::InProgress,
         TaskState::Completed => ItemStatus::Completed,
-        TaskState::Failed | TaskState::Cancelled => ItemStatus::Failed,
-        TaskState::Skipped => ItemStatus::Skipped,
+        TaskState::Failed => ItemStatus::Failed,
+        // Not run to an end of its own: skipped by a route, or cancelled with its execution.
+        TaskState::Skipped | TaskState::Cancelled => ItemStatus::Skipped,
     }
 }
 
@@ -185,8 +185,8 @@ mod tests {
     use crate::backlog::model::{
         Block, BlockKind, Category, Effort, Link, Placement, Priority, TaskStatus,
     };
-    use crate::plan::compile;
     use crate::plan::FileImpact;
+    use crate::plan::compile;
 
     fn task(number: u32, depends_on: &[u32]) -> BacklogTask {
         BacklogTask {
@@ -244,7 +244,10 @@ mod tests {
             .collect();
         assert_eq!(
             checks,
-            [("codebase-1", CheckLevel::Codebase), ("ui-1", CheckLevel::Ui)]
+            [
+                ("codebase-1", CheckLevel::Codebase),
+                ("ui-1", CheckLevel::Ui)
+            ]
         );
         assert_eq!(third.input["title"], "task 3");
         let plan = compile(spec, &crate::plan::Limits::default()).expect("it compiles");
