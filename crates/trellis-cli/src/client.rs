@@ -221,7 +221,19 @@ impl Coordinator {
 /// Bad input (exit 2) for a URL that cannot be parsed; a failure naming `trellis planner` when
 /// nothing answers there.
 pub async fn planner(url: &str) -> Result<PlannerClient<AuthChannel>, Failure> {
-    let channel = connect(url).await.map_err(|failure| match failure {
+    let channel = planner_channel(url).await?;
+    Ok(PlannerClient::new(channel)
+        .max_decoding_message_size(trellis_planner::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(trellis_planner::MAX_MESSAGE_BYTES))
+}
+
+/// Connects to the planner at `url` (its `Planner` and `Backlog` services share the channel).
+///
+/// # Errors
+///
+/// As [`planner`].
+pub async fn planner_channel(url: &str) -> Result<AuthChannel, Failure> {
+    connect(url).await.map_err(|failure| match failure {
         ConnectFailure::BadAddress(why) => Failure::bad_input(format!(
             "invalid planner address {url:?}: expected a URL such as http://127.0.0.1:7600 \
              ({why})"
@@ -230,10 +242,7 @@ pub async fn planner(url: &str) -> Result<PlannerClient<AuthChannel>, Failure> {
             "no planner at {url}: start one with `trellis planner`, or drop --planner to compile \
              here ({cause})"
         )),
-    })?;
-    Ok(PlannerClient::new(channel)
-        .max_decoding_message_size(trellis_planner::MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(trellis_planner::MAX_MESSAGE_BYTES))
+    })
 }
 
 fn not_running(url: &str) -> String {

@@ -1,7 +1,8 @@
 //! Every Trellis service in this process (docs/design.md §1, the embedded default): the NATS server at
 //! `NATS_URL` when one is given, otherwise a `nats-server -js` child on a free loopback port with
 //! its store in a temporary directory; the checkpoint-store on a SQLite file in the temporary
-//! directory; the planner; a coordinator; and agent-workers with the built-in handlers.
+//! directory; the planner (serving the backlog from the same file); a coordinator; and
+//! agent-workers with the built-in handlers.
 
 use std::net::{SocketAddr, TcpListener as StdListener, TcpStream};
 use std::path::PathBuf;
@@ -182,7 +183,13 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         }
     });
     let store_url = format!("http://{store_addr}");
-    // The planner: stateless, any free port.
+    let listener = tokio::net::TcpListener::bind(options.listen)
+        .await
+        .map_err(|e| Failure::failed(format!("cannot listen on {}: {e}", options.listen)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Failure::failed(format!("cannot read the listen address: {e}")))?;
+    // The planner, on any free port.
     let planner_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(|e| Failure::failed(format!("cannot listen for the planner: {e}")))?;
@@ -190,8 +197,15 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         .local_addr()
         .map_err(|e| Failure::failed(format!("cannot read the listen address: {e}")))?;
     let planner_token = shutdown.child_token();
+    // The planner serves the backlog from the checkpoint-store's database and starts list runs
+    // on this cluster's coordinator.
     let planner_config = trellis_planner::Config {
         telemetry: telemetry.clone(),
+        database_url: Some(format!("sqlite://{}?mode=rwc", store_file.display())),
+        coordinator: Some(trellis_planner::backlog::runs::Coordinator {
+            url: format!("http://{addr}"),
+            security: trellis_grpc::ClientSecurity::default(),
+        }),
         ..trellis_planner::Config::default()
     };
     tokio::spawn(async move {
@@ -202,12 +216,6 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         }
     });
     let planner_url = format!("http://{planner_addr}");
-    let listener = tokio::net::TcpListener::bind(options.listen)
-        .await
-        .map_err(|e| Failure::failed(format!("cannot listen on {}: {e}", options.listen)))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| Failure::failed(format!("cannot read the listen address: {e}")))?;
     let config = trellis_coordinator::Config {
         nats: NatsOptions::new(nats_url.clone()),
         shards: 1,

@@ -74,6 +74,16 @@ enum Command {
     #[command(flatten)]
     Control(commands::control::Control),
     Workers(commands::workers::WorkersArgs),
+    /// Projects of the backlog: the scope of task numbers, lists, rules and grouping weights.
+    Projects(commands::backlog::ProjectsArgs),
+    /// The backlog: tasks in the evaluation queue or in task lists, before they run.
+    Tasks(commands::backlog::TasksArgs),
+    /// Task lists: ordered groups of backlog tasks that run together.
+    Lists(commands::backlog::ListsArgs),
+    /// Validation rules a backlog task must pass before it can run.
+    Rules(commands::backlog::RulesArgs),
+    /// Grouping suggestions: which queued tasks belong in one list.
+    Suggestions(commands::backlog::SuggestionsArgs),
     Cluster(commands::cluster::ClusterArgs),
     Dev(commands::dev::DevArgs),
     Coordinator(trellis_coordinator::Args),
@@ -126,10 +136,15 @@ fn main() -> ExitCode {
         Command::Output(args) => run_remote(commands::output::run(url, args)),
         Command::Control(command) => run_remote(control::run(url, command)),
         Command::Workers(args) => run_remote(workers::run(url, args)),
+        Command::Projects(args) => run_remote(commands::backlog::projects(args)),
+        Command::Tasks(args) => run_remote(commands::backlog::tasks(args)),
+        Command::Lists(args) => run_remote(commands::backlog::lists(args)),
+        Command::Rules(args) => run_remote(commands::backlog::rules(args)),
+        Command::Suggestions(args) => run_remote(commands::backlog::suggestions(args)),
         Command::Cluster(args) => run_remote(commands::cluster::run(url, args)),
         Command::Dev(args) => local::run_local(commands::dev::run(args)),
         Command::Coordinator(args) => trellis_coordinator::run_with(args, &cli.client),
-        Command::Planner(args) => trellis_planner::run_with(args),
+        Command::Planner(args) => trellis_planner::run_with(args, &cli.client),
         Command::Monitor(args) => trellis_monitor::run_with(args, url.to_owned(), &cli.client),
         Command::Token(command) => commands::token::run(command),
         Command::Demo(args) => local::run_local(commands::demo::run(args)),

@@ -131,8 +131,14 @@ pub async fn run(args: DevArgs) -> Result<(), Failure> {
          monitor: {monitor}/?token={token}\n  \
          metrics: {admin}\n  \
          try: trellis submit --wait examples/demo.yaml\n  \
-         or:  TRELLIS_PLANNER={} trellis submit --wait examples/demo.yaml\n  Ctrl-C (or SIGTERM) stops",
-        local.coordinator_url, local.planner_url, args.workers, local.planner_url
+         or:  TRELLIS_PLANNER={} trellis submit --wait examples/demo.yaml\n  \
+         backlog: TRELLIS_PLANNER={} trellis tasks add \"Fix the login redirect\" -c bug\n  \
+         Ctrl-C (or SIGTERM) stops",
+        local.coordinator_url,
+        local.planner_url,
+        args.workers,
+        local.planner_url,
+        local.planner_url
     );
     // SIGTERM is what process managers, CI runners and Kubernetes send: it cleans up as Ctrl-C.
     trellis_telemetry::shutdown_signal().await;

@@ -1,6 +1,7 @@
 //! The command groups of `trellis`, one module each, and what they share: exit codes, the
 //! [`Failure`] every remote command returns, and input reading.
 
+pub mod backlog;
 pub mod bench;
 pub mod cluster;
 pub mod control;

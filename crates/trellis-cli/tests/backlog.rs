@@ -1,0 +1,220 @@
+//! The backlog end to end through the `trellis` binary against `trellis dev` (its own NATS server,
+//! coordinator, workers, checkpoint-store and planner on SQLite): tasks into a list, the list run
+//! as an execution with its tests as checks, the list's counters following it; run 2 a new lane;
+//! a failing test failing the run.
+
+use std::io::BufRead as _;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+const TRELLIS: &str = env!("CARGO_BIN_EXE_trellis");
+
+/// `trellis dev`, killed on drop, and its planner's address.
+struct Dev {
+    child: Child,
+    planner: String,
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        // SIGTERM: it stops its nats-server and removes its stores.
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+impl Dev {
+    fn start() -> Dev {
+        let mut child = Command::new(TRELLIS)
+            .args([
+                "dev",
+                "--listen",
+                "127.0.0.1:0",
+                "--monitor",
+                "127.0.0.1:0",
+                "--workers",
+                "1",
+                "--admin-addr",
+                "off",
+            ])
+            .env_remove("NATS_URL")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("trellis dev starts");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let (lines, received) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let _ = lines.send(line);
+            }
+        });
+        let mut seen = Vec::new();
+        let planner = loop {
+            let Ok(line) = received.recv_timeout(Duration::from_secs(60)) else {
+                let _ = child.kill();
+                panic!(
+                    "trellis dev did not start within 60 s:\n{}",
+                    seen.join("\n")
+                );
+            };
+            if let Some(rest) = line.split("planner at ").nth(1) {
+                break rest
+                    .split(',')
+                    .next()
+                    .expect("split yields one part")
+                    .to_owned();
+            }
+            seen.push(line);
+        };
+        Dev { child, planner }
+    }
+
+    /// Runs `trellis ARGS` against this planner; returns the exit code and stdout.
+    fn trellis(&self, args: &[&str]) -> (i32, String, String) {
+        let output = Command::new(TRELLIS)
+            .args(args)
+            .env("TRELLIS_PLANNER", &self.planner)
+            .env_remove("TRELLIS_PROJECT")
+            .output()
+            .expect("trellis runs");
+        (
+            output.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    }
+
+    /// Runs `trellis ARGS`, which must succeed, and returns its stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let (code, stdout, stderr) = self.trellis(args);
+        assert_eq!(code, 0, "trellis {args:?} failed:\n{stdout}\n{stderr}");
+        stdout
+    }
+
+    /// Runs `trellis ARGS --json`, which must succeed, and parses its output.
+    fn json(&self, args: &[&str]) -> Value {
+        let mut args = args.to_vec();
+        args.push("--json");
+        let stdout = self.ok(&args);
+        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+    }
+}
+
+#[test]
+fn a_list_runs_as_an_execution_and_its_counters_follow_it() {
+    let dev = Dev::start();
+    let schema = dev.ok(&[
+        "tasks",
+        "add",
+        "Create the schema",
+        "-c",
+        "feature",
+        "-f",
+        "db/schema.sql:create",
+        "--codebase-test",
+        "true",
+    ]);
+    assert!(schema.starts_with("added T-1 "), "{schema}");
+    dev.ok(&[
+        "tasks",
+        "add",
+        "Serve the API",
+        "-c",
+        "feature",
+        "-f",
+        "src/api.rs:create",
+        "--depends-on",
+        "T-1",
+    ]);
+    dev.ok(&[
+        "tasks",
+        "add",
+        "Draw the page",
+        "-f",
+        "web/page.tsx:create",
+        "--depends-on",
+        "T-2",
+        "--ui-test",
+        "test -n \"$TRELLIS_OUTPUT_FILE\"",
+    ]);
+    dev.ok(&["lists", "create", "release", "--max-parallel", "2"]);
+    dev.ok(&["lists", "add", "release", "T-1", "T-2", "T-3"]);
+
+    let first = dev.ok(&["lists", "run", "release", "--type", "noop", "--wait"]);
+    assert!(
+        first.contains("completed  3/3 completed, 0 failed"),
+        "{first}"
+    );
+    let shown = dev.json(&["lists", "show", "release"]);
+    assert_eq!(shown["status"], "completed", "{shown}");
+    assert_eq!(shown["runs"], 1);
+    assert_eq!(shown["total_tasks"], 3);
+    assert_eq!(shown["completed_tasks"], 3);
+    let tasks = shown["tasks"].as_array().expect("tasks");
+    for task in tasks {
+        assert_eq!(task["item_status"], "completed", "{task}");
+        assert_eq!(task["status"], "completed", "{task}");
+    }
+
+    // Run 2 of the same list is a new execution, a lane of its own.
+    let second = dev.json(&["lists", "run", "release", "--type", "noop", "--wait"]);
+    assert_eq!(second["run"], 2);
+    assert_eq!(second["status"], "completed");
+    let runs = dev.json(&["lists", "runs", "release"]);
+    let runs = runs["runs"].as_array().expect("runs").clone();
+    assert_eq!(runs.len(), 2);
+    assert_ne!(runs[0]["execution_id"], runs[1]["execution_id"]);
+    assert!(
+        runs.iter().all(|run| run["tasks_completed"] == 3),
+        "{runs:?}"
+    );
+
+    // A test that fails fails its task (after its retries) and the run; the list pauses.
+    dev.ok(&[
+        "tasks",
+        "add",
+        "Break the build",
+        "--list",
+        "release",
+        "--codebase-test",
+        "false",
+    ]);
+    let (code, stdout, stderr) =
+        dev.trellis(&["lists", "run", "release", "--type", "noop", "--wait"]);
+    assert_eq!(code, 1, "a failed run exits 1:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("run 3   failed"), "{stdout}");
+    let shown = dev.json(&["lists", "show", "release"]);
+    assert_eq!(shown["status"], "paused", "{shown}");
+    assert_eq!(shown["failed_tasks"], 1, "{shown}");
+}
+
+#[test]
+fn bad_backlog_input_is_refused_with_its_place_and_changes_nothing() {
+    let dev = Dev::start();
+    dev.ok(&["lists", "create", "auth"]);
+    let (code, _, stderr) = dev.trellis(&["tasks", "add", "x", "-c", "feture"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("fields.category: unknown category \"feture\""),
+        "{stderr}"
+    );
+    let (code, _, stderr) = dev.trellis(&["tasks", "add", "x", "-f", "src/a.rs"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("expected PATH:OPERATION"), "{stderr}");
+    let (code, _, stderr) = dev.trellis(&["lists", "run", "auth", "--type", "noop"]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("list auth has no tasks"), "{stderr}");
+    let tasks = dev.json(&["tasks", "list"]);
+    assert_eq!(tasks["tasks"], Value::Array(Vec::new()), "{tasks}");
+    let runs = dev.json(&["lists", "runs", "auth"]);
+    assert_eq!(runs["runs"], Value::Array(Vec::new()), "{runs}");
+}
