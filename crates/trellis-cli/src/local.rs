@@ -260,6 +260,7 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
                 monitor,
                 trellis_monitor::Config {
                     checkpoint_store_url: Some(store_url.clone()),
+                    planner_url: Some(planner_url.clone()),
                     token: Some(trellis_telemetry::redact::Secret::new(
                         monitor.token.as_str(),
                     )),

@@ -2,11 +2,12 @@
  * Trellis monitor UI: the router and boot.
  *
  * A hash-routed single page (`#/`, `#/executions/<id>`, `#/plans/<plan name>`, `#/workers`,
- * `#/cluster`) talking to the
+ * `#/cluster`, `#/backlog`) talking to the
  * monitor's JSON API and to the per-execution Server-Sent Events stream (see API.md). Plain ES
  * modules, embedded in the monitor binary; no build step.
  */
 import { adoptTokenFromUrl, api, banner, config, report, token } from './api.js';
+import { BacklogView } from './backlog.js';
 import { ClusterView } from './cluster.js';
 import { ExecutionView } from './execution.js';
 import { ExecutionsView } from './executions.js';
@@ -31,6 +32,7 @@ function route() {
   }
   if (/^\/workers\b/.test(hash)) return { name: 'workers' };
   if (/^\/cluster\b/.test(hash)) return { name: 'cluster' };
+  if (/^\/backlog\b/.test(hash)) return { name: 'backlog' };
   return { name: 'executions' };
 }
 
@@ -39,7 +41,7 @@ function navigate() {
   banner.reset();
   const r = route();
   for (const a of document.querySelectorAll('[data-nav]')) {
-    const nav = r.name === 'workers' || r.name === 'cluster' ? r.name : 'executions';
+    const nav = ['workers', 'cluster', 'backlog'].includes(r.name) ? r.name : 'executions';
     a.classList.toggle('active', a.getAttribute('data-nav') === nav);
   }
   if (r.name === 'execution') {
@@ -54,6 +56,9 @@ function navigate() {
   } else if (r.name === 'cluster') {
     current = new ClusterView(app);
     document.title = 'Cluster · Trellis';
+  } else if (r.name === 'backlog') {
+    current = new BacklogView(app);
+    document.title = 'Backlog · Trellis';
   } else {
     current = new ExecutionsView(app);
     document.title = 'Executions · Trellis';

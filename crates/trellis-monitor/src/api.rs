@@ -32,6 +32,7 @@ use trellis_telemetry::redact::Secret;
 use crate::assets;
 use crate::hub::{Hub, HubError, Hubs};
 
+mod backlog;
 mod history;
 mod logs;
 use crate::metrics::{Metrics, Open};
@@ -50,6 +51,8 @@ pub struct App {
     pub hubs: Arc<Hubs>,
     pub coordinator: CoordinatorClient<AuthChannel>,
     pub store: Option<CheckpointStoreClient<AuthChannel>>,
+    /// The planner's backlog; without it `/api/backlog` says so.
+    pub backlog: Option<v1::backlog_client::BacklogClient<AuthChannel>>,
     pub access: Access,
     pub shutdown: CancellationToken,
     pub metrics: Metrics,
@@ -252,6 +255,11 @@ pub fn router(app: App) -> Router {
         .route("/api/workers", get(workers))
         .route("/api/cluster", get(cluster))
         .route("/api/pauses", get(pauses))
+        .route("/api/backlog", get(backlog::backlog))
+        .route(
+            "/api/backlog/suggestions/{id}/{action}",
+            post(backlog::resolve),
+        )
         .route("/api/executions/{id}/{action}", post(control))
         .route(
             "/api/executions/{id}/questions/{question}/answer",

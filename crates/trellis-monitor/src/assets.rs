@@ -20,6 +20,7 @@ macro_rules! assets {
 pub const ASSETS: &[(&str, &str)] = assets![
     "app.css",
     "api.js",
+    "backlog.js",
     "cluster.js",
     "const.js",
     "dag.js",

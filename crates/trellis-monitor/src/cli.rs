@@ -56,6 +56,9 @@ pub struct Args {
     /// Checkpoint-store gRPC address (for the checkpoints of an execution).
     #[arg(long, env = "TRELLIS_CHECKPOINT_STORE_URL")]
     pub checkpoint_store: Option<String>,
+    /// Planner gRPC address (for the backlog page: a planner started with --database-url).
+    #[arg(long, env = "TRELLIS_PLANNER")]
+    pub planner: Option<String>,
     /// Token that controls require; without one every control is refused.
     #[arg(
         long = "monitor-token",
@@ -88,6 +91,7 @@ impl Args {
             nats: self.nats.options().map_err(|err| err.to_string())?,
             coordinator_url,
             checkpoint_store_url: self.checkpoint_store.clone(),
+            planner_url: self.planner.clone(),
             token: self
                 .monitor_token
                 .clone()

@@ -22,6 +22,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use trellis_bus::NatsOptions;
 use trellis_grpc::{AuthChannel, ClientSecurity};
+use trellis_proto::v1::backlog_client::BacklogClient;
 use trellis_proto::v1::checkpoint_store_client::CheckpointStoreClient;
 use trellis_proto::v1::coordinator_client::CoordinatorClient;
 use trellis_telemetry::Telemetry;
@@ -55,6 +56,8 @@ pub struct Config {
     pub coordinator_url: String,
     /// The checkpoint-store's gRPC address; without it `/checkpoints` says so.
     pub checkpoint_store_url: Option<String>,
+    /// The planner's gRPC address, for the backlog page; without it `/api/backlog` says so.
+    pub planner_url: Option<String>,
     /// The bearer token controls require; `None` disables every control (unless tokens are
     /// forwarded).
     pub token: Option<Secret>,
@@ -77,6 +80,7 @@ impl Config {
             nats: NatsOptions::new(nats_url),
             coordinator_url: coordinator_url.to_owned(),
             checkpoint_store_url: None,
+            planner_url: None,
             token: None,
             forward_tokens: false,
             client: ClientSecurity::default(),
@@ -148,6 +152,11 @@ pub async fn run(
         .as_deref()
         .map(|url| channel("checkpoint-store", url, &config.client).map(CheckpointStoreClient::new))
         .transpose()?;
+    let backlog = config
+        .planner_url
+        .as_deref()
+        .map(|url| channel("planner", url, &config.client).map(BacklogClient::new))
+        .transpose()?;
     let nats = trellis_bus::connect_with(&config.nats, "trellis-monitor").await?;
     let js = async_nats::jetstream::new(nats);
     let streams = tokio::select! {
@@ -164,6 +173,7 @@ pub async fn run(
         ),
         coordinator,
         store,
+        backlog,
         access,
         shutdown: shutdown.clone(),
         metrics,

@@ -20,7 +20,7 @@ pub(crate) async fn get(url: &str) -> (u16, Value) {
     (status, body)
 }
 
-async fn post(url: &str, token: Option<&str>, body: Value) -> (u16, Value) {
+pub(crate) async fn post(url: &str, token: Option<&str>, body: Value) -> (u16, Value) {
     let mut request = reqwest::Client::new().post(url).json(&body);
     if let Some(token) = token {
         request = request.bearer_auth(token);

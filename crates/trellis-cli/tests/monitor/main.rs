@@ -3,6 +3,7 @@
 //! its UI driven in headless Chromium.
 
 mod api;
+mod backlog;
 mod browser;
 mod browser_dag;
 mod browser_tasks;
@@ -31,6 +32,7 @@ pub struct Dev {
     child: Child,
     pub coordinator: String,
     pub monitor: String,
+    pub planner: String,
     pub nats: NatsServer,
 }
 
@@ -81,6 +83,7 @@ pub fn start_dev_with(flags: &[&str]) -> Dev {
     });
     let mut coordinator = None;
     let mut monitor = None;
+    let mut planner = None;
     let mut seen = Vec::new();
     while coordinator.is_none() || monitor.is_none() {
         let Ok(line) = received.recv_timeout(Duration::from_secs(60)) else {
@@ -93,6 +96,9 @@ pub fn start_dev_with(flags: &[&str]) -> Dev {
         if let Some(rest) = line.split("coordinator at ").nth(1) {
             coordinator = rest.split(',').next().map(str::to_owned);
         }
+        if let Some(rest) = line.split("planner at ").nth(1) {
+            planner = rest.split(',').next().map(str::to_owned);
+        }
         if let Some(rest) = line.trim().strip_prefix("monitor: ") {
             monitor = rest.split("/?").next().map(str::to_owned);
         }
@@ -102,6 +108,7 @@ pub fn start_dev_with(flags: &[&str]) -> Dev {
         child,
         coordinator: coordinator.unwrap_or_default(),
         monitor: monitor.unwrap_or_default(),
+        planner: planner.unwrap_or_default(),
         nats,
     }
 }
