@@ -17,31 +17,9 @@ use trellis_core::backlog::{
 use trellis_core::plan::{FileImpact, FileOp, RelationshipKind};
 use uuid::Uuid;
 
-use crate::support::TestStore;
+use crate::support::{TestStore, store_suite};
 
-/// Runs each named test against both backends.
-macro_rules! backlog_suite {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test]
-                async fn $name() -> anyhow::Result<()> {
-                    super::$name(crate::support::TestStore::sqlite().await?).await
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test]
-                async fn $name() -> anyhow::Result<()> {
-                    super::$name(crate::support::TestStore::postgres().await?).await
-                }
-            )*
-        }
-    };
-}
-
-backlog_suite!(
+store_suite!(
     the_store_refuses_a_task_in_both_the_queue_and_a_list,
     tasks_are_numbered_and_moved_between_the_queue_and_lists,
     blocks_hold_a_task_until_resolved,

@@ -17,29 +17,7 @@ use trellis_core::record::{AttemptRecord, TaskState, TaskStatusRecord};
 use trellis_proto::v1;
 use uuid::Uuid;
 
-use crate::support::TestStore;
-
-/// Runs each named test against both backends.
-macro_rules! store_suite {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test]
-                async fn $name() -> anyhow::Result<()> {
-                    super::$name(crate::support::TestStore::sqlite().await?).await
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test]
-                async fn $name() -> anyhow::Result<()> {
-                    super::$name(crate::support::TestStore::postgres().await?).await
-                }
-            )*
-        }
-    };
-}
+use crate::support::{TestStore, store_suite};
 
 store_suite!(
     create_then_get_returns_the_same_bytes,

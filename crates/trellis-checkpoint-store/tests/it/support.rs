@@ -12,6 +12,30 @@ use trellis_checkpoint_store::{Config, Store};
 use trellis_proto::v1::checkpoint_store_client::CheckpointStoreClient;
 use uuid::Uuid;
 
+/// Runs each named test (an `async fn(TestStore) -> anyhow::Result<()>` of the calling module)
+/// against both backends: a module `sqlite` and a module `postgres` of `#[tokio::test]`s.
+macro_rules! store_suite {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test]
+                async fn $name() -> anyhow::Result<()> {
+                    super::$name(crate::support::TestStore::sqlite().await?).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test]
+                async fn $name() -> anyhow::Result<()> {
+                    super::$name(crate::support::TestStore::postgres().await?).await
+                }
+            )*
+        }
+    };
+}
+pub(crate) use store_suite;
+
 /// Where the tests find PostgreSQL: `TRELLIS_TEST_POSTGRES_URL`, or the local server.
 fn postgres_admin_url() -> String {
     std::env::var("TRELLIS_TEST_POSTGRES_URL")
