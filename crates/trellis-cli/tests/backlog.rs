@@ -218,3 +218,64 @@ fn bad_backlog_input_is_refused_with_its_place_and_changes_nothing() {
     let runs = dev.json(&["lists", "runs", "auth"]);
     assert_eq!(runs["runs"], Value::Array(Vec::new()), "{runs}");
 }
+
+/// What a crash of the planner between recording a run and starting its execution leaves behind:
+/// a run `starting` with no execution. The follower takes a run `starting` for longer than
+/// `RESTART_AFTER` for one and starts it, once, under the run's idempotency key.
+#[test]
+fn a_run_left_starting_by_a_crash_is_started_again() {
+    use trellis_checkpoint_store::store::connect_backlog;
+
+    let dev = Dev::start();
+    dev.ok(&["tasks", "add", "Only task", "-f", "src/only.rs:create"]);
+    dev.ok(&["lists", "create", "solo"]);
+    dev.ok(&["lists", "add", "solo", "T-1"]);
+    // `trellis dev` keeps its database in the temporary directory, named after its process.
+    let prefix = format!("trellis-store-{}-", dev.child.id());
+    let file = std::fs::read_dir(std::env::temp_dir())
+        .expect("the temporary directory")
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .find(|path| {
+            path.file_name()
+                .is_some_and(|name| name.to_string_lossy().starts_with(&prefix))
+                && path.extension().is_some_and(|ext| ext == "db")
+        })
+        .expect("trellis dev's database file");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let backlog = connect_backlog(&format!("sqlite://{}", file.display()))
+            .await
+            .expect("the backlog opens");
+        // Recorded a minute ago, never started.
+        let a_minute_ago = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|now| i64::try_from(now.as_millis()).unwrap_or(i64::MAX) - 60_000)
+            .expect("a clock after 1970");
+        let run = backlog
+            .start_run("default", "solo", "noop", "", a_minute_ago)
+            .await
+            .expect("the run is recorded");
+        assert_eq!(run, 1);
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let runs = loop {
+        let runs = dev.json(&["lists", "runs", "solo"]);
+        if runs["runs"][0]["status"] == "completed" {
+            break runs;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the run left starting was not started within 30 s: {runs}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(runs["runs"][0]["tasks_completed"], 1, "{runs}");
+    assert_ne!(runs["runs"][0]["execution_id"], "", "{runs}");
+    let shown = dev.json(&["lists", "show", "solo"]);
+    assert_eq!(shown["runs"], 1, "one run, started once: {shown}");
+    assert_eq!(shown["status"], "completed", "{shown}");
+}

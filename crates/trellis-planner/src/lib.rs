@@ -216,17 +216,15 @@ pub async fn run(
             runs = config.coordinator.is_some(),
             "planner serving the backlog"
         );
+        let service =
+            backlog::BacklogService::new(store, config.coordinator.clone(), config.limits.clone());
         tokio::spawn(backlog::runs::follow(
-            store.clone(),
+            service.clone(),
             read_model,
             shutdown.clone(),
         ));
         routes = routes.add_service(InterceptedService::new(
-            BacklogServer::new(backlog::BacklogService::new(
-                store,
-                config.coordinator.clone(),
-                config.limits.clone(),
-            )),
+            BacklogServer::new(service),
             authenticate,
         ));
     }

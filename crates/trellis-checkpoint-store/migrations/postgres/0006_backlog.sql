@@ -113,7 +113,8 @@ CREATE TABLE backlog_suggestions (
 CREATE INDEX backlog_suggestions_by_project ON backlog_suggestions (project, status);
 
 -- Runs of a list (execution runs, "lanes"): run N+1 of a list is a new execution of its own. A
--- run is written as `starting` before its execution is started, then `running` with the
+-- run is written as `starting` before its execution is started (with the idempotency key of the
+-- run, so a run left `starting` by a crash is started again, once), then `running` with the
 -- execution's id; its counters and its list's items follow the execution's task instances (the
 -- read model) until it ends (`completed`, `failed` or `cancelled`).
 CREATE TABLE backlog_runs (
@@ -123,6 +124,8 @@ CREATE TABLE backlog_runs (
     execution_id        UUID,
     status              TEXT NOT NULL,
     task_type           TEXT NOT NULL,
+    -- The worker queue its tasks go to; '' = the default queue.
+    queue               TEXT NOT NULL,
     tasks_total         INTEGER NOT NULL,
     tasks_completed     INTEGER NOT NULL DEFAULT 0,
     tasks_failed        INTEGER NOT NULL DEFAULT 0,

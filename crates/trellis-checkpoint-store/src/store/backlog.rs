@@ -108,6 +108,8 @@ pub struct RunRow {
     /// `starting`, `running`, `completed`, `failed` or `cancelled`.
     pub status: String,
     pub task_type: String,
+    /// The worker queue; empty = the default queue.
+    pub queue: String,
     pub tasks_total: u32,
     pub tasks_completed: u32,
     pub tasks_failed: u32,
@@ -245,11 +247,13 @@ pub trait Backlog: Send + Sync + fmt::Debug {
         project: &str,
         list: &str,
         task_type: &str,
+        queue: &str,
         now_ms: i64,
     ) -> Result<u32, Error>;
 
     /// Records that a run's execution started (`running`), or that it could not (`failed`, with
-    /// `reason`; the list goes back to `ready`).
+    /// `reason`; the list goes back to `ready`); only a run still `starting` changes (a second
+    /// record of one start is a no-op).
     async fn run_started(
         &self,
         project: &str,
@@ -264,6 +268,10 @@ pub trait Backlog: Send + Sync + fmt::Debug {
 
     /// Returns every run still `running`, in every project.
     async fn running_runs(&self) -> Result<Vec<RunRow>, Error>;
+
+    /// Returns every run still `starting` that was recorded before `before_ms`, in every project:
+    /// the runs whose start a crash may have cut off.
+    async fn starting_runs(&self, before_ms: i64) -> Result<Vec<RunRow>, Error>;
 
     /// Writes what a running run's execution says: its items' statuses (a completed or failed
     /// item's task becomes completed or failed too), the run's counters, and, once it ended, the

@@ -217,7 +217,7 @@ mod backlog_sql {
     }
 
     const RUN_COLUMNS: &str = "project, list_name, run_number, execution_id, status, task_type, \
-        tasks_total, tasks_completed, tasks_failed, reason, created_at_unix_ms, ended_at_unix_ms";
+        queue, tasks_total, tasks_completed, tasks_failed, reason, created_at_unix_ms, ended_at_unix_ms";
 
     fn run_from_row(row: &DbRow) -> Result<RunRow, Error> {
         Ok(RunRow {
@@ -227,6 +227,7 @@ mod backlog_sql {
             execution_id: column(row, "execution_id")?,
             status: column(row, "status")?,
             task_type: column(row, "task_type")?,
+            queue: column(row, "queue")?,
             tasks_total: to_u32(column(row, "tasks_total")?),
             tasks_completed: to_u32(column(row, "tasks_completed")?),
             tasks_failed: to_u32(column(row, "tasks_failed")?),
@@ -1005,6 +1006,7 @@ mod backlog_sql {
             project: &str,
             list: &str,
             task_type: &str,
+            queue: &str,
             now_ms: i64,
         ) -> Result<u32, Error> {
             let _writes = self.lock_writes().await;
@@ -1035,12 +1037,13 @@ mod backlog_sql {
             .rows_affected();
             sqlx::query(&format!(
                 "INSERT INTO backlog_runs ({RUN_COLUMNS}) \
-                 VALUES ($1, $2, $3, NULL, 'starting', $4, $5, 0, 0, '', $6, NULL)"
+                 VALUES ($1, $2, $3, NULL, 'starting', $4, $5, $6, 0, 0, '', $7, NULL)"
             ))
             .bind(project)
             .bind(list)
             .bind(number(run_number))
             .bind(task_type)
+            .bind(queue)
             .bind(i32::try_from(items).unwrap_or(i32::MAX))
             .bind(now_ms)
             .execute(&mut *tx)
@@ -1065,9 +1068,10 @@ mod backlog_sql {
                 Ok(id) => (Some(id), "running", "", None),
                 Err(reason) => (None, "failed", reason, Some(now_ms)),
             };
-            sqlx::query(
+            let recorded = sqlx::query(
                 "UPDATE backlog_runs SET execution_id = $1, status = $2, reason = $3, \
-                 ended_at_unix_ms = $4 WHERE project = $5 AND list_name = $6 AND run_number = $7",
+                 ended_at_unix_ms = $4 WHERE project = $5 AND list_name = $6 AND run_number = $7 \
+                 AND status = 'starting'",
             )
             .bind(execution_id)
             .bind(status)
@@ -1078,8 +1082,9 @@ mod backlog_sql {
             .bind(number(run_number))
             .execute(&mut *tx)
             .await
-            .map_err(failed(what.clone()))?;
-            if execution_id.is_none() {
+            .map_err(failed(what.clone()))?
+            .rows_affected();
+            if execution_id.is_none() && recorded > 0 {
                 sqlx::query(
                     "UPDATE backlog_lists SET status = 'ready', updated_at_unix_ms = $1 \
                      WHERE project = $2 AND name = $3",
@@ -1117,6 +1122,20 @@ mod backlog_sql {
             .fetch_all(self.pool())
             .await
             .map_err(failed("failed to read the running runs"))?
+            .iter()
+            .map(run_from_row)
+            .collect()
+        }
+
+        async fn starting_runs(&self, before_ms: i64) -> Result<Vec<RunRow>, Error> {
+            sqlx::query(&format!(
+                "SELECT {RUN_COLUMNS} FROM backlog_runs WHERE status = 'starting' \
+                 AND created_at_unix_ms < $1 ORDER BY project, list_name, run_number"
+            ))
+            .bind(before_ms)
+            .fetch_all(self.pool())
+            .await
+            .map_err(failed("failed to read the starting runs"))?
             .iter()
             .map(run_from_row)
             .collect()

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
-use trellis_checkpoint_store::store::backlog::{Backlog as Store, RunProgress, RunRow};
+use trellis_checkpoint_store::store::backlog::{ListRow, RunProgress, RunRow};
 use trellis_checkpoint_store::store::{Page, Store as ReadModel, TaskInstanceQuery};
 use trellis_core::backlog::model::parse_task_ref;
 use trellis_core::backlog::run::item_status;
@@ -30,6 +30,14 @@ use super::{BacklogService, DEFAULT_TASK_TYPE, now_ms, status};
 /// How often running runs are read from the read model.
 pub const FOLLOW_EVERY: Duration = Duration::from_secs(1);
 
+/// How long a call starting a run's execution may take.
+pub const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a run may stay `starting` before the follower takes it for one whose start a crash
+/// cut off, and starts it again (under the same idempotency key): well past [`START_TIMEOUT`],
+/// so a start still in flight is not doubled.
+pub const RESTART_AFTER: Duration = Duration::from_secs(30);
+
 /// Most task instances read per page.
 const PAGE: u32 = 1_000;
 
@@ -41,15 +49,57 @@ pub struct Coordinator {
 }
 
 impl Coordinator {
-    /// A client of the coordinator (connected on first use).
-    pub fn client(&self) -> Result<CoordinatorClient<AuthChannel>, String> {
+    /// A client of the coordinator (connected on first use), whose calls give up after
+    /// [`START_TIMEOUT`].
+    fn client(&self) -> Result<CoordinatorClient<AuthChannel>, String> {
         let endpoint = self
             .security
             .endpoint(&self.url)
-            .map_err(|err| format!("coordinator address {}: {err}", self.url))?;
+            .map_err(|err| format!("coordinator address {}: {err}", self.url))?
+            .timeout(START_TIMEOUT);
         Ok(CoordinatorClient::new(
             self.security.wrap(endpoint.connect_lazy()),
         ))
+    }
+
+    /// Starts run `run_number` of a list with `plan` under the run's idempotency key and returns
+    /// the execution's id.
+    async fn start(
+        &self,
+        plan: v1::Plan,
+        project: &str,
+        list: &str,
+        run_number: u32,
+    ) -> Result<Uuid, String> {
+        let start = v1::StartExecutionRequest {
+            plan_source: Some(v1::start_execution_request::PlanSource::Plan(plan)),
+            options: Some(v1::ExecutionOptions {
+                idempotency_key: format!("backlog/{project}/{list}/{run_number}"),
+                labels: [
+                    ("backlog-project".to_owned(), project.to_owned()),
+                    ("backlog-list".to_owned(), list.to_owned()),
+                    ("backlog-run".to_owned(), run_number.to_string()),
+                ]
+                .into(),
+                namespace: String::new(),
+            }),
+        };
+        let response = self
+            .client()?
+            .start_execution(start)
+            .await
+            .map_err(|status| {
+                format!(
+                    "the coordinator at {} refused the run: {}",
+                    self.url,
+                    status.message()
+                )
+            })?;
+        response
+            .into_inner()
+            .execution_id
+            .parse::<Uuid>()
+            .map_err(|err| format!("the coordinator answered a bad execution id: {err}"))
     }
 }
 
@@ -153,18 +203,21 @@ async fn progress(read_model: &dyn ReadModel, run: &RunRow) -> Result<Option<Run
 }
 
 /// Follows every running run until `shutdown`: reads each one's execution every
-/// [`FOLLOW_EVERY`] and writes what changed. A failure is logged and tried again next time.
+/// [`FOLLOW_EVERY`] and writes what changed; and starts again the runs a crash left `starting`
+/// ([`RESTART_AFTER`]). A failure is logged and tried again next time.
 pub async fn follow(
-    backlog: Arc<dyn Store>,
+    service: BacklogService,
     read_model: Arc<dyn ReadModel>,
     shutdown: CancellationToken,
 ) {
+    let backlog = service.store.clone();
     let mut written: HashMap<(String, String, u32), RunProgress> = HashMap::new();
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(FOLLOW_EVERY) => {}
         }
+        service.restart_orphans().await;
         let runs = match backlog.running_runs().await {
             Ok(runs) => runs,
             Err(err) => {
@@ -217,18 +270,49 @@ impl BacklogService {
         let request = request.into_inner();
         let project = self.project(&request.project).await?;
         let list = self.list_row(&project.project, &request.name).await?;
-        let Some(coordinator) = &self.coordinator else {
+        if self.coordinator.is_none() {
             return Err(Status::failed_precondition(
                 "this planner starts no runs: start it with --coordinator URL (trellis dev does)",
             ));
-        };
+        }
         let task_type = if request.task_type.is_empty() {
             DEFAULT_TASK_TYPE
         } else {
             request.task_type.as_str()
         };
+        // Everything is checked before the run is recorded: a refused run writes nothing.
+        self.run_plan(&list, list.runs + 1, task_type, &request.queue)
+            .await?;
+        let run_number = self
+            .store
+            .start_run(
+                &project.project,
+                &list.name,
+                task_type,
+                &request.queue,
+                now_ms(),
+            )
+            .await
+            .map_err(status)?;
+        let run = self
+            .start_recorded(&list, run_number, task_type, &request.queue)
+            .await?;
+        if run.status == "failed" {
+            return Err(Status::unavailable(run.reason));
+        }
+        Ok(Response::new(run_to_proto(&run)))
+    }
+
+    /// The plan of run `run_number` of `list` as the list is now.
+    async fn run_plan(
+        &self,
+        list: &ListRow,
+        run_number: u32,
+        task_type: &str,
+        queue: &str,
+    ) -> Result<v1::Plan, Status> {
         let all: Vec<BacklogTask> = self
-            .all_tasks(&project.project)
+            .all_tasks(&list.project)
             .await?
             .into_iter()
             .map(|row| row.task)
@@ -240,94 +324,92 @@ impl BacklogService {
             .filter(|task| task.placement == placement)
             .cloned()
             .collect();
-        let plan_of = |run_number: u32| -> Result<v1::Plan, Status> {
-            let run = ListRun {
-                project: &project.project,
-                list: &list.name,
-                run_number,
-                max_parallel_agents: list.max_parallel_agents,
-                task_type,
-                queue: (!request.queue.is_empty()).then_some(request.queue.as_str()),
-            };
-            let spec = list_plan(&run, &listed, &all)
-                .map_err(|err| Status::failed_precondition(err.to_string()))?;
-            let plan = trellis_core::plan::compile(spec, &self.limits).map_err(|errors| {
-                Status::invalid_argument(format!(
-                    "list {} does not make a valid plan: {errors}",
-                    list.name
-                ))
-            })?;
-            Ok(trellis_wire::plan::to_proto(&plan))
+        let run = ListRun {
+            project: &list.project,
+            list: &list.name,
+            run_number,
+            max_parallel_agents: list.max_parallel_agents,
+            task_type,
+            queue: (!queue.is_empty()).then_some(queue),
         };
-        // Everything is checked before the run is recorded: a refused run writes nothing.
-        plan_of(list.runs + 1)?;
-        let now = now_ms();
-        let run_number = self
-            .store
-            .start_run(&project.project, &list.name, task_type, now)
-            .await
-            .map_err(status)?;
-        let started = match plan_of(run_number) {
-            Ok(plan) => {
-                let start = v1::StartExecutionRequest {
-                    plan_source: Some(v1::start_execution_request::PlanSource::Plan(plan)),
-                    options: Some(v1::ExecutionOptions {
-                        idempotency_key: format!(
-                            "backlog/{}/{}/{run_number}",
-                            project.project, list.name
-                        ),
-                        labels: [
-                            ("backlog-project".to_owned(), project.project.clone()),
-                            ("backlog-list".to_owned(), list.name.clone()),
-                            ("backlog-run".to_owned(), run_number.to_string()),
-                        ]
-                        .into(),
-                        namespace: String::new(),
-                    }),
-                };
-                match coordinator.client() {
-                    Ok(mut client) => client
-                        .start_execution(start)
-                        .await
-                        .map_err(|status| {
-                            format!(
-                                "the coordinator at {} refused the run: {}",
-                                coordinator.url,
-                                status.message()
-                            )
-                        })
-                        .and_then(|response| {
-                            response
-                                .into_inner()
-                                .execution_id
-                                .parse::<Uuid>()
-                                .map_err(|err| format!("the coordinator answered a bad id: {err}"))
-                        }),
-                    Err(err) => Err(err),
-                }
+        let spec = list_plan(&run, &listed, &all)
+            .map_err(|err| Status::failed_precondition(err.to_string()))?;
+        let plan = trellis_core::plan::compile(spec, &self.limits).map_err(|errors| {
+            Status::invalid_argument(format!(
+                "list {} does not make a valid plan: {errors}",
+                list.name
+            ))
+        })?;
+        Ok(trellis_wire::plan::to_proto(&plan))
+    }
+
+    /// Starts the execution of a run recorded as `starting`, under the run's idempotency key (a
+    /// start the coordinator stored but did not answer returns the same execution), and records
+    /// how it went; returns the run as recorded.
+    async fn start_recorded(
+        &self,
+        list: &ListRow,
+        run_number: u32,
+        task_type: &str,
+        queue: &str,
+    ) -> Result<RunRow, Status> {
+        let started = match (
+            &self.coordinator,
+            self.run_plan(list, run_number, task_type, queue).await,
+        ) {
+            (None, _) => Err("this planner starts no runs (no --coordinator)".to_owned()),
+            (Some(_), Err(refused)) => Err(refused.message().to_owned()),
+            (Some(coordinator), Ok(plan)) => {
+                coordinator
+                    .start(plan, &list.project, &list.name, run_number)
+                    .await
             }
-            Err(refused) => Err(refused.message().to_owned()),
         };
         let recorded = match &started {
             Ok(id) => Ok(*id),
             Err(reason) => Err(reason.as_str()),
         };
         self.store
-            .run_started(&project.project, &list.name, run_number, recorded, now_ms())
+            .run_started(&list.project, &list.name, run_number, recorded, now_ms())
             .await
             .map_err(status)?;
-        if let Err(reason) = started {
-            return Err(Status::unavailable(reason));
-        }
-        let runs = self
-            .store
-            .runs(&project.project, &list.name)
+        self.store
+            .runs(&list.project, &list.name)
             .await
-            .map_err(status)?;
-        let run = runs
-            .iter()
+            .map_err(status)?
+            .into_iter()
             .find(|run| run.run_number == run_number)
-            .ok_or_else(|| Status::internal(format!("run {run_number} was not recorded")))?;
-        Ok(Response::new(run_to_proto(run)))
+            .ok_or_else(|| Status::internal(format!("run {run_number} was not recorded")))
+    }
+
+    /// Starts the runs a crash left `starting` for longer than [`RESTART_AFTER`].
+    async fn restart_orphans(&self) {
+        let before = now_ms() - i64::try_from(RESTART_AFTER.as_millis()).unwrap_or(i64::MAX);
+        let orphans = match self.store.starting_runs(before).await {
+            Ok(orphans) => orphans,
+            Err(err) => {
+                tracing::warn!(%err, "cannot read the starting list runs; trying again");
+                return;
+            }
+        };
+        for run in orphans {
+            let list = match self.list_row(&run.project, &run.list).await {
+                Ok(list) => list,
+                Err(err) => {
+                    tracing::warn!(list = %run.list, err = %err.message(), "cannot restart a list run");
+                    continue;
+                }
+            };
+            match self
+                .start_recorded(&list, run.run_number, &run.task_type, &run.queue)
+                .await
+            {
+                Ok(started) => tracing::info!(project = %run.project, list = %run.list,
+                    run = run.run_number, status = %started.status,
+                    "a list run left starting was started again"),
+                Err(err) => tracing::warn!(list = %run.list, run = run.run_number,
+                    err = %err.message(), "cannot restart a list run; trying again"),
+            }
+        }
     }
 }
