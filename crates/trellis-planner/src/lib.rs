@@ -206,10 +206,7 @@ pub async fn run(
     let mut routes =
         tonic::service::Routes::new(InterceptedService::new(service, authenticate.clone()));
     if let Some(url) = &config.database_url {
-        let store = trellis_checkpoint_store::store::connect_backlog(url)
-            .await
-            .map_err(Error::Database)?;
-        let read_model = trellis_checkpoint_store::store::connect(url)
+        let (read_model, store) = trellis_checkpoint_store::store::connect_all(url)
             .await
             .map_err(Error::Database)?;
         tracing::info!(

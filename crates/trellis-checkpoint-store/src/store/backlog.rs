@@ -15,7 +15,7 @@ use trellis_core::backlog::rules::RuleSpec;
 use trellis_core::backlog::{BacklogTask, Block, ItemStatus, ListStatus, Placement, TaskStatus};
 use uuid::Uuid;
 
-use super::{Error, PostgresStore, SqliteStore};
+use super::Error;
 
 /// A project: the scope of task numbers, lists, rules and grouping weights.
 #[derive(Clone, Debug, PartialEq)]
@@ -301,14 +301,5 @@ pub trait Backlog: Send + Sync + fmt::Debug {
 /// Opens the backlog on the database of `url` (the checkpoint-store's: `postgres://`,
 /// `sqlite://` or `sqlite::memory:`), applying the migrations.
 pub async fn connect_backlog(url: &str) -> Result<Arc<dyn Backlog>, Error> {
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(Arc::new(PostgresStore::connect(url).await?))
-    } else if url.starts_with("sqlite:") {
-        Ok(Arc::new(SqliteStore::connect(url).await?))
-    } else {
-        Err(Error::invalid(format!(
-            "unsupported database URL {:?} (use postgres://... or sqlite://PATH)",
-            super::redact(url)
-        )))
-    }
+    Ok(super::connect_all(url).await?.1)
 }

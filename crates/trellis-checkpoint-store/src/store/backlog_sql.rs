@@ -237,10 +237,12 @@ mod backlog_sql {
         })
     }
 
-    /// Fills in the links and open blocks of `rows` (all of one project).
+    /// Fills in the links and open blocks of `rows` (all of one project; `only` names the one
+    /// task they are, so only its relationships and blocks are read).
     async fn with_links_and_blocks(
         pool: &sqlx::Pool<Db>,
         project: &str,
+        only: Option<u32>,
         rows: &mut [TaskRow],
     ) -> Result<(), Error> {
         if rows.is_empty() {
@@ -253,9 +255,10 @@ mod backlog_sql {
             .collect();
         let links = sqlx::query(
             "SELECT source, kind, target FROM backlog_relationships WHERE project = $1 \
-             ORDER BY source, kind, target",
+             AND ($2 IS NULL OR source = $2) ORDER BY source, kind, target",
         )
         .bind(project)
+        .bind(only.map(number))
         .fetch_all(pool)
         .await
         .map_err(failed(format!("failed to read the relationships of {project}")))?;
@@ -274,9 +277,10 @@ mod backlog_sql {
             "SELECT block_id, task, kind, reason, blocking_task, created_at_unix_ms, \
              resolved_at_unix_ms, resolution FROM backlog_blocks \
              WHERE project = $1 AND resolved_at_unix_ms IS NULL \
-             ORDER BY created_at_unix_ms, block_id",
+             AND ($2 IS NULL OR task = $2) ORDER BY created_at_unix_ms, block_id",
         )
         .bind(project)
+        .bind(only.map(number))
         .fetch_all(pool)
         .await
         .map_err(failed(format!("failed to read the blocks of {project}")))?;
@@ -636,7 +640,7 @@ mod backlog_sql {
             .map_err(failed(format!("failed to read T-{task}")))?;
             let Some(row) = row else { return Ok(None) };
             let mut rows = [task_from_row(&row)?];
-            with_links_and_blocks(self.pool(), project, &mut rows).await?;
+            with_links_and_blocks(self.pool(), project, Some(task), &mut rows).await?;
             let [row] = rows;
             Ok(Some(row))
         }
@@ -667,7 +671,7 @@ mod backlog_sql {
                 .iter()
                 .map(task_from_row)
                 .collect::<Result<Vec<_>, _>>()?;
-            with_links_and_blocks(self.pool(), project, &mut rows).await?;
+            with_links_and_blocks(self.pool(), project, None, &mut rows).await?;
             Ok(rows)
         }
 

@@ -513,10 +513,18 @@ pub trait Store: Send + Sync + fmt::Debug {
 /// `postgres://` or `postgresql://` for PostgreSQL, `sqlite:` for SQLite (`sqlite://trellis.db` for a
 /// file created if missing, `sqlite::memory:` for a database that lives as long as the store).
 pub async fn connect(url: &str) -> Result<Arc<dyn Store>, Error> {
+    Ok(connect_all(url).await?.0)
+}
+
+/// Opens the database of `url` once (one pool, the migrations applied once) as both the
+/// checkpoint-store's [`Store`] and the planner's [`Backlog`]; schemes as [`connect`].
+pub async fn connect_all(url: &str) -> Result<(Arc<dyn Store>, Arc<dyn Backlog>), Error> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(Arc::new(PostgresStore::connect(url).await?))
+        let store = Arc::new(PostgresStore::connect(url).await?);
+        Ok((store.clone(), store))
     } else if url.starts_with("sqlite:") {
-        Ok(Arc::new(SqliteStore::connect(url).await?))
+        let store = Arc::new(SqliteStore::connect(url).await?);
+        Ok((store.clone(), store))
     } else {
         Err(Error::invalid(format!(
             "unsupported database URL {:?}: use postgres://... or sqlite://...",

@@ -13,6 +13,7 @@ pub mod runs;
 mod suggestions;
 mod wire;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
@@ -160,10 +161,15 @@ impl BacklogService {
             .map_err(status)
     }
 
-    /// Writes a task row with the number of the project's tasks that wait for it.
-    async fn view(&self, row: &TaskRow) -> Result<v1::BacklogTaskView, Status> {
-        let all = self.all_tasks(&row.project).await?;
-        Ok(view_among(row, &all))
+    /// Writes a task as stored now, with the number of the project's tasks that wait for it
+    /// (one read of the project's tasks).
+    async fn view(&self, project: &str, number: u32) -> Result<v1::BacklogTaskView, Status> {
+        let all = self.all_tasks(project).await?;
+        views(&all, |row| row.task.number == number)
+            .pop()
+            .ok_or_else(|| {
+                Status::not_found(format!("task T-{number} not found in project {project}"))
+            })
     }
 
     /// Checks `task`'s relationships against the project's other tasks: every target exists and
@@ -201,23 +207,29 @@ impl BacklogService {
         findings: &[Finding],
         suggestions: Vec<v1::GroupingSuggestion>,
     ) -> Result<Response<v1::TaskChange>, Status> {
-        let row = self.task_row(project, number).await?;
         Ok(Response::new(v1::TaskChange {
-            task: Some(self.view(&row).await?),
+            task: Some(self.view(project, number).await?),
             findings: findings.iter().map(wire::finding_to_proto).collect(),
             suggestions,
         }))
     }
 }
 
-/// Writes a task with the number of tasks among `all` that wait for it.
-fn view_among(row: &TaskRow, all: &[TaskRow]) -> v1::BacklogTaskView {
+/// Writes the tasks of `all` that `keep` picks, each with the number of tasks among `all` that
+/// wait for it (counted once for all of them).
+fn views(all: &[TaskRow], keep: impl Fn(&TaskRow) -> bool) -> Vec<v1::BacklogTaskView> {
     let tasks: Vec<BacklogTask> = all.iter().map(|row| row.task.clone()).collect();
-    let waiting = prerequisites(&tasks)
-        .values()
-        .filter(|waits| waits.contains(&row.task.number))
-        .count();
-    wire::task_to_proto(row, waiting)
+    let mut waiting: HashMap<u32, usize> = HashMap::new();
+    for prerequisite in prerequisites(&tasks).values().flatten() {
+        *waiting.entry(*prerequisite).or_default() += 1;
+    }
+    all.iter()
+        .filter(|row| keep(row))
+        .map(|row| {
+            let count = waiting.get(&row.task.number).copied().unwrap_or(0);
+            wire::task_to_proto(row, count)
+        })
+        .collect()
 }
 
 /// Reads the optional list filter of a request.
@@ -324,10 +336,8 @@ impl Backlog for BacklogService {
     ) -> Result<Response<v1::BacklogTaskView>, Status> {
         let request = request.into_inner();
         let project = self.project(&request.project).await?;
-        let row = self
-            .task_row(&project.project, task_number(request.number)?)
-            .await?;
-        Ok(Response::new(self.view(&row).await?))
+        let number = task_number(request.number)?;
+        Ok(Response::new(self.view(&project.project, number).await?))
     }
 
     async fn list_tasks(
@@ -346,17 +356,10 @@ impl Backlog for BacklogService {
             Some(TaskStatus::parse("status", &request.status).map_err(invalid)?)
         };
         let all = self.all_tasks(&project.project).await?;
-        let tasks = all
-            .iter()
-            .filter(|row| {
-                placement.as_ref().is_none_or(|placement| match placement {
-                    Placement::Evaluation => row.task.placement == Placement::Evaluation,
-                    list => &row.task.placement == list,
-                })
-            })
-            .filter(|row| status_filter.is_none_or(|status| row.task.status == status))
-            .map(|row| view_among(row, &all))
-            .collect();
+        let tasks = views(&all, |row| {
+            placement.as_ref().is_none_or(|p| &row.task.placement == p)
+                && status_filter.is_none_or(|status| row.task.status == status)
+        });
         Ok(Response::new(v1::ListTasksResponse { tasks }))
     }
 
@@ -447,8 +450,7 @@ impl Backlog for BacklogService {
             .add_block(&project.project, number, &block, now_ms())
             .await
             .map_err(status)?;
-        let row = self.task_row(&project.project, number).await?;
-        Ok(Response::new(self.view(&row).await?))
+        Ok(Response::new(self.view(&project.project, number).await?))
     }
 
     async fn unblock_task(
@@ -484,8 +486,7 @@ impl Backlog for BacklogService {
             .resolve_blocks(&project.project, number, kind, &resolution, now_ms())
             .await
             .map_err(status)?;
-        let row = self.task_row(&project.project, number).await?;
-        Ok(Response::new(self.view(&row).await?))
+        Ok(Response::new(self.view(&project.project, number).await?))
     }
 
     async fn check_task(
@@ -539,11 +540,7 @@ impl Backlog for BacklogService {
         let list = self.list_row(&project.project, &request.name).await?;
         let all = self.all_tasks(&project.project).await?;
         let placement = Placement::List(list.name.clone());
-        let tasks = all
-            .iter()
-            .filter(|row| row.task.placement == placement)
-            .map(|row| view_among(row, &all))
-            .collect();
+        let tasks = views(&all, |row| row.task.placement == placement);
         Ok(Response::new(v1::GetListResponse {
             list: Some(wire::list_to_proto(&list)),
             tasks,
@@ -586,8 +583,7 @@ impl Backlog for BacklogService {
             .place_task(&project.project, number, &placement, position, now_ms())
             .await
             .map_err(status)?;
-        let row = self.task_row(&project.project, number).await?;
-        Ok(Response::new(self.view(&row).await?))
+        Ok(Response::new(self.view(&project.project, number).await?))
     }
 
     async fn run_list(
