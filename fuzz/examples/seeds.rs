@@ -367,6 +367,7 @@ fn outcomes() -> Vec<(&'static str, task_result::Outcome)> {
                     expires_at_unix_ms: Some((T0 + 60_000) as i64),
                     timeout_action: v1::QuestionTimeoutAction::AnswerDefault.into(),
                     default_answer: "no".to_owned(),
+                    priority: "high".to_owned(),
                 }),
             }),
         ),

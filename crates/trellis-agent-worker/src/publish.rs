@@ -279,6 +279,7 @@ pub(crate) fn outcome_to_proto(outcome: Outcome) -> task_result::Outcome {
             question: Some(v1::Question {
                 question_id: uuid::Uuid::now_v7().to_string(),
                 question_type: question.question_type,
+                priority: question.priority,
                 text: question.text,
                 options: question.options,
                 expires_at_unix_ms: question.expires_at_unix_ms,

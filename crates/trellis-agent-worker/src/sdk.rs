@@ -149,6 +149,8 @@ pub struct Question {
     pub options: Vec<String>,
     /// What kind of decision is asked for (free text, e.g. `approval`, `choice`).
     pub question_type: String,
+    /// How urgent it is (free text; seed 001 names `critical`, `high`, `medium`, `low`).
+    pub priority: String,
     /// When it expires; `None` means never.
     pub expires_at_unix_ms: Option<i64>,
     /// What happens when it expires.
@@ -164,6 +166,7 @@ impl Question {
             text: text.into(),
             options,
             question_type: String::new(),
+            priority: String::new(),
             expires_at_unix_ms: None,
             timeout_action: QuestionTimeoutAction::Unspecified,
             default_answer: String::new(),

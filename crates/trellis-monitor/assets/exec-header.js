@@ -265,7 +265,7 @@ export class Questions {
     const input = options.length
       ? h('select', { name: 'answer' }, options.map((o) => h('option', { value: String(o) }, String(o))))
       : h('input', { name: 'answer', type: 'text', placeholder: 'your answer', autocomplete: 'off' });
-    const meta = [q.task_id, q.type, q.asked_at_ms ? `asked ${fmtDateTime(q.asked_at_ms)}` : null,
+    const meta = [q.task_id, q.type, q.priority ? `priority ${q.priority}` : null, q.asked_at_ms ? `asked ${fmtDateTime(q.asked_at_ms)}` : null,
       q.expires_at_ms ? `expires ${fmtDateTime(q.expires_at_ms)}` : null,
       `instance ${shortId(q.task_instance_id)}`].filter(Boolean).join(' · ');
     const error = h('div', { class: 'answer-error', role: 'alert', hidden: true });

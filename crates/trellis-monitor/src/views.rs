@@ -124,6 +124,8 @@ pub struct QuestionView {
     pub task_id: String,
     #[serde(rename = "type")]
     pub question_type: String,
+    /// critical, high, medium, low; empty when the asker gave none.
+    pub priority: String,
     pub text: String,
     pub options: Vec<String>,
     pub asked_at_ms: i64,
@@ -138,6 +140,7 @@ impl QuestionView {
             task_instance_id: open.task_instance_id.clone(),
             task_id: open.task_id.clone(),
             question_type: question.question_type,
+            priority: question.priority,
             text: question.text,
             options: question.options,
             asked_at_ms: open.asked_at_unix_ms,

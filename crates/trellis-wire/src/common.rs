@@ -163,6 +163,7 @@ pub fn question_to_proto(question: &Question) -> v1::Question {
         expires_at_unix_ms: question.expires_at_ms.map(instant_to_proto),
         timeout_action: timeout_action.into(),
         default_answer,
+        priority: question.priority.clone(),
     }
 }
 
@@ -191,6 +192,7 @@ pub(crate) fn question_from_proto(
     Ok(Question {
         id: parse_id(&at.field("question_id"), &question.question_id)?,
         question_type: question.question_type.clone(),
+        priority: question.priority.clone(),
         text: question.text.clone(),
         options: question.options.clone(),
         expires_at_ms: question

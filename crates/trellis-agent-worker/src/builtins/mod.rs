@@ -17,7 +17,8 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use crate::sdk::{
-    GroupRule, GroupSummary, HandlerRegistry, HumanAnswer, Outcome, Question, Subtask, TaskContext,
+    GroupRule, GroupSummary, HandlerRegistry, HumanAnswer, Outcome, Question,
+    QuestionTimeoutAction, Subtask, TaskContext,
 };
 
 pub(crate) fn register(registry: &mut HandlerRegistry) {
@@ -34,6 +35,10 @@ pub(crate) fn register(registry: &mut HandlerRegistry) {
 }
 
 /// Parses the input as `T`, or returns the failed outcome that says why not.
+#[expect(
+    clippy::result_large_err,
+    reason = "the outcome is the handler's answer, returned once per task, not a hot path"
+)]
 pub(crate) fn input<T: DeserializeOwned>(ctx: &TaskContext) -> Result<T, Outcome> {
     ctx.input_as::<T>().map_err(|error| {
         Outcome::failed(format!("invalid {} input: {error}", ctx.task_type()), false)
@@ -64,6 +69,10 @@ impl<'a> Given<'a> {
 
     /// Parses the input as `T` (an empty input is `null`), or returns the failed outcome that
     /// says why not.
+    #[expect(
+        clippy::result_large_err,
+        reason = "the outcome is the handler's answer, returned once per task, not a hot path"
+    )]
     fn input<T: DeserializeOwned>(&self) -> Result<T, Outcome> {
         let parsed = if self.input.is_empty() {
             serde_json::from_value(Value::Null)
@@ -312,15 +321,36 @@ async fn steps(ctx: TaskContext) -> Outcome {
     Outcome::Completed(ctx.step_state())
 }
 
+/// The question types seed 001 names.
+const QUESTION_TYPES: [&str; 4] = ["validation", "approval", "duplicate_merge", "decision"];
+
+/// The priorities seed 001 names, most urgent first.
+const QUESTION_PRIORITIES: [&str; 4] = ["critical", "high", "medium", "low"];
+
+/// What an expired question does, as the input names it.
+const TIMEOUT_ACTIONS: [&str; 3] = ["fail", "skip", "answer"];
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct QuestionInput {
     text: String,
     #[serde(default)]
     options: Vec<String>,
+    #[serde(default, rename = "type")]
+    question_type: Option<String>,
+    #[serde(default)]
+    priority: Option<String>,
+    /// How long it waits for an answer, from when it is asked (`30s`, `15m`, `2h`).
+    #[serde(default)]
+    expires_in: Option<String>,
+    #[serde(default)]
+    timeout_action: Option<String>,
+    #[serde(default)]
+    default_answer: Option<String>,
 }
 
-/// First run: asks `text` with `options`. Resumed with an answer: completes with `{answer}`.
+/// First run: asks `text` with `options` (and seed 001's type, priority, expiry and timeout
+/// action). Resumed with an answer: completes with `{answer}`.
 async fn question(ctx: TaskContext) -> Outcome {
     question_outcome(Given::of(&ctx))
 }
@@ -329,10 +359,90 @@ fn question_outcome(given: Given<'_>) -> Outcome {
     if let Some(answer) = given.answer {
         return Outcome::Completed(json!({ "answer": answer.answer }));
     }
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| {
+            i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX)
+        });
     match given.input::<QuestionInput>() {
-        Ok(QuestionInput { text, options }) => Outcome::Ask(Question::new(text, options)),
+        Ok(input) => match ask(input, now_ms) {
+            Ok(question) => Outcome::Ask(question),
+            Err(error) => Outcome::failed(format!("invalid question input: {error}"), false),
+        },
         Err(outcome) => outcome,
     }
+}
+
+/// The question `input` asks at `now_ms`, or what is wrong with it.
+fn ask(input: QuestionInput, now_ms: i64) -> Result<Question, String> {
+    let one_of = |field: &str, value: Option<String>, choices: &[&str], default: &str| {
+        let value = value.unwrap_or_else(|| default.to_owned());
+        if choices.contains(&value.as_str()) {
+            Ok(value)
+        } else {
+            Err(format!(
+                "{field}: unknown {field} {value:?} (choose from {})",
+                choices.join(", ")
+            ))
+        }
+    };
+    let question_type = one_of("type", input.question_type, &QUESTION_TYPES, "decision")?;
+    let priority = one_of("priority", input.priority, &QUESTION_PRIORITIES, "medium")?;
+    let expires_at_unix_ms = match &input.expires_in {
+        None => None,
+        Some(text) => {
+            let wait = humantime::parse_duration(text).map_err(|err| {
+                format!("expires_in: {text:?} is not a duration ({err}); write 30s, 15m or 2h")
+            })?;
+            if wait.is_zero() {
+                return Err("expires_in: must be longer than 0s".to_owned());
+            }
+            Some(now_ms.saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX)))
+        }
+    };
+    let action = match &input.timeout_action {
+        None => None,
+        Some(action) => Some(one_of(
+            "timeout_action",
+            Some(action.clone()),
+            &TIMEOUT_ACTIONS,
+            "",
+        )?),
+    };
+    if action.is_some() && expires_at_unix_ms.is_none() {
+        return Err(
+            "timeout_action: needs expires_in (a question that never expires never times out)"
+                .to_owned(),
+        );
+    }
+    let (timeout_action, default_answer) = match (action.as_deref(), input.default_answer) {
+        (Some("answer"), Some(answer)) => {
+            if !input.options.is_empty() && !input.options.contains(&answer) {
+                return Err(format!(
+                    "default_answer: {answer:?} is not one of the options ({})",
+                    input.options.join(", ")
+                ));
+            }
+            (QuestionTimeoutAction::AnswerDefault, answer)
+        }
+        (Some("answer"), None) => {
+            return Err("default_answer: missing (timeout_action answer gives it)".to_owned());
+        }
+        (_, Some(_)) => {
+            return Err("default_answer: only with timeout_action answer".to_owned());
+        }
+        (Some("skip"), None) => (QuestionTimeoutAction::Skip, String::new()),
+        (Some(_), None) => (QuestionTimeoutAction::Fail, String::new()),
+        (None, None) => (QuestionTimeoutAction::Unspecified, String::new()),
+    };
+    Ok(Question {
+        question_type,
+        priority,
+        expires_at_unix_ms,
+        timeout_action,
+        default_answer,
+        ..Question::new(input.text, input.options)
+    })
 }
 
 #[cfg(test)]
@@ -356,6 +466,77 @@ mod tests {
                 error
             }
             other => panic!("expected a failure, got {other:?}"),
+        }
+    }
+
+    fn asked(input: &str) -> Result<Question, String> {
+        let input: QuestionInput = serde_json::from_str(input).map_err(|err| err.to_string())?;
+        ask(input, 1_000)
+    }
+
+    #[test]
+    fn a_question_takes_the_seed_fields() {
+        let question = asked(
+            r#"{"text": "Merge T-3 into T-1?", "options": ["merge", "keep"], "type": "duplicate_merge",
+                "priority": "high", "expires_in": "2s", "timeout_action": "answer",
+                "default_answer": "keep"}"#,
+        )
+        .expect("a valid question");
+        assert_eq!(question.question_type, "duplicate_merge");
+        assert_eq!(question.priority, "high");
+        assert_eq!(question.expires_at_unix_ms, Some(3_000));
+        assert_eq!(
+            question.timeout_action,
+            QuestionTimeoutAction::AnswerDefault
+        );
+        assert_eq!(question.default_answer, "keep");
+        let plain = asked(r#"{"text": "Why?"}"#).expect("a plain question");
+        assert_eq!(
+            (plain.question_type.as_str(), plain.priority.as_str()),
+            ("decision", "medium")
+        );
+        assert_eq!(plain.expires_at_unix_ms, None);
+    }
+
+    #[test]
+    fn a_question_with_bad_seed_fields_is_refused_precisely() {
+        let cases = [
+            (
+                r#"{"text": "?", "type": "vote"}"#,
+                "type: unknown type \"vote\" (choose from validation, approval, duplicate_merge, decision)",
+            ),
+            (
+                r#"{"text": "?", "priority": "urgent"}"#,
+                "priority: unknown priority \"urgent\"",
+            ),
+            (
+                r#"{"text": "?", "expires_in": "soon"}"#,
+                "expires_in: \"soon\" is not a duration",
+            ),
+            (
+                r#"{"text": "?", "timeout_action": "skip"}"#,
+                "timeout_action: needs expires_in",
+            ),
+            (
+                r#"{"text": "?", "expires_in": "1m", "timeout_action": "pause"}"#,
+                "timeout_action: unknown timeout_action \"pause\"",
+            ),
+            (
+                r#"{"text": "?", "expires_in": "1m", "timeout_action": "answer"}"#,
+                "default_answer: missing",
+            ),
+            (
+                r#"{"text": "?", "options": ["a"], "expires_in": "1m", "timeout_action": "answer", "default_answer": "b"}"#,
+                "default_answer: \"b\" is not one of the options (a)",
+            ),
+            (
+                r#"{"text": "?", "expires_in": "1m", "default_answer": "b"}"#,
+                "default_answer: only with timeout_action answer",
+            ),
+        ];
+        for (input, expected) in cases {
+            let error = asked(input).expect_err(input);
+            assert!(error.starts_with(expected), "{input}: {error}");
         }
     }
 

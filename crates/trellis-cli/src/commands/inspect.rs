@@ -313,6 +313,8 @@ fn execution_json(execution: &Execution) -> Value {
                 "question_id": question.question_id,
                 "task_instance_id": open.task_instance_id,
                 "task_id": open.task_id,
+                "type": question.question_type,
+                "priority": question.priority,
                 "text": question.text,
                 "options": question.options,
                 "asked_at_unix_ms": open.asked_at_unix_ms,

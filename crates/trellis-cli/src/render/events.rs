@@ -485,6 +485,7 @@ fn question_fields(question: &Question) -> Vec<(&'static str, Value)> {
     vec![
         ("question", json!(question.question_id)),
         ("question_type", json!(question.question_type)),
+        ("priority", json!(question.priority)),
         ("text", json!(question.text)),
         ("options", json!(question.options)),
         ("expires_at_unix_ms", json!(question.expires_at_unix_ms)),
@@ -786,6 +787,7 @@ mod tests {
                 question: machine::Question {
                     id: question,
                     question_type: "approval".to_owned(),
+                    priority: "high".to_owned(),
                     text: "Ship it?".to_owned(),
                     options: vec!["yes".to_owned(), "no".to_owned()],
                     expires_at_ms: Some(5),

@@ -270,6 +270,10 @@ pub struct SubtaskSpec {
 pub struct Question {
     pub id: QuestionId,
     pub question_type: String,
+    /// How urgent it is, free-form; seed 001 names `critical`, `high`, `medium` and `low`. Only
+    /// the people it reaches read it: the state machine treats every question alike.
+    #[serde(default)]
+    pub priority: String,
     pub text: String,
     pub options: Vec<String>,
     pub expires_at_ms: Option<u64>,

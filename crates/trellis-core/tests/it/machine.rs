@@ -768,6 +768,7 @@ fn questions_wait_for_a_human_and_resume_with_the_answer() {
     let question = Question {
         id: QuestionId::derived(1, 1),
         question_type: "approval".into(),
+        priority: "high".into(),
         text: "ship it?".into(),
         options: vec!["yes".into(), "no".into()],
         expires_at_ms: None,
@@ -837,6 +838,7 @@ fn expired_questions_apply_their_timeout_action() {
     let question = Question {
         id: QuestionId::derived(1, 2),
         question_type: "choice".into(),
+        priority: String::new(),
         text: "which?".into(),
         options: vec![],
         expires_at_ms: Some(sim.now + 5_000),

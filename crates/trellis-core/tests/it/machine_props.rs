@@ -273,6 +273,7 @@ impl Harness {
                     let question = Question {
                         id: QuestionId::derived(sim_now, self.counter),
                         question_type: "approval".into(),
+                        priority: "low".into(),
                         text: "ok?".into(),
                         options: vec![],
                         expires_at_ms: expires.then_some(sim_now + 500),

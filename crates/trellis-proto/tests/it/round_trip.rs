@@ -76,6 +76,7 @@ fn task_result_round_trips_with_every_outcome() {
                 expires_at_unix_ms: Some(1_760_000_600_000),
                 timeout_action: QuestionTimeoutAction::AnswerDefault.into(),
                 default_answer: "no".to_owned(),
+                priority: "high".to_owned(),
             }),
         }),
         task_result::Outcome::StepCheckpoint(task_result::StepCheckpoint {

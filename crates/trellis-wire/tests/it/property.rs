@@ -99,6 +99,7 @@ fn arb_question() -> impl Strategy<Value = Question> {
             |(id, question_type, text, options, expires_at_ms, timeout_action)| Question {
                 id,
                 question_type,
+                priority: "high".to_owned(),
                 text,
                 options,
                 expires_at_ms,

@@ -25,6 +25,7 @@ pub(crate) fn example_question(timeout_action: TimeoutAction) -> Question {
     Question {
         id: question_id(9),
         question_type: "approval".to_owned(),
+        priority: "critical".to_owned(),
         text: "deploy to production?".to_owned(),
         options: vec!["yes".to_owned(), "no".to_owned()],
         expires_at_ms: Some(AT_MS + 60_000),

@@ -237,6 +237,7 @@ fn results_become_events() {
                 expires_at_unix_ms: Some((AT_MS + 60_000) as i64),
                 timeout_action: v1::QuestionTimeoutAction::AnswerDefault.into(),
                 default_answer: "no".to_owned(),
+                priority: "critical".to_owned(),
             }),
         }),
         EventBody::QuestionAsked {
