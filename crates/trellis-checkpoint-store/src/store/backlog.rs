@@ -129,9 +129,13 @@ pub struct RunProgress {
     pub ended: Option<(String, String)>,
 }
 
-/// The backlog's tables. Every method is one transaction: on an error nothing was changed.
+/// The backlog's tables (and, through [`super::notify::Notifications`] and
+/// [`super::templates::Templates`], its notifications' and templates'). Every method is one
+/// transaction: on an error nothing was changed.
 #[async_trait]
-pub trait Backlog: Send + Sync + fmt::Debug {
+pub trait Backlog:
+    super::notify::Notifications + super::templates::Templates + Send + Sync + fmt::Debug
+{
     /// Stores a new project; `AlreadyExists` when its slug is taken.
     async fn create_project(&self, project: &ProjectRow) -> Result<(), Error>;
 

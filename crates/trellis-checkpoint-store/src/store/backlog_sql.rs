@@ -28,7 +28,7 @@ mod backlog_sql {
     /// Wraps a database error of a backlog statement: a refused constraint is the caller's
     /// mistake (`InvalidArgument`, or `AlreadyExists` for a taken key), a missing reference is
     /// `NotFound`.
-    fn failed(what: impl Into<String>) -> impl FnOnce(sqlx::Error) -> Error {
+    pub(super) fn failed(what: impl Into<String>) -> impl FnOnce(sqlx::Error) -> Error {
         let what = what.into();
         move |source| {
             let kind = match &source {

@@ -8,8 +8,10 @@
 //! (`sql.rs`, compiled once per backend), which the conformance suite checks against both.
 
 pub mod backlog;
+pub mod notify;
 mod postgres;
 mod sqlite;
+pub mod templates;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;

@@ -235,6 +235,7 @@ fn question_from_row(row: &DbRow) -> Result<QuestionRow, Error> {
         question: Question {
             id: column::<Uuid>(row, "question_id")?.into(),
             question_type: column(row, "question_type")?,
+            priority: column(row, "priority")?,
             text: column(row, "text")?,
             options,
             expires_at_ms: column::<Option<i64>>(row, "expires_at_unix_ms")?.map(from_i64),
@@ -464,7 +465,7 @@ impl Store for StoreImpl {
                     .chain(chunks(&labels, 3).map(labels_insert))
                     .chain(chunks(&batch.instances, 19).map(instances_upsert))
                     .chain(chunks(&batch.events, 6).map(events_insert))
-                    .chain(chunks(&batch.questions_asked, 13).map(questions_insert))
+                    .chain(chunks(&batch.questions_asked, 14).map(questions_insert))
                     .chain(batch.questions_resolved.iter().map(question_resolve)),
             )
         })
@@ -662,8 +663,8 @@ impl Store for StoreImpl {
         let rows = sqlx::query(
             "SELECT question_id, execution_id, task_instance_id, task_id, attempt, \
              question_type, text, options, default_answer, timeout_action, expires_at_unix_ms, \
-             asked_at_unix_ms FROM questions WHERE execution_id = $1 AND status = 'pending' \
-             ORDER BY question_id",
+             asked_at_unix_ms, priority FROM questions \
+             WHERE execution_id = $1 AND status = 'pending' ORDER BY question_id",
         )
         .bind(execution_id.0)
         .fetch_all(self.pool())

@@ -242,7 +242,7 @@ fn questions_insert<'a>(questions: &'a [QuestionRow]) -> QueryBuilder<'a, Db> {
     let mut query = QueryBuilder::<Db>::new(
         "INSERT INTO questions (question_id, execution_id, task_instance_id, task_id, \
          attempt, question_type, text, options, default_answer, timeout_action, \
-         expires_at_unix_ms, status, asked_at_unix_ms) ",
+         expires_at_unix_ms, status, asked_at_unix_ms, priority) ",
     );
     query.push_values(questions, |mut values, asked| {
         let question = &asked.question;
@@ -268,7 +268,8 @@ fn questions_insert<'a>(questions: &'a [QuestionRow]) -> QueryBuilder<'a, Db> {
             .push_bind(action)
             .push_bind(question.expires_at_ms.map(to_i64))
             .push_bind("pending")
-            .push_bind(to_i64(asked.asked_at_ms));
+            .push_bind(to_i64(asked.asked_at_ms))
+            .push_bind(text(&question.priority));
     });
     query.push(" ON CONFLICT (question_id) DO NOTHING");
     query

@@ -155,3 +155,5 @@ fn text(value: &str) -> String {
 
 include!("sql.rs");
 include!("backlog_sql.rs");
+include!("notify_sql.rs");
+include!("templates_sql.rs");

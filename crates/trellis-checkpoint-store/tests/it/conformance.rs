@@ -480,6 +480,7 @@ async fn read_model_writes_are_idempotent_and_queryable(store: TestStore) -> any
             question: Question {
                 id: question_id,
                 question_type: "approval".to_owned(),
+                priority: "high".to_owned(),
                 text: "ship it?".to_owned(),
                 options: vec!["yes".to_owned(), "no".to_owned()],
                 expires_at_ms: Some(9_000),

@@ -6,6 +6,7 @@ mod backlog;
 mod conformance;
 mod driver;
 mod grpc;
+mod notify;
 mod read_model;
 mod support;
 mod tls;
