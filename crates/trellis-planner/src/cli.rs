@@ -46,10 +46,16 @@ pub struct Args {
     /// `trellis lists`). Without, it only compiles and analyses plans.
     #[arg(long, env = "TRELLIS_DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
-    /// The coordinator list runs start on (`trellis lists run`), called with the --token and
-    /// TLS flags; without, the backlog starts no runs.
+    /// The coordinator list runs start on (`trellis lists run`) and answers given through
+    /// notification sinks go to, called with the --token and TLS flags; without, the backlog
+    /// starts no runs and takes no answers.
     #[arg(long, env = "TRELLIS_COORDINATOR", value_name = "URL")]
     pub coordinator: Option<String>,
+    /// Where the notification sinks' answers come back (HTTP): Telegram's webhook at
+    /// /hooks/telegram/PROJECT/SINK, a webhook's signed answers at /hooks/webhook/PROJECT/SINK.
+    /// Needs --database-url; put it behind your HTTPS proxy. Without, sinks only notify.
+    #[arg(long, env = "TRELLIS_PLANNER_HOOKS", value_name = "ADDR")]
+    pub hooks_listen: Option<SocketAddr>,
     #[command(flatten)]
     pub server: trellis_grpc::ServerArgs,
     #[command(flatten)]
@@ -114,6 +120,26 @@ pub async fn serve(args: Args, client: &trellis_grpc::ClientArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let hooks = match args.hooks_listen {
+        None => None,
+        Some(addr) => match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => Some(listener),
+            Err(err) => {
+                eprintln!(
+                    "trellis-planner: cannot listen for hooks on {addr}: {err} (pick another \
+                     address with --hooks-listen)"
+                );
+                return ExitCode::from(2);
+            }
+        },
+    };
+    if hooks.is_some() && args.database_url.is_none() {
+        eprintln!(
+            "trellis-planner: --hooks-listen needs --database-url: the sinks and questions are \
+             the database's"
+        );
+        return ExitCode::from(2);
+    }
     let shutdown = trellis_telemetry::cancel_on_signal();
     let telemetry = trellis_telemetry::Telemetry::new();
     if let Err(err) = args
@@ -141,8 +167,9 @@ pub async fn serve(args: Args, client: &trellis_grpc::ClientArgs) -> ExitCode {
         telemetry,
         database_url: args.database_url.clone(),
         coordinator,
+        notify: crate::notify::Settings::default(),
     };
-    let outcome = crate::run(listener, config, shutdown).await;
+    let outcome = crate::run_with_hooks(listener, hooks, config, shutdown).await;
     trellis_telemetry::exit_code("trellis-planner", outcome)
 }
 

@@ -34,6 +34,7 @@ use trellis_wire::plan;
 
 pub mod backlog;
 mod cli;
+pub mod notify;
 
 pub use cli::{Args, main_entry, run_with};
 
@@ -67,8 +68,11 @@ pub struct Config {
     /// The database of the backlog (`postgres://...`, `sqlite://PATH`): with one, the planner
     /// serves the `Backlog` API too.
     pub database_url: Option<String>,
-    /// Where the backlog's list runs start; `None`: `RunList` is refused.
+    /// Where the backlog's list runs start and answers given through sinks go; `None`:
+    /// `RunList` and those answers are refused.
     pub coordinator: Option<backlog::runs::Coordinator>,
+    /// How the notifier paces itself (it runs with a database).
+    pub notify: notify::Settings,
 }
 
 /// The `Planner` gRPC service.
@@ -187,6 +191,21 @@ pub async fn run(
     config: Config,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
+    run_with_hooks(listener, None, config, shutdown).await
+}
+
+/// [`run`], and with a database and `hooks`, the HTTP endpoints answers come back to from the
+/// notification sinks ([`notify::hooks`]) on that listener.
+///
+/// # Errors
+///
+/// The server could not be built or failed while serving.
+pub async fn run_with_hooks(
+    listener: TcpListener,
+    hooks: Option<TcpListener>,
+    config: Config,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
     let addr: SocketAddr = listener.local_addr().map_err(Error::Listener)?;
     tracing::info!(
         %addr,
@@ -213,13 +232,35 @@ pub async fn run(
             runs = config.coordinator.is_some(),
             "planner serving the backlog"
         );
-        let service =
-            backlog::BacklogService::new(store, config.coordinator.clone(), config.limits.clone());
+        let service = backlog::BacklogService::new(
+            store.clone(),
+            config.coordinator.clone(),
+            config.limits.clone(),
+        );
         tokio::spawn(backlog::runs::follow(
             service.clone(),
-            read_model,
+            read_model.clone(),
             shutdown.clone(),
         ));
+        tokio::spawn(
+            notify::Notifier::new(store.clone(), read_model.clone(), config.notify.clone())
+                .run(shutdown.clone()),
+        );
+        if let Some(hooks) = hooks {
+            let addr = hooks.local_addr().map_err(Error::Listener)?;
+            tracing::info!(%addr, "planner serving the notification hooks");
+            let hooks_state = notify::hooks::Hooks {
+                store: store.clone(),
+                read_model,
+                coordinator: config.coordinator.clone(),
+            };
+            let stop = shutdown.clone();
+            tokio::spawn(async move {
+                if let Err(err) = notify::hooks::serve(hooks, hooks_state, stop).await {
+                    tracing::error!(%err, "the notification hooks stopped");
+                }
+            });
+        }
         routes = routes.add_service(InterceptedService::new(
             BacklogServer::new(service),
             authenticate,

@@ -10,7 +10,9 @@
 mod custom;
 mod rules;
 pub mod runs;
+mod sinks;
 mod suggestions;
+mod templates;
 mod wire;
 
 use std::collections::HashMap;
@@ -33,6 +35,7 @@ use trellis_proto::v1;
 use trellis_proto::v1::backlog_server::Backlog;
 
 pub use custom::CUSTOM_RULE_TIMEOUT;
+pub use sinks::TELEGRAM_API;
 
 /// The project every call names unless told otherwise; it is created on first use.
 pub const DEFAULT_PROJECT: &str = "default";
@@ -307,8 +310,12 @@ impl Backlog for BacklogService {
         let fields = request
             .fields
             .ok_or_else(|| Status::invalid_argument("fields: missing"))?;
-        let task =
-            wire::task_fields(&fields, wire::new_task(placement.clone()), None).map_err(invalid)?;
+        let base = self
+            .task_base(&project.project, &request.template, placement.clone())
+            .await?;
+        // From a template, only the fields the request gives replace the template's.
+        let given = (!request.template.is_empty()).then(|| templates::given_fields(&fields));
+        let task = wire::task_fields(&fields, base, given.as_deref()).map_err(invalid)?;
         let others = self.all_tasks(&project.project).await?;
         Self::check_links(&task, &others)?;
         let number = self
@@ -316,6 +323,12 @@ impl Backlog for BacklogService {
             .add_task(&project.project, &task, now_ms())
             .await
             .map_err(status)?;
+        if !request.template.is_empty() {
+            self.store
+                .template_used(&project.project, &request.template, now_ms())
+                .await
+                .map_err(status)?;
+        }
         let stored = self.task_row(&project.project, number).await?;
         let findings = self
             .apply_rules(&project.project, &stored.task, false)
@@ -694,5 +707,54 @@ impl Backlog for BacklogService {
         request: Request<v1::ResolveSuggestionRequest>,
     ) -> Result<Response<v1::ResolveSuggestionResponse>, Status> {
         self.resolve_suggestion_now(request).await
+    }
+
+    async fn add_sink(
+        &self,
+        request: Request<v1::AddSinkRequest>,
+    ) -> Result<Response<v1::AddSinkResponse>, Status> {
+        self.add_sink_now(request).await
+    }
+
+    async fn list_sinks(
+        &self,
+        request: Request<v1::ListSinksRequest>,
+    ) -> Result<Response<v1::ListSinksResponse>, Status> {
+        self.list_sinks_now(request).await
+    }
+
+    async fn remove_sink(
+        &self,
+        request: Request<v1::RemoveSinkRequest>,
+    ) -> Result<Response<v1::RemoveSinkResponse>, Status> {
+        self.remove_sink_now(request).await
+    }
+
+    async fn list_deliveries(
+        &self,
+        request: Request<v1::ListDeliveriesRequest>,
+    ) -> Result<Response<v1::ListDeliveriesResponse>, Status> {
+        self.list_deliveries_now(request).await
+    }
+
+    async fn put_template(
+        &self,
+        request: Request<v1::PutTemplateRequest>,
+    ) -> Result<Response<v1::TaskTemplate>, Status> {
+        self.put_template_now(request).await
+    }
+
+    async fn list_templates(
+        &self,
+        request: Request<v1::ListTemplatesRequest>,
+    ) -> Result<Response<v1::ListTemplatesResponse>, Status> {
+        self.list_templates_now(request).await
+    }
+
+    async fn delete_template(
+        &self,
+        request: Request<v1::DeleteTemplateRequest>,
+    ) -> Result<Response<v1::DeleteTemplateResponse>, Status> {
+        self.delete_template_now(request).await
     }
 }

@@ -62,6 +62,27 @@ impl Coordinator {
         ))
     }
 
+    /// Answers a question on the coordinator (which accepts one answer per question); returns
+    /// the refusal's status as is.
+    pub(crate) async fn answer(
+        &self,
+        execution_id: &str,
+        question_id: &str,
+        answer: &str,
+        answered_by: &str,
+    ) -> Result<v1::AnswerQuestionResponse, Status> {
+        let mut client = self.client().map_err(Status::unavailable)?;
+        client
+            .answer_question(v1::AnswerQuestionRequest {
+                execution_id: execution_id.to_owned(),
+                question_id: question_id.to_owned(),
+                answer: answer.to_owned(),
+                answered_by: answered_by.to_owned(),
+            })
+            .await
+            .map(Response::into_inner)
+    }
+
     /// Starts run `run_number` of a list with `plan` under the run's idempotency key and returns
     /// the execution's id.
     async fn start(

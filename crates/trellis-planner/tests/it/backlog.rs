@@ -81,6 +81,7 @@ impl Backlog {
                 fields: Some(fields),
                 queue: String::new(),
                 list: list.to_owned(),
+                template: String::new(),
             })
             .await
             .map(tonic::Response::into_inner)
@@ -136,6 +137,7 @@ async fn a_task_in_both_the_queue_and_a_list_is_refused(mut b: Backlog) -> anyho
             }),
             queue: "evaluation".into(),
             list: "auth".into(),
+            template: String::new(),
         })
         .await
         .unwrap_err();

@@ -79,6 +79,13 @@ fn services_have_their_rpcs() {
                 "SuggestGroups",
                 "ListSuggestions",
                 "ResolveSuggestion",
+                "AddSink",
+                "ListSinks",
+                "RemoveSink",
+                "ListDeliveries",
+                "PutTemplate",
+                "ListTemplates",
+                "DeleteTemplate",
             ],
         ),
         (
