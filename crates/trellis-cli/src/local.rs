@@ -98,6 +98,8 @@ pub struct Local {
     pub store_url: String,
     /// The planner's gRPC address.
     pub planner_url: String,
+    /// Where the planner takes answers from notification sinks (`http://host:port`).
+    pub hooks_url: String,
     /// The monitor's address (`http://host:port`), when one runs.
     pub monitor_url: Option<String>,
     /// Its SQLite file, removed on drop.
@@ -196,6 +198,15 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
     let planner_addr = planner_listener
         .local_addr()
         .map_err(|e| Failure::failed(format!("cannot read the listen address: {e}")))?;
+    let hooks_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| Failure::failed(format!("cannot listen for the planner's hooks: {e}")))?;
+    let hooks_url = format!(
+        "http://{}",
+        hooks_listener
+            .local_addr()
+            .map_err(|e| Failure::failed(format!("cannot read the listen address: {e}")))?
+    );
     let planner_token = shutdown.child_token();
     // The planner serves the backlog from the checkpoint-store's database and starts list runs
     // on this cluster's coordinator.
@@ -209,8 +220,13 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         ..trellis_planner::Config::default()
     };
     tokio::spawn(async move {
-        if let Err(err) =
-            trellis_planner::run(planner_listener, planner_config, planner_token).await
+        if let Err(err) = trellis_planner::run_with_hooks(
+            planner_listener,
+            Some(hooks_listener),
+            planner_config,
+            planner_token,
+        )
+        .await
         {
             eprintln!("trellis: planner stopped: {err}");
         }
@@ -278,6 +294,7 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         nats_url,
         store_url,
         planner_url,
+        hooks_url,
         monitor_url,
         store_file,
         telemetry,

@@ -84,6 +84,10 @@ enum Command {
     Rules(commands::backlog::RulesArgs),
     /// Grouping suggestions: which queued tasks belong in one list.
     Suggestions(commands::backlog::SuggestionsArgs),
+    /// Notification sinks: webhooks and chat bots told of questions and ended executions.
+    Sinks(commands::backlog::SinksArgs),
+    /// Task templates: the fields a new backlog task takes when it leaves them empty.
+    Templates(commands::backlog::TemplatesArgs),
     Cluster(commands::cluster::ClusterArgs),
     Dev(commands::dev::DevArgs),
     Coordinator(trellis_coordinator::Args),
@@ -141,6 +145,8 @@ fn main() -> ExitCode {
         Command::Lists(args) => run_remote(commands::backlog::lists(args)),
         Command::Rules(args) => run_remote(commands::backlog::rules(args)),
         Command::Suggestions(args) => run_remote(commands::backlog::suggestions(args)),
+        Command::Sinks(args) => run_remote(commands::backlog::sinks(args)),
+        Command::Templates(args) => run_remote(commands::backlog::templates(args)),
         Command::Cluster(args) => run_remote(commands::cluster::run(url, args)),
         Command::Dev(args) => local::run_local(commands::dev::run(args)),
         Command::Coordinator(args) => trellis_coordinator::run_with(args, &cli.client),

@@ -3,111 +3,12 @@
 //! as an execution with its tests as checks, the list's counters following it; run 2 a new lane;
 //! a failing test failing the run.
 
-use std::io::BufRead as _;
-use std::process::{Child, Command, Stdio};
+mod support;
+
 use std::time::Duration;
 
 use serde_json::Value;
-
-const TRELLIS: &str = env!("CARGO_BIN_EXE_trellis");
-
-/// `trellis dev`, killed on drop, and its planner's address.
-struct Dev {
-    child: Child,
-    planner: String,
-}
-
-impl Drop for Dev {
-    fn drop(&mut self) {
-        // SIGTERM: it stops its nats-server and removes its stores.
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.wait();
-    }
-}
-
-impl Dev {
-    fn start() -> Dev {
-        let mut child = Command::new(TRELLIS)
-            .args([
-                "dev",
-                "--listen",
-                "127.0.0.1:0",
-                "--monitor",
-                "127.0.0.1:0",
-                "--workers",
-                "1",
-                "--admin-addr",
-                "off",
-            ])
-            .env_remove("NATS_URL")
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("trellis dev starts");
-        let stderr = child.stderr.take().expect("piped stderr");
-        let (lines, received) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stderr)
-                .lines()
-                .map_while(Result::ok)
-            {
-                let _ = lines.send(line);
-            }
-        });
-        let mut seen = Vec::new();
-        let planner = loop {
-            let Ok(line) = received.recv_timeout(Duration::from_secs(60)) else {
-                let _ = child.kill();
-                panic!(
-                    "trellis dev did not start within 60 s:\n{}",
-                    seen.join("\n")
-                );
-            };
-            if let Some(rest) = line.split("planner at ").nth(1) {
-                break rest
-                    .split(',')
-                    .next()
-                    .expect("split yields one part")
-                    .to_owned();
-            }
-            seen.push(line);
-        };
-        Dev { child, planner }
-    }
-
-    /// Runs `trellis ARGS` against this planner; returns the exit code and stdout.
-    fn trellis(&self, args: &[&str]) -> (i32, String, String) {
-        let output = Command::new(TRELLIS)
-            .args(args)
-            .env("TRELLIS_PLANNER", &self.planner)
-            .env_remove("TRELLIS_PROJECT")
-            .output()
-            .expect("trellis runs");
-        (
-            output.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&output.stdout).into_owned(),
-            String::from_utf8_lossy(&output.stderr).into_owned(),
-        )
-    }
-
-    /// Runs `trellis ARGS`, which must succeed, and returns its stdout.
-    fn ok(&self, args: &[&str]) -> String {
-        let (code, stdout, stderr) = self.trellis(args);
-        assert_eq!(code, 0, "trellis {args:?} failed:\n{stdout}\n{stderr}");
-        stdout
-    }
-
-    /// Runs `trellis ARGS --json`, which must succeed, and parses its output.
-    fn json(&self, args: &[&str]) -> Value {
-        let mut args = args.to_vec();
-        args.push("--json");
-        let stdout = self.ok(&args);
-        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
-    }
-}
+use support::Dev;
 
 #[test]
 fn a_list_runs_as_an_execution_and_its_counters_follow_it() {
@@ -278,4 +179,85 @@ fn a_run_left_starting_by_a_crash_is_started_again() {
     let shown = dev.json(&["lists", "show", "solo"]);
     assert_eq!(shown["runs"], 1, "one run, started once: {shown}");
     assert_eq!(shown["status"], "completed", "{shown}");
+}
+
+#[test]
+fn a_task_made_from_a_template_takes_the_fields_it_leaves_empty() {
+    let dev = Dev::start();
+    let stored = dev.json(&[
+        "templates",
+        "put",
+        "bugfix",
+        "--about",
+        "A bug with its regression test",
+        "-c",
+        "bug",
+        "-p",
+        "p2",
+        "--criterion",
+        "a test reproduces the bug",
+        "--codebase-test",
+        "cargo test",
+        "-f",
+        "src/lib.rs:update",
+    ]);
+    assert_eq!(stored["usage_count"], 0, "{stored}");
+
+    dev.ok(&[
+        "tasks",
+        "add",
+        "Fix the signup redirect",
+        "--template",
+        "bugfix",
+        "-p",
+        "p1",
+        "-f",
+        "src/signup.rs:update",
+    ]);
+    let task = dev.json(&["tasks", "show", "T-1"]);
+    // Given here: the title, the priority and the files; the rest from the template.
+    assert_eq!(task["title"], "Fix the signup redirect", "{task}");
+    assert_eq!(task["priority"], "p1", "{task}");
+    assert_eq!(task["category"], "bug", "{task}");
+    assert_eq!(
+        task["acceptance_criteria"],
+        serde_json::json!(["a test reproduces the bug"]),
+        "{task}"
+    );
+    assert_eq!(
+        task["codebase_tests"],
+        serde_json::json!(["cargo test"]),
+        "{task}"
+    );
+    let files = task["files"].to_string();
+    assert!(
+        files.contains("src/signup.rs") && !files.contains("src/lib.rs"),
+        "{task}"
+    );
+    let listed = dev.json(&["templates", "list"]);
+    assert_eq!(listed["templates"][0]["usage_count"], 1, "{listed}");
+
+    // Bad templates change nothing.
+    let (code, _, stderr) = dev.trellis(&["templates", "put", "linked", "--depends-on", "T-1"]);
+    assert_ne!(code, 0);
+    assert!(
+        stderr.contains("template.defaults.relationships: a template gives no relationships"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = dev.trellis(&["tasks", "add", "Orphan", "--template", "nope"]);
+    assert_ne!(code, 0);
+    assert!(
+        stderr.contains("project default has no template nope"),
+        "{stderr}"
+    );
+    let tasks = dev.json(&["tasks", "list"]);
+    assert_eq!(tasks["tasks"].as_array().map(Vec::len), Some(1), "{tasks}");
+    assert!(
+        dev.ok(&["templates", "delete", "bugfix"])
+            .contains("deleted")
+    );
+    assert_eq!(
+        dev.json(&["templates", "list"])["templates"],
+        serde_json::json!([])
+    );
 }

@@ -129,6 +129,7 @@ pub async fn run(args: DevArgs) -> Result<(), Failure> {
     eprintln!(
         "trellis dev: coordinator at {}, planner at {}, NATS at {nats}, {} workers\n  \
          monitor: {monitor}/?token={token}\n  \
+         hooks: {} (answers from notification sinks: trellis sinks --help)\n  \
          metrics: {admin}\n  \
          try: trellis submit --wait examples/demo.yaml\n  \
          or:  TRELLIS_PLANNER={} trellis submit --wait examples/demo.yaml\n  \
@@ -137,6 +138,7 @@ pub async fn run(args: DevArgs) -> Result<(), Failure> {
         local.coordinator_url,
         local.planner_url,
         args.workers,
+        local.hooks_url,
         local.planner_url,
         local.planner_url
     );

@@ -3,8 +3,10 @@
 
 mod lists;
 mod render;
+mod sinks;
 mod suggestions;
 mod tasks;
+mod templates;
 
 use std::io::{self, Write};
 
@@ -19,8 +21,10 @@ use trellis_proto::v1::backlog_client::BacklogClient;
 use super::Failure;
 
 pub use lists::{ListsArgs, lists};
+pub use sinks::{SinksArgs, sinks};
 pub use suggestions::{SuggestionsArgs, suggestions};
 pub use tasks::{TasksArgs, tasks};
+pub use templates::{TemplatesArgs, templates};
 
 /// Where the planner is unless told otherwise.
 pub const DEFAULT_PLANNER: &str = "http://127.0.0.1:7600";

@@ -55,6 +55,7 @@ pub struct TaskFlags {
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
     trellis tasks add \"Fix login redirect\" -c bug -p p1 -f src/auth.rs:update --depends-on T-2\n  \
+    trellis tasks add \"Fix the signup redirect\" --template bugfix -f src/signup.rs:update\n  \
     trellis tasks list --queue\n  \
     trellis tasks show T-3\n  \
     trellis tasks edit T-3 --priority p2 --criterion \"redirects to /home\"\n  \
@@ -78,6 +79,9 @@ pub enum TasksCommand {
         /// Put it in this list instead of the evaluation queue.
         #[arg(long)]
         list: Option<String>,
+        /// Start from this template: each field not given here takes the template's.
+        #[arg(long, short = 't')]
+        template: Option<String>,
         #[command(flatten)]
         fields: TaskFlags,
     },
@@ -138,7 +142,7 @@ pub enum TasksCommand {
 }
 
 /// Reads the flags into wire fields and the names of the fields they set.
-fn task_fields(
+pub(super) fn task_fields(
     title: Option<String>,
     flags: TaskFlags,
 ) -> Result<(v1::BacklogTaskFields, Vec<String>), Failure> {
@@ -224,6 +228,7 @@ pub async fn tasks(args: TasksArgs) -> Result<(), Failure> {
         TasksCommand::Add {
             title,
             list,
+            template,
             fields,
         } => {
             let (fields, _) = task_fields(Some(title), fields)?;
@@ -233,6 +238,7 @@ pub async fn tasks(args: TasksArgs) -> Result<(), Failure> {
                     fields: Some(fields),
                     queue: String::new(),
                     list: list.unwrap_or_default(),
+                    template: template.unwrap_or_default(),
                 })
                 .await
                 .map_err(fail)?

@@ -1,0 +1,129 @@
+//! `trellis dev` for the end-to-end tests: its own NATS server, coordinator, workers,
+//! checkpoint-store and planner on SQLite, stopped on drop; and the `trellis` binary run against
+//! it.
+
+#![allow(dead_code)] // Each test crate uses its own part.
+
+use std::io::BufRead as _;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+pub const TRELLIS: &str = env!("CARGO_BIN_EXE_trellis");
+
+/// `trellis dev`, stopped on drop, and its addresses.
+pub struct Dev {
+    pub child: Child,
+    pub coordinator: String,
+    pub planner: String,
+    /// Where the planner takes answers from notification sinks (`http://host:port`).
+    pub hooks: String,
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        // SIGTERM: it stops its nats-server and removes its stores.
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+/// The text after `marker` in `line`, up to the first `,` or space.
+fn after<'a>(line: &'a str, marker: &str) -> Option<&'a str> {
+    let rest = line.split(marker).nth(1)?;
+    rest.split([',', ' ']).next()
+}
+
+impl Dev {
+    pub fn start() -> Dev {
+        let mut child = Command::new(TRELLIS)
+            .args([
+                "dev",
+                "--listen",
+                "127.0.0.1:0",
+                "--monitor",
+                "127.0.0.1:0",
+                "--workers",
+                "1",
+                "--admin-addr",
+                "off",
+            ])
+            .env_remove("NATS_URL")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("trellis dev starts");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let (lines, received) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let _ = lines.send(line);
+            }
+        });
+        let mut seen = Vec::new();
+        let (mut coordinator, mut planner) = (None, None);
+        let hooks = loop {
+            let Ok(line) = received.recv_timeout(Duration::from_secs(60)) else {
+                let _ = child.kill();
+                panic!(
+                    "trellis dev did not start within 60 s:\n{}",
+                    seen.join("\n")
+                );
+            };
+            if let Some(url) = after(&line, "coordinator at ") {
+                coordinator = Some(url.to_owned());
+            }
+            if let Some(url) = after(&line, "planner at ") {
+                planner = Some(url.to_owned());
+            }
+            if let Some(url) = after(&line, "hooks: ") {
+                break url.to_owned();
+            }
+            seen.push(line);
+        };
+        Dev {
+            child,
+            coordinator: coordinator.expect("the banner names the coordinator"),
+            planner: planner.expect("the banner names the planner"),
+            hooks,
+        }
+    }
+
+    /// Runs `trellis ARGS` against this cluster; returns the exit code, stdout and stderr.
+    pub fn trellis(&self, args: &[&str]) -> (i32, String, String) {
+        let output = Command::new(TRELLIS)
+            .args(args)
+            .env("TRELLIS_PLANNER", &self.planner)
+            .env("TRELLIS_COORDINATOR", &self.coordinator)
+            .env_remove("TRELLIS_PROJECT")
+            .output()
+            .expect("trellis runs");
+        (
+            output.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    }
+
+    /// Runs `trellis ARGS`, which must succeed, and returns its stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let (code, stdout, stderr) = self.trellis(args);
+        assert_eq!(code, 0, "trellis {args:?} failed:\n{stdout}\n{stderr}");
+        stdout
+    }
+
+    /// Runs `trellis ARGS --json`, which must succeed, and parses its output.
+    pub fn json(&self, args: &[&str]) -> Value {
+        let mut args = args.to_vec();
+        args.push("--json");
+        let stdout = self.ok(&args);
+        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+    }
+}
