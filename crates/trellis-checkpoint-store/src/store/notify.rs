@@ -140,8 +140,8 @@ pub trait Notifications: Send + Sync {
         limit: u32,
     ) -> Result<Vec<DeliveryRow>, Error>;
 
-    /// The newest event time among the deliveries, where a restarted notifier picks up.
-    async fn newest_delivered_event(&self) -> Result<Option<i64>, Error>;
+    /// The newest event time among the deliveries enqueued, where a restarted notifier picks up.
+    async fn newest_enqueued_event(&self) -> Result<Option<i64>, Error>;
 
     /// Returns the questions still pending that were asked after `after_ms` and at or before
     /// `until_ms`, oldest first, at most `limit`.

@@ -7,8 +7,10 @@ mod notify_sql {
     use async_trait::async_trait;
     use uuid::Uuid;
 
+    use sqlx::QueryBuilder;
+
     use super::backlog_sql::failed;
-    use super::{DbRow, StoreImpl, column, question_from_row, text};
+    use super::{Db, DbRow, StoreImpl, chunks, column, question_from_row, text};
     use crate::store::notify::{
         Attempt, DeliveryRow, Notifications, SinkKind, SinkRow, StoredQuestion,
     };
@@ -138,21 +140,13 @@ mod notify_sql {
 
         async fn delete_sink(&self, project: &str, name: &str) -> Result<bool, Error> {
             let _writes = self.lock_writes().await;
-            let what = format!("cannot delete sink {name} of {project}");
-            let mut tx = self.pool().begin().await.map_err(failed(what.clone()))?;
-            sqlx::query("DELETE FROM notify_deliveries WHERE project = $1 AND sink = $2")
-                .bind(project)
-                .bind(name)
-                .execute(&mut *tx)
-                .await
-                .map_err(failed(what.clone()))?;
+            // Its deliveries go with it: their foreign key cascades.
             let deleted = sqlx::query("DELETE FROM notify_sinks WHERE project = $1 AND name = $2")
                 .bind(project)
                 .bind(name)
-                .execute(&mut *tx)
+                .execute(self.pool())
                 .await
-                .map_err(failed(what.clone()))?;
-            tx.commit().await.map_err(failed(what))?;
+                .map_err(failed(format!("cannot delete sink {name} of {project}")))?;
             Ok(deleted.rows_affected() > 0)
         }
 
@@ -164,28 +158,32 @@ mod notify_sql {
             let what = "cannot enqueue notifications";
             let mut tx = self.pool().begin().await.map_err(failed(what))?;
             let mut added = 0;
-            for delivery in deliveries {
-                let inserted = sqlx::query(&format!(
-                    "INSERT INTO notify_deliveries ({DELIVERY_COLUMNS}) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
-                     ON CONFLICT (project, sink, event_key) DO NOTHING"
-                ))
-                .bind(delivery.delivery_id)
-                .bind(&delivery.project)
-                .bind(&delivery.sink)
-                .bind(&delivery.event_key)
-                .bind(delivery.event_at_unix_ms)
-                .bind(text(&delivery.payload))
-                .bind(&delivery.status)
-                .bind(i32::try_from(delivery.attempts).unwrap_or(i32::MAX))
-                .bind(delivery.next_attempt_at_unix_ms)
-                .bind(delivery.last_status.map(i32::from))
-                .bind(text(&delivery.last_error))
-                .bind(delivery.delivered_at_unix_ms)
-                .bind(delivery.created_at_unix_ms)
-                .execute(&mut *tx)
-                .await
-                .map_err(failed(what))?;
+            for chunk in chunks(deliveries, 13) {
+                let mut query = QueryBuilder::<Db>::new(format!(
+                    "INSERT INTO notify_deliveries ({DELIVERY_COLUMNS}) "
+                ));
+                query.push_values(chunk, |mut values, delivery| {
+                    values
+                        .push_bind(delivery.delivery_id)
+                        .push_bind(&delivery.project)
+                        .push_bind(&delivery.sink)
+                        .push_bind(&delivery.event_key)
+                        .push_bind(delivery.event_at_unix_ms)
+                        .push_bind(text(&delivery.payload))
+                        .push_bind(&delivery.status)
+                        .push_bind(i32::try_from(delivery.attempts).unwrap_or(i32::MAX))
+                        .push_bind(delivery.next_attempt_at_unix_ms)
+                        .push_bind(delivery.last_status.map(i32::from))
+                        .push_bind(text(&delivery.last_error))
+                        .push_bind(delivery.delivered_at_unix_ms)
+                        .push_bind(delivery.created_at_unix_ms);
+                });
+                query.push(" ON CONFLICT (project, sink, event_key) DO NOTHING");
+                let inserted = query
+                    .build()
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(failed(what))?;
                 added += usize::try_from(inserted.rows_affected()).unwrap_or(0);
             }
             tx.commit().await.map_err(failed(what))?;
@@ -199,40 +197,27 @@ mod notify_sql {
             limit: u32,
         ) -> Result<Vec<DeliveryRow>, Error> {
             let _writes = self.lock_writes().await;
-            let what = "cannot claim notifications";
-            let due = sqlx::query(&format!(
-                "SELECT {DELIVERY_COLUMNS} FROM notify_deliveries \
-                 WHERE status = 'pending' AND next_attempt_at_unix_ms <= $1 \
-                 ORDER BY next_attempt_at_unix_ms, delivery_id LIMIT $2"
+            // One statement claims them: a delivery another notifier claimed meanwhile is no
+            // longer due when this UPDATE re-reads it (PostgreSQL re-checks a row it waited
+            // for; SQLite writes one at a time), so the lease goes to one notifier.
+            let mut claimed = sqlx::query(&format!(
+                "UPDATE notify_deliveries SET next_attempt_at_unix_ms = $1 \
+                 WHERE status = 'pending' AND next_attempt_at_unix_ms <= $2 \
+                 AND delivery_id IN (SELECT delivery_id FROM notify_deliveries \
+                 WHERE status = 'pending' AND next_attempt_at_unix_ms <= $2 \
+                 ORDER BY next_attempt_at_unix_ms, delivery_id LIMIT $3) \
+                 RETURNING {DELIVERY_COLUMNS}"
             ))
+            .bind(lease_until_ms)
             .bind(now_ms)
             .bind(i64::from(limit))
             .fetch_all(self.pool())
             .await
-            .map_err(failed(what))?
+            .map_err(failed("cannot claim notifications"))?
             .iter()
             .map(delivery_from_row)
             .collect::<Result<Vec<_>, _>>()?;
-            let mut claimed = Vec::with_capacity(due.len());
-            for mut delivery in due {
-                // Claimed only if nobody moved it since it was read: the compare-and-set is the
-                // lease.
-                let updated = sqlx::query(
-                    "UPDATE notify_deliveries SET next_attempt_at_unix_ms = $1 \
-                     WHERE delivery_id = $2 AND status = 'pending' \
-                     AND next_attempt_at_unix_ms = $3",
-                )
-                .bind(lease_until_ms)
-                .bind(delivery.delivery_id)
-                .bind(delivery.next_attempt_at_unix_ms)
-                .execute(self.pool())
-                .await
-                .map_err(failed(what))?;
-                if updated.rows_affected() == 1 {
-                    delivery.next_attempt_at_unix_ms = lease_until_ms;
-                    claimed.push(delivery);
-                }
-            }
+            claimed.sort_by_key(|delivery| delivery.delivery_id);
             Ok(claimed)
         }
 
@@ -302,7 +287,7 @@ mod notify_sql {
             .collect()
         }
 
-        async fn newest_delivered_event(&self) -> Result<Option<i64>, Error> {
+        async fn newest_enqueued_event(&self) -> Result<Option<i64>, Error> {
             let row = sqlx::query("SELECT MAX(event_at_unix_ms) AS newest FROM notify_deliveries")
                 .fetch_one(self.pool())
                 .await

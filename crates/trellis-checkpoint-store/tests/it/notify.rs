@@ -106,7 +106,7 @@ async fn a_delivery_is_enqueued_once_claimed_once_and_its_attempts_recorded(
 ) -> anyhow::Result<()> {
     let backlog = open(&store).await?;
     backlog.create_sink(&webhook("web", "ops")).await?;
-    assert_eq!(backlog.newest_delivered_event().await?, None);
+    assert_eq!(backlog.newest_enqueued_event().await?, None);
     let first = delivery("ops", "question/q-1");
     assert_eq!(
         backlog
@@ -121,7 +121,7 @@ async fn a_delivery_is_enqueued_once_claimed_once_and_its_attempts_recorded(
             .await?,
         0
     );
-    assert_eq!(backlog.newest_delivered_event().await?, Some(NOW + 5));
+    assert_eq!(backlog.newest_enqueued_event().await?, Some(NOW + 5));
 
     let claimed = backlog.claim_deliveries(NOW, NOW + 60_000, 10).await?;
     assert_eq!(claimed.len(), 1);

@@ -114,7 +114,10 @@ impl Hooks {
         if in_scope { Ok(stored) } else { Err(unknown()) }
     }
 
-    /// Gives the answer to the coordinator, once the question is still pending.
+    /// Gives the answer to the coordinator, once the question is still pending. The coordinator
+    /// checks the answer against the options (INVALID_ARGUMENT, a 400 here) and takes one answer
+    /// per question; the pending check before it names the answer already given, and holds for
+    /// an execution the coordinator no longer keeps in memory.
     async fn answer(
         &self,
         stored: &StoredQuestion,
@@ -130,15 +133,6 @@ impl Hooks {
             return Err(Refused(
                 StatusCode::CONFLICT,
                 format!("question {} was {how}", question.id),
-            ));
-        }
-        if !question.options.is_empty() && !question.options.iter().any(|o| o == answer) {
-            return Err(Refused(
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "answer: \"{answer}\" is not one of the question's options ({})",
-                    question.options.join(", ")
-                ),
             ));
         }
         let Some(coordinator) = &self.coordinator else {

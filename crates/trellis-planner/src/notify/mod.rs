@@ -96,11 +96,13 @@ pub struct Notifier {
     settings: Settings,
 }
 
-/// Where the scan stands: the cursor, and the events enqueued in the overlap window.
+/// Where the scan stands: the cursor, and the events of the overlap window already handled
+/// (`question/<id>`, `execution/<id>`, with when they happened), which a rescan skips before
+/// reading anything more of them.
 #[derive(Debug, Default)]
 struct Scan {
     cursor: Option<i64>,
-    enqueued: HashMap<String, i64>,
+    handled: HashMap<String, i64>,
 }
 
 impl Notifier {
@@ -126,25 +128,32 @@ impl Notifier {
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep(self.settings.tick) => {}
             }
-            if let Err(err) = self.enqueue_new(&mut scan).await {
+            let sinks = match self.store.sinks(None).await {
+                Ok(sinks) => sinks,
+                Err(err) => {
+                    tracing::warn!(error = %err, "notifications: cannot read the sinks");
+                    continue;
+                }
+            };
+            // Without sinks there is nothing to do: deliveries go with their sink.
+            if sinks.is_empty() {
+                continue;
+            }
+            if let Err(err) = self.enqueue_new(&sinks, &mut scan).await {
                 tracing::warn!(error = %err, "notifications: cannot read new events");
             }
-            if let Err(err) = self.send_due().await {
+            if let Err(err) = self.send_due(&sinks).await {
                 tracing::warn!(error = %err, "notifications: cannot send");
             }
         }
     }
 
-    /// Enqueues a delivery per new event and matching sink.
-    async fn enqueue_new(&self, scan: &mut Scan) -> Result<(), StoreError> {
-        let sinks = self.store.sinks(None).await?;
-        if sinks.is_empty() {
-            return Ok(());
-        }
+    /// Enqueues a delivery per new event and matching sink of `sinks` (not empty).
+    async fn enqueue_new(&self, sinks: &[SinkRow], scan: &mut Scan) -> Result<(), StoreError> {
         let overlap = millis(self.settings.overlap);
         let since = match scan.cursor {
             Some(cursor) => cursor,
-            None => match self.store.newest_delivered_event().await? {
+            None => match self.store.newest_enqueued_event().await? {
                 Some(newest) => newest - overlap,
                 None => sinks
                     .iter()
@@ -157,6 +166,7 @@ impl Notifier {
         let mut next = (until - overlap).max(since);
         let mut executions: HashMap<ExecutionId, Option<ExecutionRow>> = HashMap::new();
         let mut deliveries = Vec::new();
+        let mut handled = Vec::new();
 
         let questions = self
             .store
@@ -168,21 +178,20 @@ impl Notifier {
             next = next.min(i64::try_from(last.asked_at_ms).unwrap_or(i64::MAX) - 1);
         }
         for asked in &questions {
+            let key = format!("question/{}", asked.question.id);
+            if scan.handled.contains_key(&key) {
+                continue;
+            }
             let execution = self.execution(&mut executions, asked.execution_id).await?;
             let scope = Scope::of_labels(execution.map_or(&BTreeMap::new(), |row| &row.labels));
             let name = execution.map_or("", |row| row.name.as_str());
             let at = i64::try_from(asked.asked_at_ms).unwrap_or(i64::MAX);
-            for sink in matching(&sinks, &scope, "question", at) {
+            for sink in matching(sinks, &scope, "question", at) {
                 let id = Uuid::now_v7();
                 let event = message::question_event(id, &scope, name, asked, &callback_path(sink));
-                deliveries.push(delivery(
-                    sink,
-                    id,
-                    format!("question/{}", asked.question.id),
-                    at,
-                    &event,
-                ));
+                deliveries.push(delivery(sink, id, key.clone(), at, &event));
             }
+            handled.push((key, at));
         }
 
         let ended = self
@@ -199,40 +208,39 @@ impl Notifier {
             next = next.min(i64::try_from(*last).unwrap_or(i64::MAX) - 1);
         }
         for (execution_id, ended_at) in ended {
+            let key = format!("execution/{execution_id}");
+            if scan.handled.contains_key(&key) {
+                continue;
+            }
             let Some(execution) = self.execution(&mut executions, execution_id).await? else {
                 continue;
             };
+            let at = i64::try_from(ended_at).unwrap_or(i64::MAX);
             let outcome = match execution.state {
                 ExecutionState::Completed => "completed",
                 ExecutionState::Failed => "failed",
-                _ => continue,
+                _ => {
+                    handled.push((key, at));
+                    continue;
+                }
             };
             let scope = Scope::of_labels(&execution.labels);
-            let at = i64::try_from(ended_at).unwrap_or(i64::MAX);
-            for sink in matching(&sinks, &scope, outcome, at) {
+            for sink in matching(sinks, &scope, outcome, at) {
                 let id = Uuid::now_v7();
                 let event = message::execution_event(id, &scope, outcome, execution);
-                deliveries.push(delivery(
-                    sink,
-                    id,
-                    format!("execution/{execution_id}/{outcome}"),
-                    at,
-                    &event,
-                ));
+                deliveries.push(delivery(sink, id, format!("{key}/{outcome}"), at, &event));
             }
+            handled.push((key, at));
         }
 
-        // What this notifier already enqueued in the overlap is not offered to the store again.
-        deliveries.retain(|row| {
-            let key = format!("{}/{}/{}", row.project, row.sink, row.event_key);
-            scan.enqueued.insert(key, row.event_at_unix_ms).is_none()
-        });
         let added = self.store.enqueue_deliveries(&deliveries).await?;
         if added > 0 {
             tracing::debug!(added, "notifications enqueued");
         }
+        // Handled once enqueued: a failed write leaves them to the next scan.
+        scan.handled.extend(handled);
         scan.cursor = Some(next.max(since));
-        scan.enqueued.retain(|_, at| *at > next - overlap);
+        scan.handled.retain(|_, at| *at > next - overlap);
         Ok(())
     }
 
@@ -248,8 +256,9 @@ impl Notifier {
         Ok(seen.get(&id).and_then(Option::as_ref))
     }
 
-    /// Sends the deliveries due now, side by side, and records how each went.
-    async fn send_due(&self) -> Result<(), StoreError> {
+    /// Sends the deliveries due now to their sinks among `sinks`, side by side, and records how
+    /// each went.
+    async fn send_due(&self, sinks: &[SinkRow]) -> Result<(), StoreError> {
         let now = now_ms();
         let due = self
             .store
@@ -258,18 +267,15 @@ impl Notifier {
         if due.is_empty() {
             return Ok(());
         }
-        let sinks: HashMap<(String, String), SinkRow> = self
-            .store
-            .sinks(None)
-            .await?
-            .into_iter()
-            .map(|sink| ((sink.project.clone(), sink.name.clone()), sink))
+        let sinks: HashMap<(&str, &str), &SinkRow> = sinks
+            .iter()
+            .map(|sink| ((sink.project.as_str(), sink.name.as_str()), sink))
             .collect();
         let mut attempts = tokio::task::JoinSet::new();
         for delivery in due {
             let Some(sink) = sinks
-                .get(&(delivery.project.clone(), delivery.sink.clone()))
-                .cloned()
+                .get(&(delivery.project.as_str(), delivery.sink.as_str()))
+                .map(|sink| (*sink).clone())
             else {
                 continue;
             };
