@@ -1,13 +1,15 @@
 //! The SQLite backend (the embedded default): a file or in-memory database, the migrations of
 //! `migrations/sqlite`, and the shared SQL of `sql.rs`.
 
+use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use tokio::sync::{Mutex, MutexGuard};
 
-// `Error` and `ErrorKind` come with the imports of `sql.rs`.
+// `BTreeMap`, `Error` and `ErrorKind` come with the imports of `sql.rs`.
 use super::{Backend as BackendKind, redact};
 
 type Db = sqlx::Sqlite;
@@ -28,17 +30,45 @@ const MAX_CONNECTIONS: u32 = 4;
 /// it never waits for or blocks a writer.
 const WAL_CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
 
-/// Held while a store of this process applies its migrations.
-static MIGRATING: Mutex<()> = Mutex::const_new(());
+/// Held while a store of this process opens its database and applies the migrations.
+///
+/// Two stores of one process on one new file (`trellis dev`'s checkpoint-store and planner) must
+/// not do that at the same time: each connection switches the file to WAL, which needs it alone,
+/// and SQLite refuses one of two such switches at once (`database is locked`) rather than wait,
+/// since waiting could deadlock; and SQLite's migrator takes no lock, so the second would fail on
+/// the tables the first created.
+static OPENING: Mutex<()> = Mutex::const_new(());
+
+/// The write queues of the database files this process has open, by path: two stores on one
+/// file queue their write transactions behind each other as one store's do (see
+/// [`SqliteStore::writes`]).
+static WRITE_QUEUES: std::sync::Mutex<BTreeMap<PathBuf, Weak<Mutex<()>>>> =
+    std::sync::Mutex::new(BTreeMap::new());
+
+/// The write queue of the file at `path`, shared with every other store of this process on it.
+fn write_queue(path: PathBuf) -> Arc<Mutex<()>> {
+    // A poisoned map only means a thread panicked while holding it; the map itself is whole.
+    let mut queues = WRITE_QUEUES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    queues.retain(|_, queue| queue.strong_count() > 0);
+    if let Some(queue) = queues.get(&path).and_then(Weak::upgrade) {
+        return queue;
+    }
+    let queue = Arc::new(Mutex::new(()));
+    queues.insert(path, Arc::downgrade(&queue));
+    queue
+}
 
 /// A [`super::Store`] on SQLite.
 #[derive(Debug)]
 pub struct SqliteStore {
     pool: sqlx::SqlitePool,
     /// SQLite has one writer at a time; a transaction that reads first and writes later can fail
-    /// at once (`SQLITE_BUSY`) when another took the write lock meanwhile. The store is the only
-    /// writer of its file, so it queues its write transactions here instead.
-    writes: Mutex<()>,
+    /// at once (`SQLITE_BUSY`) when another took the write lock meanwhile. The stores of this
+    /// process are the only writers of their file, so they queue their write transactions here
+    /// instead (one queue per file).
+    writes: Arc<Mutex<()>>,
     /// Copies the write-ahead log into the database file in the background (file databases
     /// only); stopped when the store is dropped.
     wal_checkpointer: Option<tokio::task::JoinHandle<()>>,
@@ -73,6 +103,7 @@ impl SqliteStore {
             options.create_if_missing(true)
         };
         let in_memory = url.contains(":memory:") || url.contains("mode=memory");
+        let file = (!in_memory).then(|| options.get_filename().to_path_buf());
         let options = if in_memory {
             options
         } else {
@@ -88,6 +119,7 @@ impl SqliteStore {
         } else {
             SqlitePoolOptions::new().max_connections(MAX_CONNECTIONS)
         };
+        let _opening = OPENING.lock().await;
         let pool = pool_options
             .acquire_timeout(Duration::from_secs(30))
             .connect_with(options)
@@ -96,10 +128,6 @@ impl SqliteStore {
                 Error::database(format!("cannot open SQLite database {url}"), source)
                     .with_kind(ErrorKind::Unavailable)
             })?;
-        // Two stores of one process on one file (`trellis dev`'s checkpoint-store and planner)
-        // must not apply the migrations at the same time: SQLite's migrator takes no lock, and
-        // the second would fail on the tables the first created.
-        let _migrating = MIGRATING.lock().await;
         sqlx::migrate!("./migrations/sqlite")
             .run(&pool)
             .await
@@ -132,9 +160,15 @@ impl SqliteStore {
                 }
             })
         });
+        // One file may be named by several paths (relative, through links): the canonical one
+        // names it once it exists, as it does now.
+        let writes = match file {
+            Some(file) => write_queue(std::fs::canonicalize(&file).unwrap_or(file)),
+            None => Arc::new(Mutex::new(())),
+        };
         Ok(Self {
             pool,
-            writes: Mutex::new(()),
+            writes,
             wal_checkpointer,
         })
     }

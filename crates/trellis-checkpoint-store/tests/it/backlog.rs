@@ -393,3 +393,67 @@ async fn a_suggestion_is_accepted_once_into_a_new_list(store: TestStore) -> anyh
     assert_eq!(auth.total_tasks, 2);
     Ok(())
 }
+
+/// `trellis dev` opens one new SQLite file twice at once (its checkpoint-store and its planner)
+/// and writes through both: both open, every write is taken, none fails as `database is locked`.
+#[tokio::test]
+async fn two_stores_of_one_process_open_and_write_one_new_sqlite_file() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    for round in 0..20 {
+        let url = format!(
+            "sqlite://{}",
+            dir.path().join(format!("{round}.db")).display()
+        );
+        let (first, second) = tokio::join!(connect_backlog(&url), connect_backlog(&url));
+        let (first, second) = (first?, second?);
+        first
+            .create_project(&ProjectRow {
+                project: "web".into(),
+                name: "Web".into(),
+                description: String::new(),
+                weights: Weights::default(),
+                created_at_unix_ms: NOW,
+            })
+            .await?;
+        first.create_list(&list("auth")).await?;
+        let adds = (0..10).flat_map(|i| {
+            [&first, &second].map(|backlog| {
+                let backlog = Arc::clone(backlog);
+                async move {
+                    backlog
+                        .add_task(
+                            "web",
+                            &task(&format!("task {i}"), Placement::Evaluation),
+                            NOW,
+                        )
+                        .await
+                }
+            })
+        });
+        let mut numbers = futures::future::try_join_all(adds).await?;
+        numbers.sort_unstable();
+        assert_eq!(numbers, (1..=20).collect::<Vec<u32>>(), "round {round}");
+        // Moving a task reads where it is, then writes: transactions that read before they
+        // write, from both stores at once.
+        let moves = numbers.iter().map(|&number| {
+            let backlog = Arc::clone(if number % 2 == 0 { &first } else { &second });
+            async move {
+                backlog
+                    .place_task("web", number, &Placement::List("auth".into()), None, NOW)
+                    .await
+            }
+        });
+        futures::future::try_join_all(moves).await?;
+        let listed = second
+            .tasks(
+                "web",
+                &TaskFilter {
+                    placement: Some(Placement::List("auth".into())),
+                    status: None,
+                },
+            )
+            .await?;
+        assert_eq!(listed.len(), 20, "round {round}: every task moved");
+    }
+    Ok(())
+}
