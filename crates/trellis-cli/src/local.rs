@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use trellis_bus::NatsOptions;
 use trellis_telemetry::Telemetry;
@@ -111,6 +112,27 @@ pub struct Local {
     /// The version of the nats-server started here (`2.15.1`); `None` for one given by URL.
     pub nats_version: Option<String>,
     pub sync: SyncMode,
+    /// Why a service of the cluster stopped before it was told to (`the planner stopped:
+    /// ...`): a cluster that lost a part must say so, not serve on without it.
+    pub stopped: mpsc::UnboundedReceiver<String>,
+}
+
+/// Runs a service of the cluster on its own task; when it fails, prints why and reports it to
+/// [`Local::stopped`].
+fn supervise<F, E>(name: &'static str, service: F, stopped: &mpsc::UnboundedSender<String>)
+where
+    F: Future<Output = Result<(), E>> + Send + 'static,
+    E: std::fmt::Display,
+{
+    let stopped = stopped.clone();
+    tokio::spawn(async move {
+        if let Err(err) = service.await {
+            let reason = format!("the {name} stopped: {err}");
+            eprintln!("trellis: {reason}");
+            // The receiver is gone once the cluster is stopping: nobody is left to tell.
+            let _ = stopped.send(reason);
+        }
+    });
 }
 
 impl Local {
@@ -157,6 +179,7 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
     let nats_version = nats.as_ref().map(|child| child.version.to_string());
     let shutdown = CancellationToken::new();
     let telemetry = Telemetry::new();
+    let (report, stopped) = mpsc::unbounded_channel();
     // The checkpoint-store, on SQLite (the embedded default).
     let store_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -176,14 +199,11 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
             nats_url.clone(),
         )
     };
-    let store_token = shutdown.child_token();
-    tokio::spawn(async move {
-        if let Err(err) =
-            trellis_checkpoint_store::run(store_config, store_listener, store_token).await
-        {
-            eprintln!("trellis: checkpoint-store stopped: {err}");
-        }
-    });
+    supervise(
+        "checkpoint-store",
+        trellis_checkpoint_store::run(store_config, store_listener, shutdown.child_token()),
+        &report,
+    );
     let store_url = format!("http://{store_addr}");
     let listener = tokio::net::TcpListener::bind(options.listen)
         .await
@@ -219,18 +239,16 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         }),
         ..trellis_planner::Config::default()
     };
-    tokio::spawn(async move {
-        if let Err(err) = trellis_planner::run_with_hooks(
+    supervise(
+        "planner",
+        trellis_planner::run_with_hooks(
             planner_listener,
             Some(hooks_listener),
             planner_config,
             planner_token,
-        )
-        .await
-        {
-            eprintln!("trellis: planner stopped: {err}");
-        }
-    });
+        ),
+        &report,
+    );
     let planner_url = format!("http://{planner_addr}");
     let config = trellis_coordinator::Config {
         nats: NatsOptions::new(nats_url.clone()),
@@ -242,14 +260,12 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         dispatch_window: options.dispatch_window,
         ..trellis_coordinator::Config::default()
     };
-    let token = shutdown.child_token();
     if options.coordinator {
-        tokio::spawn(async move {
-            if let Err(err) = trellis_coordinator::run(config, listener, token.clone()).await {
-                eprintln!("trellis: coordinator stopped: {err}");
-                token.cancel();
-            }
-        });
+        supervise(
+            "coordinator",
+            trellis_coordinator::run(config, listener, shutdown.child_token()),
+            &report,
+        );
     } else {
         drop(listener);
     }
@@ -258,13 +274,12 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         config.worker_id = Some(format!("local-{}-{i}", std::process::id()));
         config.slots = options.slots;
         config.telemetry = telemetry.clone();
-        let token = shutdown.child_token();
-        tokio::spawn(async move {
-            let registry = trellis_agent_worker::HandlerRegistry::with_builtins();
-            if let Err(err) = trellis_agent_worker::run(config, registry, token).await {
-                eprintln!("trellis: worker stopped: {err}");
-            }
-        });
+        let registry = trellis_agent_worker::HandlerRegistry::with_builtins();
+        supervise(
+            "worker",
+            trellis_agent_worker::run(config, registry, shutdown.child_token()),
+            &report,
+        );
     }
     let coordinator_url = format!("http://{addr}");
     if options.coordinator {
@@ -284,6 +299,7 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
                     ..trellis_monitor::Config::new(&nats_url, &coordinator_url)
                 },
                 shutdown.child_token(),
+                &report,
             )
             .await?,
         ),
@@ -302,6 +318,7 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         nats,
         nats_version,
         sync: options.sync,
+        stopped,
     })
 }
 
@@ -310,6 +327,7 @@ async fn start_monitor(
     options: &MonitorOptions,
     config: trellis_monitor::Config,
     shutdown: CancellationToken,
+    report: &mpsc::UnboundedSender<String>,
 ) -> Result<String, Failure> {
     let listener = tokio::net::TcpListener::bind(options.listen)
         .await
@@ -322,11 +340,11 @@ async fn start_monitor(
     let addr = listener
         .local_addr()
         .map_err(|e| Failure::failed(format!("cannot read the listen address: {e}")))?;
-    tokio::spawn(async move {
-        if let Err(err) = trellis_monitor::run(config, listener, shutdown).await {
-            eprintln!("trellis: monitor stopped: {err}");
-        }
-    });
+    supervise(
+        "monitor",
+        trellis_monitor::run(config, listener, shutdown),
+        report,
+    );
     Ok(format!("http://{addr}"))
 }
 

@@ -1738,6 +1738,56 @@ fn dev_refuses_to_promise_sync_always_for_a_nats_server_it_does_not_start() {
     );
 }
 
+/// A service of `trellis dev` that stops on its own stops the whole cluster: dev says which and
+/// why, and exits non-zero, instead of serving on without it. Here the checkpoint-store (and
+/// the planner, on the same file) cannot create their SQLite file: TMPDIR is a file.
+#[test]
+fn dev_stops_when_one_of_its_services_stops_on_its_own() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let not_a_dir = dir.path().join("file");
+    std::fs::write(&not_a_dir, b"").expect("a file");
+    // A NATS that dev starts would keep its store in TMPDIR too: give it one of the test's.
+    let nats =
+        trellis_testkit::NatsServer::start().expect("a nats-server (apt-get install nats-server)");
+    let mut dev = Command::new(TRELLIS)
+        .args([
+            "dev",
+            "--listen",
+            "127.0.0.1:0",
+            "--workers",
+            "1",
+            "--admin-addr",
+            "off",
+        ])
+        .env("TMPDIR", &not_a_dir)
+        .env("NATS_URL", nats.url())
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("trellis dev starts");
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = dev.try_wait().expect("dev's status") {
+            break status;
+        }
+        if started.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = dev.kill();
+            panic!("trellis dev still runs 60 s after its store could not open");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut dev.stderr.take().expect("piped"), &mut stderr)
+        .expect("dev's stderr");
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("stopped: cannot open SQLite database")
+            && stderr.contains("the cluster was stopped with it"),
+        "names the service and why: {stderr}"
+    );
+}
+
 /// Runs `trellis bench` with these arguments on a nats-server of its own and returns its JSON
 /// lines; a failed run fails the test with its stderr.
 fn bench(args: &[&str]) -> Vec<serde_json::Value> {

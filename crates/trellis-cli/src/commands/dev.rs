@@ -78,7 +78,7 @@ pub async fn run(args: DevArgs) -> Result<(), Failure> {
         .clone()
         .filter(|t| !t.is_empty())
         .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
-    let local = local::start(local::Options {
+    let mut local = local::start(local::Options {
         nats_url: local::nats_from_env()?,
         listen: args.listen,
         workers: args.workers,
@@ -143,8 +143,17 @@ pub async fn run(args: DevArgs) -> Result<(), Failure> {
         local.planner_url
     );
     // SIGTERM is what process managers, CI runners and Kubernetes send: it cleans up as Ctrl-C.
-    trellis_telemetry::shutdown_signal().await;
+    // A service that stops on its own ends the whole cluster, so nobody talks to half of one.
+    let broken = tokio::select! {
+        () = trellis_telemetry::shutdown_signal() => None,
+        reason = local.stopped.recv() => reason,
+    };
     eprintln!("trellis dev: stopping");
     local.stop().await;
-    Ok(())
+    match broken {
+        Some(reason) => Err(Failure::failed(format!(
+            "{reason}; the cluster was stopped with it"
+        ))),
+        None => Ok(()),
+    }
 }

@@ -6,6 +6,7 @@
 
 use std::io::BufRead as _;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -19,6 +20,8 @@ pub struct Dev {
     pub planner: String,
     /// Where the planner takes answers from notification sinks (`http://host:port`).
     pub hooks: String,
+    /// What `trellis dev` has written to its stderr since its banner, for failure messages.
+    log: Arc<Mutex<Vec<String>>>,
 }
 
 impl Drop for Dev {
@@ -59,12 +62,24 @@ impl Dev {
             .expect("trellis dev starts");
         let stderr = child.stderr.take().expect("piped stderr");
         let (lines, received) = std::sync::mpsc::channel();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let keep = Arc::clone(&log);
         std::thread::spawn(move || {
+            let mut started = false;
             for line in std::io::BufReader::new(stderr)
                 .lines()
                 .map_while(Result::ok)
             {
-                let _ = lines.send(line);
+                // Until the banner the lines go to `start`; after it, to the log a failed
+                // command shows (the planner or a worker stopping says why there).
+                if started {
+                    if let Ok(mut log) = keep.lock() {
+                        log.push(line);
+                    }
+                } else {
+                    started = line.contains("hooks: ");
+                    let _ = lines.send(line);
+                }
             }
         });
         let mut seen = Vec::new();
@@ -93,6 +108,7 @@ impl Dev {
             coordinator: coordinator.expect("the banner names the coordinator"),
             planner: planner.expect("the banner names the planner"),
             hooks,
+            log,
         }
     }
 
@@ -115,8 +131,21 @@ impl Dev {
     /// Runs `trellis ARGS`, which must succeed, and returns its stdout.
     pub fn ok(&self, args: &[&str]) -> String {
         let (code, stdout, stderr) = self.trellis(args);
-        assert_eq!(code, 0, "trellis {args:?} failed:\n{stdout}\n{stderr}");
+        assert_eq!(
+            code,
+            0,
+            "trellis {args:?} failed:\n{stdout}\n{stderr}\ntrellis dev's log:\n{}",
+            self.log()
+        );
         stdout
+    }
+
+    /// What `trellis dev` has written to its stderr since its banner.
+    pub fn log(&self) -> String {
+        self.log
+            .lock()
+            .map(|lines| lines.join("\n"))
+            .unwrap_or_default()
     }
 
     /// Runs `trellis ARGS --json`, which must succeed, and parses its output.
