@@ -46,7 +46,7 @@ const SERVICES: &[&str] = &[COORDINATOR, CHECKPOINT_STORE, PLANNER, MONITOR, WOR
 /// The services that use NATS: all but the planner, which only compiles plans.
 const NATS_CLIENTS: &[&str] = &[COORDINATOR, CHECKPOINT_STORE, MONITOR, WORKER];
 const GRPC_SERVERS: &[&str] = &[COORDINATOR, CHECKPOINT_STORE, PLANNER];
-const GRPC_CLIENTS: &[&str] = &[COORDINATOR, MONITOR];
+const GRPC_CLIENTS: &[&str] = &[COORDINATOR, MONITOR, PLANNER];
 
 /// The services' interface: every `TRELLIS_*` and `OTEL_*` variable, with the services that
 /// read it. A variable in a manifest that is not here, or set on a service that does not read
@@ -89,7 +89,7 @@ const INTERFACE_ENV: &[(&str, &[&str])] = &[
     ("TRELLIS_CHECKPOINT_EVERY", &[COORDINATOR]),
     ("TRELLIS_KEEP_FINISHED", &[COORDINATOR]),
     ("TRELLIS_COORDINATOR_ADVERTISE", &[COORDINATOR]),
-    ("TRELLIS_DATABASE_URL", &[CHECKPOINT_STORE]),
+    ("TRELLIS_DATABASE_URL", &[CHECKPOINT_STORE, PLANNER]),
     ("TRELLIS_CHECKPOINT_STORE_ID", &[CHECKPOINT_STORE]),
     ("TRELLIS_INGEST_LEASE_TTL", &[CHECKPOINT_STORE]),
     ("TRELLIS_EVENTS_RETENTION", &[CHECKPOINT_STORE]),
@@ -100,7 +100,8 @@ const INTERFACE_ENV: &[(&str, &[&str])] = &[
     ("TRELLIS_WORKER_ID", &[WORKER]),
     ("TRELLIS_SHUTDOWN_GRACE_MS", &[WORKER]),
     ("TRELLIS_MONITOR_ADDR", &[MONITOR]),
-    ("TRELLIS_COORDINATOR", &[MONITOR]),
+    ("TRELLIS_COORDINATOR", &[MONITOR, PLANNER]),
+    ("TRELLIS_PLANNER_HOOKS", &[PLANNER]),
     ("TRELLIS_MONITOR_TOKEN", &[MONITOR]),
     ("TRELLIS_MONITOR_FORWARD_TOKENS", &[MONITOR]),
 ];
@@ -246,6 +247,9 @@ struct Overlay {
     /// Whether the overlay includes `components/auth`: NATS with a user and password, bearer
     /// tokens on the gRPC ports. Without it nothing authenticates and NATS is open.
     auth: bool,
+    /// Whether the planner serves the backlog: the checkpoint-store's database (shared only
+    /// where it is PostgreSQL), a coordinator for list runs and answers, and the sinks' hooks.
+    backlog: bool,
 }
 
 const OVERLAYS: &[Overlay] = &[
@@ -255,6 +259,7 @@ const OVERLAYS: &[Overlay] = &[
         nats_nodes: 1,
         spread: false,
         auth: false,
+        backlog: false,
     },
     Overlay {
         name: "prod",
@@ -262,6 +267,7 @@ const OVERLAYS: &[Overlay] = &[
         nats_nodes: 3,
         spread: true,
         auth: true,
+        backlog: true,
     },
 ];
 
@@ -877,7 +883,8 @@ fn check_deployments(rendered: &Rendered, report: &mut Report) {
             .filter_map(|port| port.pointer("/containerPort").and_then(Value::as_u64))
             .collect();
         for (name, source) in &workload.env {
-            if let (true, Source::Value(address)) = (name.ends_with("_ADDR"), source) {
+            let listens = name.ends_with("_ADDR") || name == "TRELLIS_PLANNER_HOOKS";
+            if let (true, Source::Value(address)) = (listens, source) {
                 match port_of(address) {
                     Some(port) if ports.contains(&port) => {}
                     Some(port) => report.fail(
@@ -2169,10 +2176,87 @@ fn check_all(rendered: &Rendered, nats: &Value) -> Vec<String> {
     check_scaled_objects(rendered, nats, &mut report);
     check_credentials(rendered, &mut report);
     check_auth(rendered, &mut report);
+    check_backlog(rendered, &mut report);
     // Deduplicated: workloads() reports a missing ConfigMap once per check that resolves env.
     let mut seen = BTreeSet::new();
     report.0.retain(|line| seen.insert(line.clone()));
     report.0
+}
+
+/// Where the overlay serves the backlog, the planner has the checkpoint-store's database from
+/// its Secret, a coordinator and the hooks' address, and its Service the hooks' port; where it
+/// does not, the planner has none of them (the dev store's SQLite file is in the store's pod).
+fn check_backlog(rendered: &Rendered, report: &mut Report) {
+    const BACKLOG_ENV: [&str; 3] = [
+        "TRELLIS_DATABASE_URL",
+        "TRELLIS_COORDINATOR",
+        "TRELLIS_PLANNER_HOOKS",
+    ];
+    let mut sink = Report::default();
+    for planner in workloads(rendered, &mut sink)
+        .into_iter()
+        .filter(|workload| workload.service == Some(PLANNER))
+    {
+        let at = &planner.at;
+        if !rendered.overlay.backlog {
+            for name in BACKLOG_ENV {
+                if planner.env.contains_key(name) {
+                    report.fail(
+                        at,
+                        format!("{name} is set, but this overlay serves no backlog"),
+                    );
+                }
+            }
+            continue;
+        }
+        match planner.env.get("TRELLIS_DATABASE_URL") {
+            Some(Source::Secret { name, key }) if name == "trellis-database" && key == "url" => {}
+            other => report.fail(
+                at,
+                format!(
+                    "TRELLIS_DATABASE_URL must come from Secret trellis-database key url, is {}",
+                    describe(other)
+                ),
+            ),
+        }
+        for name in ["TRELLIS_COORDINATOR", "TRELLIS_PLANNER_HOOKS"] {
+            if value_of(&planner.env, name).is_none() {
+                report.fail(at, format!("{name} is not set: the backlog needs it"));
+            }
+        }
+        let hooks = value_of(&planner.env, "TRELLIS_PLANNER_HOOKS").and_then(port_of);
+        let exposed = find(&rendered.docs, "Service", PLANNER).is_some_and(|service| {
+            array_at(service, "/spec/ports")
+                .iter()
+                .any(|port| port.pointer("/targetPort").and_then(Value::as_str) == Some("hooks"))
+        });
+        let declared = array_at(planner.doc, "/spec/template/spec/containers/0/ports")
+            .iter()
+            .any(|port| {
+                str_at(port, "/name") == "hooks"
+                    && port.pointer("/containerPort").and_then(Value::as_u64) == hooks
+            });
+        if !(exposed && declared) {
+            report.fail(
+                at,
+                format!(
+                    "the hooks (TRELLIS_PLANNER_HOOKS, port {hooks:?}) need a containerPort named \
+                     hooks on that port and a port of Service {PLANNER} targeting it"
+                ),
+            );
+        }
+    }
+}
+
+/// A variable's source, for messages.
+fn describe(source: Option<&Source>) -> String {
+    match source {
+        None => "unset".to_owned(),
+        Some(Source::Value(value)) => format!("the value {value:?}"),
+        Some(Source::Secret { name, key }) => format!("Secret {name} key {key}"),
+        Some(Source::Field(path)) => format!("the field {path}"),
+        Some(Source::Other) => "another source".to_owned(),
+    }
 }
 
 fn assert_clean(errors: &[String], what: &str) {
@@ -3282,5 +3366,53 @@ fn every_overlay_is_rendered_by_this_test() {
     assert_eq!(
         on_disk, tested,
         "an overlay in deploy/overlays has no entry in OVERLAYS"
+    );
+}
+
+#[test]
+fn a_prod_planner_without_its_backlog_parts_is_reported() {
+    assert_reported(
+        |docs| {
+            let env = doc_mut(docs, "Deployment", PLANNER)
+                .pointer_mut("/spec/template/spec/containers/0/env")
+                .and_then(Value::as_array_mut)
+                .expect("the planner's env");
+            env.retain(|var| str_at(var, "/name") != "TRELLIS_DATABASE_URL");
+        },
+        &[
+            "Deployment/trellis-planner",
+            "TRELLIS_DATABASE_URL must come from Secret trellis-database key url, is unset",
+        ],
+    );
+    assert_reported(
+        |docs| {
+            let ports = doc_mut(docs, "Service", PLANNER)
+                .pointer_mut("/spec/ports")
+                .and_then(Value::as_array_mut)
+                .expect("the planner's Service ports");
+            ports.retain(|port| str_at(port, "/name") != "hooks");
+        },
+        &[
+            "Deployment/trellis-planner",
+            "need a containerPort named hooks",
+        ],
+    );
+    // In dev the planner cannot share the store's SQLite file: a database there is reported.
+    assert_reported_in(
+        "dev",
+        |docs| {
+            let env = doc_mut(docs, "Deployment", PLANNER)
+                .pointer_mut("/spec/template/spec/containers/0/env")
+                .and_then(Value::as_array_mut)
+                .expect("the planner's env");
+            env.push(json!({
+                "name": "TRELLIS_DATABASE_URL",
+                "valueFrom": {"secretKeyRef": {"name": "trellis-database", "key": "url"}},
+            }));
+        },
+        &[
+            "Deployment/trellis-planner",
+            "TRELLIS_DATABASE_URL is set, but this overlay serves no backlog",
+        ],
     );
 }
