@@ -25,7 +25,7 @@ pub struct DemoArgs {}
 /// Runs `trellis demo`.
 pub async fn run(_args: DemoArgs) -> Result<(), Failure> {
     eprintln!("trellis demo: starting NATS, a coordinator and 2 workers in this process ...");
-    let local = local::start(local::Options {
+    let mut local = local::start(local::Options {
         nats_url: local::nats_from_env()?,
         listen: "127.0.0.1:0"
             .parse()
@@ -45,8 +45,9 @@ pub async fn run(_args: DemoArgs) -> Result<(), Failure> {
     eprintln!(
         "trellis demo: running plan \"demo\" (checkout -> build, lint -> test-shards (8 subtasks) -> package)"
     );
-    let submitted = submit::run_with_id(
-        &local.coordinator_url,
+    let coordinator_url = local.coordinator_url.clone();
+    let submit = submit::run_with_id(
+        &coordinator_url,
         submit::SubmitArgs {
             plan: plan::PlanArgs {
                 file: plan.clone(),
@@ -59,8 +60,14 @@ pub async fn run(_args: DemoArgs) -> Result<(), Failure> {
             idempotency_key: None,
             namespace: None,
         },
-    )
-    .await;
+    );
+    // A service that stops on its own ends the demo, naming it, rather than leaving it waiting.
+    let submitted = tokio::select! {
+        submitted = submit => submitted,
+        Some(reason) = local.stopped.recv() => {
+            Err(Failure::failed(format!("{reason}; the demo cannot go on")))
+        }
+    };
     let _ = std::fs::remove_file(&plan);
     let execution_id = submitted?;
     println!("\nExecution tree:");
