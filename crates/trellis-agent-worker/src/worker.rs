@@ -1,8 +1,8 @@
-//! The worker's event loops: one fetch loop per queue, the handler tasks, the result publisher,
+//! The worker's event loops: one fetch loop per queue and lane, the handler tasks, the result publisher,
 //! the heartbeat loop and the cancel listener, and the order they stop in.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,7 +14,7 @@ use prost::Message as _;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use trellis_bus::HEARTBEAT_INTERVAL;
+use trellis_bus::{HEARTBEAT_INTERVAL, Lane};
 use trellis_proto::subjects;
 use trellis_proto::v1::{self, TaskAssignment};
 
@@ -80,10 +80,15 @@ pub(crate) async fn run(
     let steps = trellis_bus::ensure_steps_bucket(&js, config.nats.replicas).await?;
     let fences_bucket = trellis_bus::ensure_fences_bucket(&js, config.nats.replicas).await?;
     let outputs = trellis_bus::Outputs::ensure(&js, config.nats.replicas).await?;
-    let mut consumers = Vec::with_capacity(config.queues.len());
+    // Each queue has two lanes: the fast one takes the first few tasks in flight of every
+    // execution, so a small execution's task does not wait behind a large one's.
+    let mut consumers = Vec::with_capacity(2 * config.queues.len());
     for queue in &config.queues {
-        let consumer = trellis_bus::task_consumer(&streams.tasks, queue, MAX_ACK_PENDING).await?;
-        consumers.push((queue.clone(), consumer));
+        for lane in [Lane::Fast, Lane::Normal] {
+            let consumer =
+                trellis_bus::task_consumer(&streams.tasks, queue, lane, MAX_ACK_PENDING).await?;
+            consumers.push((queue.clone(), lane, consumer));
+        }
     }
     let cancel_subject = format!("{}.>", subjects::CANCEL_PREFIX);
     let cancel_sub = client
@@ -132,6 +137,7 @@ pub(crate) async fn run(
         )),
         running: Mutex::new(HashMap::new()),
         slots: Arc::new(Semaphore::new(config.slots)),
+        fast_waiting: AtomicUsize::new(0),
         handlers: TaskTracker::new(),
         hand_back: CancellationToken::new(),
         abandon: abandon.clone(),
@@ -167,9 +173,10 @@ pub(crate) async fn run(
     let stop_fetching = abandon.child_token();
     let fetchers: Vec<_> = consumers
         .into_iter()
-        .map(|(queue, consumer)| {
+        .map(|(queue, lane, consumer)| {
             tokio::spawn(worker.clone().fetch_loop(
                 queue,
+                lane,
                 streams.tasks.clone(),
                 consumer,
                 finished_tx.clone(),
@@ -246,6 +253,9 @@ struct Worker {
     sink: Arc<ResultSink>,
     running: RunningMap,
     slots: Arc<Semaphore>,
+    /// Fast-lane tasks received and waiting for a slot: while there are any, the normal lanes
+    /// take no slot, so a free one goes to them first.
+    fast_waiting: AtomicUsize,
     handlers: TaskTracker,
     /// Fires when the grace period is over: running handlers stop and their tasks are handed back.
     hand_back: CancellationToken,
@@ -291,6 +301,7 @@ impl Worker {
     async fn fetch_loop(
         self: Arc<Self>,
         queue: String,
+        lane: Lane,
         tasks: stream::Stream,
         mut consumer: PullConsumer,
         finished_tx: mpsc::Sender<Finished>,
@@ -300,7 +311,7 @@ impl Worker {
         let mut n_failures = 0u32;
         while !shutdown.is_cancelled() && !self.abandon.is_cancelled() {
             let (batch, permits) = if busy {
-                let Some(permits) = self.reserve_slots(&shutdown).await else {
+                let Some(permits) = self.reserve_slots(lane, &shutdown).await else {
                     break;
                 };
                 let n_permits = permits.num_permits();
@@ -318,7 +329,7 @@ impl Worker {
             };
             let end = match batch {
                 Ok(batch) => {
-                    self.drain_batch(batch, permits, &finished_tx, &shutdown)
+                    self.drain_batch(lane, batch, permits, &finished_tx, &shutdown)
                         .await
                 }
                 Err(error) => FetchEnd::Failed(error.to_string()),
@@ -334,16 +345,16 @@ impl Worker {
                     let delay = FETCH_RETRY_DELAY
                         .saturating_mul(1 << (n_failures - 1).min(8))
                         .min(FETCH_RETRY_MAX_DELAY);
-                    tracing::warn!(%queue, %error, n_failures, ?delay, "failed to fetch tasks; retrying");
+                    tracing::warn!(%queue, lane = lane.name(), %error, n_failures, ?delay, "failed to fetch tasks; retrying");
                     tokio::select! {
                         _ = shutdown.cancelled() => break,
                         _ = self.abandon.cancelled() => break,
                         _ = tokio::time::sleep(delay) => {}
                     }
-                    match trellis_bus::task_consumer(&tasks, &queue, MAX_ACK_PENDING).await {
+                    match trellis_bus::task_consumer(&tasks, &queue, lane, MAX_ACK_PENDING).await {
                         Ok(fresh) => consumer = fresh,
                         Err(error) => {
-                            tracing::warn!(%queue, %error, "cannot open the queue's consumer; retrying");
+                            tracing::warn!(%queue, lane = lane.name(), %error, "cannot open the queue's consumer; retrying");
                         }
                     }
                 }
@@ -351,14 +362,32 @@ impl Worker {
         }
     }
 
-    /// Waits for one free slot and takes as many more as are free, up to [`FETCH_BATCH`].
-    async fn reserve_slots(&self, shutdown: &CancellationToken) -> Option<OwnedSemaphorePermit> {
-        let mut permits = tokio::select! {
-            _ = shutdown.cancelled() => return None,
-            _ = self.abandon.cancelled() => return None,
-            permit = self.slots.clone().acquire_owned() => permit.ok()?,
+    /// Waits for one free slot and takes as many more as are free, up to [`FETCH_BATCH`]. A
+    /// normal lane gives a slot back (and takes no more) while fast-lane tasks wait for one.
+    async fn reserve_slots(
+        &self,
+        lane: Lane,
+        shutdown: &CancellationToken,
+    ) -> Option<OwnedSemaphorePermit> {
+        let fast_waits = || lane == Lane::Normal && self.fast_waiting.load(Ordering::Acquire) > 0;
+        let mut permits = loop {
+            let permit = tokio::select! {
+                _ = shutdown.cancelled() => return None,
+                _ = self.abandon.cancelled() => return None,
+                permit = self.slots.clone().acquire_owned() => permit.ok()?,
+            };
+            if !fast_waits() {
+                break permit;
+            }
+            // Returned, the permit goes to the fast task waiting in the semaphore's queue.
+            drop(permit);
+            tokio::task::yield_now().await;
         };
-        let n_more = self.slots.available_permits().min(FETCH_BATCH - 1);
+        let n_more = if fast_waits() {
+            0
+        } else {
+            self.slots.available_permits().min(FETCH_BATCH - 1)
+        };
         if n_more > 0
             && let Ok(more) = self
                 .slots
@@ -374,6 +403,7 @@ impl Worker {
     /// messages still arriving are handed back.
     async fn drain_batch(
         self: &Arc<Self>,
+        lane: Lane,
         mut batch: Batch,
         mut permits: Option<OwnedSemaphorePermit>,
         finished_tx: &mpsc::Sender<Finished>,
@@ -405,7 +435,7 @@ impl Worker {
                     n_messages += 1;
                     let permit = match permits.as_mut().and_then(|permits| permits.split(1)) {
                         Some(permit) => permit,
-                        None => match self.wait_for_slot(&message, shutdown).await {
+                        None => match self.wait_for_slot(lane, &message, shutdown).await {
                             Some(permit) => permit,
                             None => {
                                 let _ = message.ack_with(AckKind::Nak(None)).await;
@@ -419,17 +449,39 @@ impl Worker {
         }
     }
 
-    /// Waits for a free slot for a message already received, keeping it ours with `AckProgress`.
+    /// Waits for a free slot for a message already received, keeping it ours with `AckProgress`;
+    /// a fast-lane message counts itself in [`Worker::fast_waiting`] meanwhile.
     async fn wait_for_slot(
         &self,
+        lane: Lane,
         message: &jetstream::Message,
         shutdown: &CancellationToken,
     ) -> Option<OwnedSemaphorePermit> {
+        /// Counts a waiting fast-lane task for as long as it lives, however its wait ends.
+        struct Waiting<'a>(&'a AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        let _waiting = (lane == Lane::Fast).then(|| {
+            self.fast_waiting.fetch_add(1, Ordering::AcqRel);
+            Waiting(&self.fast_waiting)
+        });
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return None,
                 _ = self.abandon.cancelled() => return None,
-                permit = self.slots.clone().acquire_owned() => return permit.ok(),
+                permit = self.slots.clone().acquire_owned() => {
+                    // A normal lane's task gives the slot to a fast one waiting (as
+                    // `reserve_slots` does) and waits on.
+                    if lane == Lane::Normal && self.fast_waiting.load(Ordering::Acquire) > 0 {
+                        drop(permit);
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
+                    return permit.ok();
+                }
                 _ = tokio::time::sleep(HEARTBEAT_INTERVAL) => {
                     let _ = message.ack_with(AckKind::Progress).await;
                 }

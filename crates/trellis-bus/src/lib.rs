@@ -309,19 +309,53 @@ pub(crate) async fn ensure(
     }
 }
 
-/// Returns the durable pull consumer shared by every worker of `queue`.
+/// Which of a queue's two subjects a worker's consumer takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lane {
+    /// `trellis.tasks.<queue>`: most tasks (consumer `workers-<queue>`, the one autoscaling
+    /// watches).
+    Normal,
+    /// `trellis.tasks.~.<queue>`: the first few tasks in flight of each execution (consumer
+    /// `fast-<queue>`).
+    Fast,
+}
+
+impl Lane {
+    /// The lane's name in logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Normal => "normal",
+            Self::Fast => "fast",
+        }
+    }
+}
+
+/// The name of the durable consumer of `queue`'s `lane`: `workers-<queue>` or `fast-<queue>`.
+pub fn task_consumer_name(queue: &str, lane: Lane) -> String {
+    match lane {
+        Lane::Normal => format!("workers-{}", consumer_safe(queue)),
+        Lane::Fast => format!("fast-{}", consumer_safe(queue)),
+    }
+}
+
+/// Returns the durable pull consumer shared by every worker of `queue` in `lane`.
 pub async fn task_consumer(
     tasks: &stream::Stream,
     queue: &str,
+    lane: Lane,
     max_ack_pending: i64,
 ) -> Result<consumer::PullConsumer, Error> {
-    let name = format!("workers-{}", consumer_safe(queue));
+    let name = task_consumer_name(queue, lane);
+    let filter_subject = match lane {
+        Lane::Normal => subjects::tasks(queue),
+        Lane::Fast => subjects::fast_tasks(queue),
+    };
     tasks
         .get_or_create_consumer(
             &name,
             consumer::pull::Config {
                 durable_name: Some(name.clone()),
-                filter_subject: subjects::tasks(queue),
+                filter_subject,
                 ack_policy: consumer::AckPolicy::Explicit,
                 ack_wait: TASK_ACK_WAIT,
                 max_ack_pending,

@@ -2,7 +2,8 @@
 //! service spells a subject by hand.
 //!
 //! Subject tokens (queue names, shard numbers, ids) must not contain `.`, `*`, `>` or whitespace;
-//! ids are UUIDs and queue names are checked by the planner, so the builders do not re-check.
+//! ids are UUIDs and queue names are checked where plans are compiled
+//! (`trellis_core::plan::check_queue_name`) and by workers, so the builders do not re-check.
 
 /// JetStream stream holding every execution's event log (`trellis.events.>`, limits retention).
 pub const EVENTS_STREAM: &str = "TRELLIS_EVENTS";
@@ -68,6 +69,14 @@ pub fn drain(worker_id: impl std::fmt::Display) -> String {
 /// Returns the subject a `TaskAssignment` for `queue` is published on: `trellis.tasks.<queue>`.
 pub fn tasks(queue: &str) -> String {
     format!("{TASKS_PREFIX}.{queue}")
+}
+
+/// Returns the subject of `queue`'s fast lane: `trellis.tasks.~.<queue>` (one token more than
+/// any queue's subject, so no queue's). The first few tasks in flight of each execution go
+/// there, and workers take them beside the queue's others, so a small execution's task does not
+/// wait behind a large one's.
+pub fn fast_tasks(queue: &str) -> String {
+    format!("{TASKS_PREFIX}.~.{queue}")
 }
 
 /// Returns the subject a `TaskResult` for coordinator shard `shard` is published on:

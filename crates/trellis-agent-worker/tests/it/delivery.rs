@@ -261,3 +261,47 @@ async fn heartbeats_count_the_attempts_completed_and_failed() -> anyhow::Result<
     }
     worker.stop().await
 }
+
+/// A queue's fast lane (`trellis.tasks.~.<queue>`) is served beside the queue: with the one
+/// slot busy and four tasks waiting in the queue, a task sent to the fast lane runs next, not
+/// after them.
+#[tokio::test]
+async fn a_task_on_the_fast_lane_runs_before_the_queue_that_waits() -> anyhow::Result<()> {
+    let mut harness = Harness::start().await?;
+    let worker = harness.worker_with("w1", &["sleep"], HandlerRegistry::with_builtins(), |c| {
+        c.slots = 1;
+    });
+    let queued: Vec<TaskAssignment> = (0..5)
+        .map(|_| assignment("sleep", json!({"ms": 300})))
+        .collect();
+    for task in &queued {
+        harness.publish(task).await?;
+    }
+    // The first of them is running now; the fast one arrives behind the other four.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let fast = assignment("sleep", json!({"ms": 0}));
+    harness
+        .js
+        .publish(subjects::fast_tasks("sleep"), fast.encode_to_vec().into())
+        .await?
+        .await?;
+    let mut order = Vec::new();
+    while order.len() < 6 {
+        let message = tokio::time::timeout(SOON, harness.results.next())
+            .await
+            .context("results stop before all six tasks ended")?
+            .context("results subscription ended")?;
+        let result = TaskResult::decode(message.payload.as_ref())?;
+        order.push(result.task_instance_id);
+    }
+    let position = order
+        .iter()
+        .position(|id| *id == fast.task_instance_id)
+        .context("the fast task never ran")?;
+    assert!(
+        position <= 1,
+        "the fast task ended number {} of 6, behind the queue: {order:?}",
+        position + 1
+    );
+    worker.stop().await
+}

@@ -15,6 +15,7 @@
 
 mod append;
 mod background;
+mod lanes;
 mod publish;
 
 pub(crate) use background::receive_heartbeats;
@@ -162,6 +163,8 @@ pub(crate) struct Executor {
     /// Subtask groups settled per execution, counted only while the failpoint
     /// `group-settled` is armed.
     settled_groups: HashMap<ExecutionId, usize>,
+    /// The queues whose workers take a fast lane.
+    lanes: lanes::FastLanes,
 }
 
 impl Executor {
@@ -173,6 +176,7 @@ impl Executor {
         shutdown: CancellationToken,
     ) -> (Handle, mpsc::Sender<Inbound>) {
         let (tx, rx) = mpsc::channel(1024);
+        let lanes = lanes::FastLanes::watch(setup.streams.tasks.clone(), shutdown.clone());
         let executor = Executor {
             coordinator,
             nats: setup.nats,
@@ -193,6 +197,7 @@ impl Executor {
             releases: Vec::new(),
             stats: setup.stats,
             settled_groups: HashMap::new(),
+            lanes,
         };
         tokio::spawn(executor.run(rx));
         (Handle { tx: tx.clone() }, tx)

@@ -60,20 +60,12 @@ impl Executor {
             let mut published = Vec::with_capacity(chunk.len());
             for assign in chunk {
                 let headers = assignment_headers(assign);
+                let subject = self.lanes.subject(&assign.queue, assign.fast);
                 let publish = self
                     .js
-                    .publish_with_headers(
-                        assign.subject.clone(),
-                        headers.clone(),
-                        assign.payload.clone(),
-                    )
+                    .publish_with_headers(subject.clone(), headers.clone(), assign.payload.clone())
                     .await;
-                published.push((
-                    assign.subject.clone(),
-                    headers,
-                    assign.payload.clone(),
-                    publish,
-                ));
+                published.push((subject, headers, assign.payload.clone(), publish));
             }
             self.await_assignments(published).await;
         }
@@ -214,10 +206,8 @@ fn assignment_headers(assign: &Assign) -> HeaderMap {
             execution_id = %assign.execution,
             task_instance_id = %assign.instance,
             attempt = assign.attempt,
-            queue = assign
-                .subject
-                .strip_prefix(subjects::TASKS_PREFIX)
-                .map_or("", |queue| queue.trim_start_matches('.')),
+            queue = assign.queue.as_str(),
+            fast_lane = assign.fast,
         );
         propagation::set_parent(&span, assign.trace.clone());
         propagation::inject_nats(&propagation::context_of(&span), &mut headers);

@@ -331,10 +331,20 @@ pub struct Effects {
     pub fences: Vec<(ExecutionId, u64)>,
 }
 
+/// A task goes to its queue's fast lane (`trellis.tasks.~.<queue>`, which workers serve before
+/// the queue) while fewer than this many of its execution's tasks are in flight before it: a
+/// small execution's tasks skip the queue a large one's dispatch window fills, and a large one
+/// sends only its first few there.
+pub const FAST_LANE_SHARE: u32 = 4;
+
 /// One task assignment to publish.
 #[derive(Debug)]
 pub struct Assign {
-    pub subject: String,
+    /// Its queue: published on `trellis.tasks.<queue>`, or on the fast lane.
+    pub queue: String,
+    /// Whether fewer than [`FAST_LANE_SHARE`] of its execution's tasks were in flight before
+    /// it, so it goes to the fast lane where the queue's workers have one.
+    pub fast: bool,
     /// `Nats-Msg-Id`: `<instance>:<attempt>`.
     pub msg_id: String,
     /// The encoded `TaskAssignment`.

@@ -9,6 +9,7 @@ use trellis_core::ids::ExecutionId;
 use trellis_proto::{subjects, v1};
 use trellis_wire::{read, worker};
 
+use super::contract::FAST_LANE_SHARE;
 use super::shards::index_key;
 use super::{
     Ack, Answer, Append, Appended, Assign, Coordinator, Effects, Error, Observed, Publish, ReplyTo,
@@ -188,7 +189,13 @@ impl Coordinator {
         };
         live.dirty = false;
         let run_number = live.machine.run_number();
-        for instance in live.dispatch.drain(..) {
+        // The execution's tasks in flight before this turn's dispatches: a task with fewer
+        // than FAST_LANE_SHARE before it rides the fast lane.
+        let before = live
+            .machine
+            .running()
+            .saturating_sub(u32::try_from(live.dispatch.len()).unwrap_or(u32::MAX));
+        for (nth, instance) in (0u32..).zip(live.dispatch.drain(..)) {
             let Some(assignment) = live.machine.assignment(instance) else {
                 continue;
             };
@@ -203,7 +210,8 @@ impl Coordinator {
                 ))
                 .inc();
             effects.assignments.push(Assign {
-                subject: subjects::tasks(assignment.queue),
+                queue: assignment.queue.to_owned(),
+                fast: before.saturating_add(nth) < FAST_LANE_SHARE,
                 msg_id: subjects::task_msg_id(instance, assignment.attempt),
                 payload: Bytes::from(message.encode_to_vec()),
                 trace: live.trace.clone(),

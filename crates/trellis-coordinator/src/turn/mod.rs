@@ -47,8 +47,8 @@ use trellis_proto::subjects;
 pub use breakers::BreakerConfig;
 pub use checkpoint::{CheckpointJob, FULL_EVERY, KEEP_FULL};
 pub use contract::{
-    Ack, Action, Answer, Append, Appended, Assign, Broken, Delivery, Effects, Input, Observation,
-    Observed, Publish, Recoveries, Recovery, Request, Writes,
+    Ack, Action, Answer, Append, Appended, Assign, Broken, Delivery, Effects, FAST_LANE_SHARE,
+    Input, Observation, Observed, Publish, Recoveries, Recovery, Request, Writes,
 };
 pub use error::{Error, ErrorKind};
 pub use shards::{LogMessage, Recovered, index_key};

@@ -345,6 +345,35 @@ mod window {
         assert_eq!(ran, 10, "every task ran");
     }
 
+    /// A task goes to the fast lane while fewer than FAST_LANE_SHARE of its execution's tasks
+    /// are in flight before it: a wide execution sends its first ones there and the rest to the
+    /// queue; a narrow one sends all of its tasks there, whatever else runs.
+    #[test]
+    fn an_execution_sends_the_fast_lane_only_its_first_tasks_in_flight() {
+        use crate::turn::FAST_LANE_SHARE;
+        let share = FAST_LANE_SHARE as usize;
+        let mut coordinator = coordinator(share as u32 + 2);
+        own_shard_0(&mut coordinator);
+        let wide = turn(&mut coordinator, vec![start(10)], 3).assignments;
+        let fast: Vec<bool> = wide.iter().map(|assign| assign.fast).collect();
+        let mut expected = vec![true; share];
+        expected.extend([false, false]);
+        assert_eq!(fast, expected, "the share, then the window's rest");
+        // One finishes: the next one starts with the share's worth still in flight.
+        let next = turn(
+            &mut coordinator,
+            vec![Input::Results(vec![completed(&wide[0].payload, 10)])],
+            4,
+        )
+        .assignments;
+        assert_eq!(next.len(), 1);
+        assert!(!next[0].fast, "{} in flight before it", share + 1);
+        // A narrow execution beside it: every one of its tasks is fast.
+        let narrow = turn(&mut coordinator, vec![start(2)], 5).assignments;
+        assert_eq!(narrow.len(), 2);
+        assert!(narrow.iter().all(|assign| assign.fast), "{narrow:?}");
+    }
+
     /// Without a window (0) every ready task goes at once.
     #[test]
     fn no_window_dispatches_every_ready_task() {

@@ -31,6 +31,7 @@ mod parse;
 pub mod spec;
 mod suggest;
 mod task;
+pub use task::check_queue_name;
 mod verify;
 
 pub use compile::{compile, compile_bytes, compile_str, compile_with_params};

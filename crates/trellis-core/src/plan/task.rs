@@ -140,6 +140,15 @@ pub(super) fn compile_task(
         Some(q) => q.clone(),
         None => ts.task_type.clone(),
     };
+    if let Err(why) = check_queue_name(&queue) {
+        let field = if ts.queue.is_some() { "queue" } else { "type" };
+        c.error_with_hint(
+            PlanErrorKind::InvalidValue,
+            format!("tasks[{i}].{field}"),
+            format!("queue {queue:?} {why}"),
+            "a queue is one name without `.`, spaces, `*` or `>`, such as gpu-large",
+        );
+    }
 
     let mut files = Vec::with_capacity(ts.files.len());
     for (j, f) in ts.files.iter().enumerate() {
@@ -402,5 +411,40 @@ fn not_run_phrase(not_run: &NotRun, all: &[TaskSpec]) -> String {
     match *not_run {
         NotRun::SupersededBy(by) => format!("superseded by {}", id_of(by)),
         NotRun::DuplicateOf(of) => format!("a duplicate of {}", id_of(of)),
+    }
+}
+
+/// Why `queue` cannot name a queue, if it cannot: it becomes one token of NATS subjects
+/// (`trellis.tasks.<queue>`, its fast lane `trellis.tasks.~.<queue>`) and of consumer names, so
+/// it must be non-empty, without `.`, whitespace or the wildcards `*` and `>` (the rule workers
+/// apply to the queues they consume).
+pub fn check_queue_name(queue: &str) -> Result<(), &'static str> {
+    if queue.is_empty() {
+        return Err("is empty");
+    }
+    if queue.contains('.') {
+        return Err("contains `.`");
+    }
+    if queue.chars().any(char::is_whitespace) {
+        return Err("contains whitespace");
+    }
+    if queue.contains(['*', '>']) {
+        return Err("contains a NATS wildcard (`*` or `>`)");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod queue_name_tests {
+    use super::check_queue_name;
+
+    #[test]
+    fn a_queue_name_is_one_subject_token() {
+        for good in ["shell", "gpu-large", "agent_v2", "a:b", "~"] {
+            assert_eq!(check_queue_name(good), Ok(()), "{good}");
+        }
+        for bad in ["", "gpu.large", "a b", "a\tb", "a*", ">", "."] {
+            assert!(check_queue_name(bad).is_err(), "{bad:?}");
+        }
     }
 }

@@ -541,3 +541,22 @@ fn examples_fit_the_json_schema_and_broken_ones_can_fail_it() {
     let good = "name: p\ntasks: [{id: a, type: noop, on_failure: [{retry: {max: 3, backoff: {kind: linear, jitter: 10%}}}, reassign, {fallback: b}, {pause: null}]}, {id: b, type: noop}]\n";
     assert!(validator.is_valid(&yaml_value(good)));
 }
+
+/// A queue is one subject token (workers consume `trellis.tasks.<queue>` and its fast lane
+/// `trellis.tasks.~.<queue>`): a queue, or a type used as the queue, with `.`, spaces or
+/// wildcards is refused where it is written.
+#[test]
+fn a_queue_that_is_not_one_subject_token_is_refused_where_it_is_written() {
+    let errors = errors_of(
+        "name: q\ntasks:\n- {id: a, type: noop, queue: gpu.large}\n- {id: b, type: \"my agent\"}\n- {id: c, type: noop, queue: \"gpu*\"}\n",
+        &[],
+    );
+    assert_eq!(
+        errors,
+        vec![
+            r#"tasks[0].queue: queue "gpu.large" contains `.` [a queue is one name without `.`, spaces, `*` or `>`, such as gpu-large]"#,
+            r#"tasks[1].type: queue "my agent" contains whitespace [a queue is one name without `.`, spaces, `*` or `>`, such as gpu-large]"#,
+            r#"tasks[2].queue: queue "gpu*" contains a NATS wildcard (`*` or `>`) [a queue is one name without `.`, spaces, `*` or `>`, such as gpu-large]"#,
+        ]
+    );
+}
