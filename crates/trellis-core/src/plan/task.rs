@@ -140,7 +140,11 @@ pub(super) fn compile_task(
         Some(q) => q.clone(),
         None => ts.task_type.clone(),
     };
-    if let Err(why) = check_queue_name(&queue) {
+    // An empty type or queue is reported above.
+    if let Some(why) = (!queue.trim().is_empty())
+        .then(|| check_queue_name(&queue).err())
+        .flatten()
+    {
         let field = if ts.queue.is_some() { "queue" } else { "type" };
         c.error_with_hint(
             PlanErrorKind::InvalidValue,
