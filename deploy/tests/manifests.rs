@@ -3369,16 +3369,18 @@ fn every_overlay_is_rendered_by_this_test() {
     );
 }
 
+/// The planner container's env of a rendered copy.
+fn planner_env(docs: &mut [Value]) -> &mut Vec<Value> {
+    doc_mut(docs, "Deployment", PLANNER)
+        .pointer_mut("/spec/template/spec/containers/0/env")
+        .and_then(Value::as_array_mut)
+        .expect("the planner's env")
+}
+
 #[test]
 fn a_prod_planner_without_its_backlog_parts_is_reported() {
     assert_reported(
-        |docs| {
-            let env = doc_mut(docs, "Deployment", PLANNER)
-                .pointer_mut("/spec/template/spec/containers/0/env")
-                .and_then(Value::as_array_mut)
-                .expect("the planner's env");
-            env.retain(|var| str_at(var, "/name") != "TRELLIS_DATABASE_URL");
-        },
+        |docs| planner_env(docs).retain(|var| str_at(var, "/name") != "TRELLIS_DATABASE_URL"),
         &[
             "Deployment/trellis-planner",
             "TRELLIS_DATABASE_URL must come from Secret trellis-database key url, is unset",
@@ -3386,11 +3388,11 @@ fn a_prod_planner_without_its_backlog_parts_is_reported() {
     );
     assert_reported(
         |docs| {
-            let ports = doc_mut(docs, "Service", PLANNER)
+            doc_mut(docs, "Service", PLANNER)
                 .pointer_mut("/spec/ports")
                 .and_then(Value::as_array_mut)
-                .expect("the planner's Service ports");
-            ports.retain(|port| str_at(port, "/name") != "hooks");
+                .expect("the planner's Service ports")
+                .retain(|port| str_at(port, "/name") != "hooks");
         },
         &[
             "Deployment/trellis-planner",
@@ -3401,11 +3403,7 @@ fn a_prod_planner_without_its_backlog_parts_is_reported() {
     assert_reported_in(
         "dev",
         |docs| {
-            let env = doc_mut(docs, "Deployment", PLANNER)
-                .pointer_mut("/spec/template/spec/containers/0/env")
-                .and_then(Value::as_array_mut)
-                .expect("the planner's env");
-            env.push(json!({
+            planner_env(docs).push(json!({
                 "name": "TRELLIS_DATABASE_URL",
                 "valueFrom": {"secretKeyRef": {"name": "trellis-database", "key": "url"}},
             }));

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use trellis_checkpoint_store::store::backlog::{
-    Backlog, ListRow, ProjectRow, SuggestionRow, TaskFilter,
+    Backlog, ListRow, ProjectRow, SuggestionRow, TaskFilter, TaskRow,
 };
 use trellis_checkpoint_store::store::{ErrorKind, connect_backlog};
 use trellis_core::backlog::grouping::{Suggestion, Weights};
@@ -30,18 +30,30 @@ store_suite!(
 
 const NOW: i64 = 1_780_000_000_000;
 
+/// The project every test works in.
+pub(crate) fn web_project() -> ProjectRow {
+    ProjectRow {
+        project: "web".into(),
+        name: "Web".into(),
+        description: String::new(),
+        weights: Weights::default(),
+        created_at_unix_ms: NOW,
+    }
+}
+
 async fn open(store: &TestStore) -> anyhow::Result<Arc<dyn Backlog>> {
     let backlog = connect_backlog(&store.url).await?;
-    backlog
-        .create_project(&ProjectRow {
-            project: "web".into(),
-            name: "Web".into(),
-            description: String::new(),
-            weights: Weights::default(),
-            created_at_unix_ms: NOW,
-        })
-        .await?;
+    backlog.create_project(&web_project()).await?;
     Ok(backlog)
+}
+
+/// The tasks of list `name` of project web.
+async fn in_list(backlog: &dyn Backlog, name: &str) -> anyhow::Result<Vec<TaskRow>> {
+    let filter = TaskFilter {
+        placement: Some(Placement::List(name.into())),
+        status: None,
+    };
+    Ok(backlog.tasks("web", &filter).await?)
 }
 
 fn list(name: &str) -> ListRow {
@@ -169,15 +181,7 @@ async fn tasks_are_numbered_and_moved_between_the_queue_and_lists(
             NOW + 1,
         )
         .await?;
-    let listed = backlog
-        .tasks(
-            "web",
-            &TaskFilter {
-                placement: Some(Placement::List("auth".into())),
-                status: None,
-            },
-        )
-        .await?;
+    let listed = in_list(backlog.as_ref(), "auth").await?;
     let order: Vec<(u32, Option<u32>)> = listed
         .iter()
         .map(|row| (row.task.number, row.position))
@@ -406,15 +410,7 @@ async fn two_stores_of_one_process_open_and_write_one_new_sqlite_file() -> anyho
         );
         let (first, second) = tokio::join!(connect_backlog(&url), connect_backlog(&url));
         let (first, second) = (first?, second?);
-        first
-            .create_project(&ProjectRow {
-                project: "web".into(),
-                name: "Web".into(),
-                description: String::new(),
-                weights: Weights::default(),
-                created_at_unix_ms: NOW,
-            })
-            .await?;
+        first.create_project(&web_project()).await?;
         first.create_list(&list("auth")).await?;
         let adds = (0..10).flat_map(|i| {
             [&first, &second].map(|backlog| {
@@ -444,15 +440,7 @@ async fn two_stores_of_one_process_open_and_write_one_new_sqlite_file() -> anyho
             }
         });
         futures::future::try_join_all(moves).await?;
-        let listed = second
-            .tasks(
-                "web",
-                &TaskFilter {
-                    placement: Some(Placement::List("auth".into())),
-                    status: None,
-                },
-            )
-            .await?;
+        let listed = in_list(second.as_ref(), "auth").await?;
         assert_eq!(listed.len(), 20, "round {round}: every task moved");
     }
     Ok(())

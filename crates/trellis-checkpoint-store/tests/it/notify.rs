@@ -4,12 +4,11 @@
 
 use std::sync::Arc;
 
-use trellis_checkpoint_store::store::backlog::{Backlog, ProjectRow};
+use trellis_checkpoint_store::store::backlog::Backlog;
 use trellis_checkpoint_store::store::notify::{Attempt, DeliveryRow, SinkKind, SinkRow};
 use trellis_checkpoint_store::store::{
     ErrorKind, QuestionResolved, QuestionRow, ReadModelBatch, Resolution, connect_all,
 };
-use trellis_core::backlog::grouping::Weights;
 use trellis_core::ids::{ExecutionId, QuestionId, TaskInstanceId};
 use trellis_core::machine::{Question, TimeoutAction};
 use uuid::Uuid;
@@ -27,13 +26,7 @@ const NOW: i64 = 1_780_000_000_000;
 async fn open(store: &TestStore) -> anyhow::Result<Arc<dyn Backlog>> {
     let (_, backlog) = connect_all(&store.url).await?;
     backlog
-        .create_project(&ProjectRow {
-            project: "web".into(),
-            name: "Web".into(),
-            description: String::new(),
-            weights: Weights::default(),
-            created_at_unix_ms: NOW,
-        })
+        .create_project(&crate::backlog::web_project())
         .await?;
     Ok(backlog)
 }
