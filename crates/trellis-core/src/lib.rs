@@ -19,3 +19,4 @@ pub mod plan;
 pub mod policy;
 pub mod quota;
 pub mod record;
+pub mod time;

@@ -71,7 +71,8 @@ impl BacklogService {
     }
 }
 
-fn now_ms() -> i64 {
+/// Now, in Unix milliseconds.
+pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|elapsed| i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX))

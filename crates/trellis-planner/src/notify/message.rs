@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 use sha2::Sha256;
 use trellis_checkpoint_store::store::QuestionRow;
 use trellis_core::machine::TimeoutAction;
+use trellis_core::time::utc;
 use uuid::Uuid;
 
 type HmacSha256 = Hmac<Sha256>;
@@ -186,29 +187,6 @@ pub fn chat_message(event: &Value, callback_secret: &str) -> (String, Vec<(Strin
             )
         }
     }
-}
-
-/// `2026-11-29 06:00:00` for a Unix time in milliseconds.
-fn utc(unix_ms: i64) -> String {
-    let secs = unix_ms.div_euclid(1000);
-    let days = secs.div_euclid(86_400);
-    let rest = secs.rem_euclid(86_400);
-    // Howard Hinnant's days-to-civil conversion.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
-        rest / 3600,
-        rest % 3600 / 60,
-        rest % 60
-    )
 }
 
 fn mac(key: &str) -> HmacSha256 {

@@ -25,6 +25,8 @@ use trellis_core::machine::ExecutionState;
 use uuid::Uuid;
 
 use message::Scope;
+
+use crate::backlog::now_ms;
 pub use send::ATTEMPT_TIMEOUT;
 
 /// The events a sink can be told of.
@@ -74,13 +76,6 @@ const LEASE: Duration = Duration::from_secs(60);
 /// The path a sink's answers come back to, behind the planner's hooks address.
 pub fn callback_path(sink: &SinkRow) -> String {
     format!("/hooks/{}/{}/{}", sink.kind.name(), sink.project, sink.name)
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|elapsed| i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }
 
 fn millis(duration: Duration) -> i64 {
