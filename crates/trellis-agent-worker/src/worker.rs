@@ -33,6 +33,8 @@ use crate::sysinfo::{self, CpuMeter};
 use crate::validate::validate;
 use crate::{Config, Error};
 
+mod slots;
+
 /// Most messages one fetch asks for (also bounded by the free slots).
 const FETCH_BATCH: usize = 256;
 /// How long an idle queue's long poll waits for a message before asking again.
@@ -362,43 +364,6 @@ impl Worker {
         }
     }
 
-    /// Waits for one free slot and takes as many more as are free, up to [`FETCH_BATCH`]. A
-    /// normal lane gives a slot back (and takes no more) while fast-lane tasks wait for one.
-    async fn reserve_slots(
-        &self,
-        lane: Lane,
-        shutdown: &CancellationToken,
-    ) -> Option<OwnedSemaphorePermit> {
-        let fast_waits = || lane == Lane::Normal && self.fast_waiting.load(Ordering::Acquire) > 0;
-        let mut permits = loop {
-            let permit = tokio::select! {
-                _ = shutdown.cancelled() => return None,
-                _ = self.abandon.cancelled() => return None,
-                permit = self.slots.clone().acquire_owned() => permit.ok()?,
-            };
-            if !fast_waits() {
-                break permit;
-            }
-            // Returned, the permit goes to the fast task waiting in the semaphore's queue.
-            drop(permit);
-            tokio::task::yield_now().await;
-        };
-        let n_more = if fast_waits() {
-            0
-        } else {
-            self.slots.available_permits().min(FETCH_BATCH - 1)
-        };
-        if n_more > 0
-            && let Ok(more) = self
-                .slots
-                .clone()
-                .try_acquire_many_owned(u32::try_from(n_more).unwrap_or(1))
-        {
-            permits.merge(more);
-        }
-        Some(permits)
-    }
-
     /// Dispatches the messages of one fetch and says how it ended. Once `shutdown` fires,
     /// messages still arriving are handed back.
     async fn drain_batch(
@@ -444,46 +409,6 @@ impl Worker {
                         },
                     };
                     self.dispatch(message, permit, finished_tx).await;
-                }
-            }
-        }
-    }
-
-    /// Waits for a free slot for a message already received, keeping it ours with `AckProgress`;
-    /// a fast-lane message counts itself in [`Worker::fast_waiting`] meanwhile.
-    async fn wait_for_slot(
-        &self,
-        lane: Lane,
-        message: &jetstream::Message,
-        shutdown: &CancellationToken,
-    ) -> Option<OwnedSemaphorePermit> {
-        /// Counts a waiting fast-lane task for as long as it lives, however its wait ends.
-        struct Waiting<'a>(&'a AtomicUsize);
-        impl Drop for Waiting<'_> {
-            fn drop(&mut self) {
-                self.0.fetch_sub(1, Ordering::AcqRel);
-            }
-        }
-        let _waiting = (lane == Lane::Fast).then(|| {
-            self.fast_waiting.fetch_add(1, Ordering::AcqRel);
-            Waiting(&self.fast_waiting)
-        });
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return None,
-                _ = self.abandon.cancelled() => return None,
-                permit = self.slots.clone().acquire_owned() => {
-                    // A normal lane's task gives the slot to a fast one waiting (as
-                    // `reserve_slots` does) and waits on.
-                    if lane == Lane::Normal && self.fast_waiting.load(Ordering::Acquire) > 0 {
-                        drop(permit);
-                        tokio::task::yield_now().await;
-                        continue;
-                    }
-                    return permit.ok();
-                }
-                _ = tokio::time::sleep(HEARTBEAT_INTERVAL) => {
-                    let _ = message.ack_with(AckKind::Progress).await;
                 }
             }
         }

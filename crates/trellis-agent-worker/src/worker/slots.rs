@@ -1,0 +1,90 @@
+//! A worker's slots: the fetch loops reserve them, and a task of a queue's fast lane waiting for
+//! one gets the next free one before the normal lanes take another.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use async_nats::jetstream::{self, AckKind};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::sync::CancellationToken;
+use trellis_bus::{HEARTBEAT_INTERVAL, Lane};
+
+use super::{FETCH_BATCH, Worker};
+
+impl Worker {
+    /// Waits for one free slot and takes as many more as are free, up to [`FETCH_BATCH`]. A
+    /// normal lane gives a slot back (and takes no more) while fast-lane tasks wait for one.
+    pub(super) async fn reserve_slots(
+        &self,
+        lane: Lane,
+        shutdown: &CancellationToken,
+    ) -> Option<OwnedSemaphorePermit> {
+        let fast_waits = || lane == Lane::Normal && self.fast_waiting.load(Ordering::Acquire) > 0;
+        let mut permits = loop {
+            let permit = tokio::select! {
+                _ = shutdown.cancelled() => return None,
+                _ = self.abandon.cancelled() => return None,
+                permit = self.slots.clone().acquire_owned() => permit.ok()?,
+            };
+            if !fast_waits() {
+                break permit;
+            }
+            // Returned, the permit goes to the fast task waiting in the semaphore's queue.
+            drop(permit);
+            tokio::task::yield_now().await;
+        };
+        let n_more = if fast_waits() {
+            0
+        } else {
+            self.slots.available_permits().min(FETCH_BATCH - 1)
+        };
+        if n_more > 0
+            && let Ok(more) = self
+                .slots
+                .clone()
+                .try_acquire_many_owned(u32::try_from(n_more).unwrap_or(1))
+        {
+            permits.merge(more);
+        }
+        Some(permits)
+    }
+
+    /// Waits for a free slot for a message already received, keeping it ours with `AckProgress`;
+    /// a fast-lane message counts itself in [`Worker::fast_waiting`] meanwhile.
+    pub(super) async fn wait_for_slot(
+        &self,
+        lane: Lane,
+        message: &jetstream::Message,
+        shutdown: &CancellationToken,
+    ) -> Option<OwnedSemaphorePermit> {
+        /// Counts a waiting fast-lane task for as long as it lives, however its wait ends.
+        struct Waiting<'a>(&'a AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        let _waiting = (lane == Lane::Fast).then(|| {
+            self.fast_waiting.fetch_add(1, Ordering::AcqRel);
+            Waiting(&self.fast_waiting)
+        });
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return None,
+                _ = self.abandon.cancelled() => return None,
+                permit = self.slots.clone().acquire_owned() => {
+                    // A normal lane's task gives the slot to a fast one waiting (as
+                    // `reserve_slots` does) and waits on.
+                    if lane == Lane::Normal && self.fast_waiting.load(Ordering::Acquire) > 0 {
+                        drop(permit);
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
+                    return permit.ok();
+                }
+                _ = tokio::time::sleep(HEARTBEAT_INTERVAL) => {
+                    let _ = message.ack_with(AckKind::Progress).await;
+                }
+            }
+        }
+    }
+}
