@@ -128,6 +128,10 @@ fn benches(c: &mut Criterion) {
     c.bench_function("machine/decide_100k_ready", |b| {
         b.iter(|| black_box(exec.decide(T0 + 1)).len())
     });
+    // The coordinator's case while an execution's dispatch window is full.
+    c.bench_function("machine/decide_100k_ready_no_room", |b| {
+        b.iter(|| black_box(exec.decide_holding(T0 + 1, 0, &mut |_, _| true)).len())
+    });
 
     // The state a checkpoint of the `checkpoint` scenario holds: 10,000 tasks, half completed
     // with a small output, half running.

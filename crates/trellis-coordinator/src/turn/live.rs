@@ -272,18 +272,18 @@ impl Live {
         for _ in 0..1_000 {
             let mut probing = BTreeSet::new();
             let namespace = &self.namespace;
-            let mut in_flight = self.machine.running();
-            let commands = self.machine.decide_holding(now, &mut |queue, task_type| {
-                // The window first: a held candidate must not spend a breaker's probe.
-                let held = unfenced
-                    || in_flight >= window
-                    || pauses.holds(namespace, queue)
-                    || breakers.holds(queue, task_type, &mut probing);
-                if !held {
-                    in_flight += 1;
-                }
-                held
-            });
+            // The window is the decision's room (none while unfenced), so a candidate it holds
+            // is never looked at, nor spends a breaker's probe.
+            let room = if unfenced {
+                0
+            } else {
+                window.saturating_sub(self.machine.running())
+            };
+            let commands = self
+                .machine
+                .decide_holding(now, room, &mut |queue, task_type| {
+                    pauses.holds(namespace, queue) || breakers.holds(queue, task_type, &mut probing)
+                });
             if commands.is_empty() {
                 return;
             }

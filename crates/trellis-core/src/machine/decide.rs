@@ -11,17 +11,22 @@ impl Execution {
     /// same commands. Dispatches respect `max_concurrency` and path locks, retries wait for their
     /// backoff, and nothing is dispatched while the execution is paused or waiting for a human.
     pub fn decide(&self, now_ms: u64) -> Vec<Command> {
-        self.decide_holding(now_ms, &mut |_, _| false)
+        self.decide_holding(now_ms, u32::MAX, &mut |_, _| false)
     }
 
-    /// [`Execution::decide`], holding back dispatches that `held` names by queue and task type
-    /// as well (a pause of a queue, a namespace or the whole fleet, an open circuit breaker:
-    /// what lives outside the execution). `held` is asked once per candidate that would
-    /// otherwise be dispatched, in dispatch order.
+    /// [`Execution::decide`] with at most `room` dispatches (a limit kept outside the execution,
+    /// like the coordinator's dispatch window, on top of `max_concurrency`), holding back
+    /// dispatches that `held` names by queue and task type as well (a pause of a queue, a
+    /// namespace or the whole fleet, an open circuit breaker: what lives outside the execution).
+    /// `held` is asked once per candidate that would otherwise be dispatched, in dispatch order.
     /// Plan tasks and subtask groups paused in the execution are always held back.
+    ///
+    /// With no room left no candidate is looked at, so a large execution whose window is full
+    /// costs nothing per decision however many of its tasks are ready.
     pub fn decide_holding(
         &self,
         now_ms: u64,
+        room: u32,
         held: &mut dyn FnMut(&str, &str) -> bool,
     ) -> Vec<Command> {
         let mut commands = Vec::new();
@@ -76,7 +81,8 @@ impl Execution {
         let mut free = match self.plan.options.max_concurrency {
             Some(limit) => limit.saturating_sub(self.running),
             None => u32::MAX,
-        };
+        }
+        .min(room);
         let mut locked_now: Vec<TaskIdx> = Vec::new();
         let candidates = self
             .retries

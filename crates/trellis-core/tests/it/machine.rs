@@ -2,8 +2,8 @@
 
 use trellis_core::ids::{GroupId, QuestionId, TaskInstanceId, WorkerId};
 use trellis_core::machine::{
-    Applied, ApplyError, EventBody, ExecutionState, GroupRule, Ignored, Outcome, PauseMode,
-    PauseScope, Question, ResumeContext, SubtaskSpec, TimeoutAction, Usage,
+    Applied, ApplyError, Command, EventBody, ExecutionState, GroupRule, Ignored, Outcome,
+    PauseMode, PauseScope, Question, ResumeContext, SubtaskSpec, TimeoutAction, Usage,
 };
 use trellis_core::plan::CheckLevel;
 use trellis_core::policy::{Backoff, BackoffKind, FailureAction};
@@ -127,6 +127,35 @@ fn seed_001_plan_runs_in_dependency_order() {
         (5, 5, 100.0)
     );
     assert_eq!(sim.replay(), sim.exec);
+}
+
+#[test]
+fn the_room_a_decision_is_given_limits_its_dispatches_on_top_of_max_concurrency() {
+    let mut builder = PlanBuilder::new().options(|o| o.max_concurrency = Some(3));
+    for i in 0..6 {
+        builder = builder.task(&format!("t{i}"), &[]);
+    }
+    let sim = Sim::new(builder.build());
+    let dispatches = |room: u32| {
+        sim.exec
+            .decide_holding(sim.now, room, &mut |_, _| false)
+            .into_iter()
+            .filter(|command| matches!(command, Command::Dispatch { .. }))
+            .count()
+    };
+    assert_eq!(dispatches(0), 0, "no room: nothing goes");
+    assert_eq!(dispatches(2), 2, "the room is the tighter limit");
+    assert_eq!(dispatches(5), 3, "max_concurrency is the tighter limit");
+    let mut asked = 0;
+    let held = sim.exec.decide_holding(sim.now, 0, &mut |_, _| {
+        asked += 1;
+        true
+    });
+    assert_eq!(
+        (held, asked),
+        (vec![], 0),
+        "with no room no candidate is asked about"
+    );
 }
 
 #[test]
@@ -1079,9 +1108,14 @@ fn decide_holding_holds_back_the_queues_it_names() {
     let sim = Sim::new(plan);
     let commands = sim
         .exec
-        .decide_holding(sim.now, &mut |queue, _| queue == "gpu");
+        .decide_holding(sim.now, u32::MAX, &mut |queue, _| queue == "gpu");
     assert_eq!(commands.len(), 1, "{commands:?}");
-    assert_eq!(sim.exec.decide_holding(sim.now, &mut |_, _| true).len(), 0);
+    assert_eq!(
+        sim.exec
+            .decide_holding(sim.now, u32::MAX, &mut |_, _| true)
+            .len(),
+        0
+    );
     assert_eq!(sim.exec.decide(sim.now).len(), 2);
 }
 
