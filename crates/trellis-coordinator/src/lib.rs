@@ -230,6 +230,8 @@ pub async fn run(
         },
         &config.telemetry.registry,
     );
+    // Start requests compile their plans before they reach the turn, within the same limits.
+    let plan_limits = coordinator.plan_limits();
     let stats = std::sync::Arc::new(cluster::Stats::default());
     let (handle, inputs) = executor::Executor::spawn(
         coordinator,
@@ -295,6 +297,7 @@ pub async fn run(
         handle,
         router,
         store,
+        plan_limits,
         grpc::Bus {
             events,
             pauses: pause_bucket,

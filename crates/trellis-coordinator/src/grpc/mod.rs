@@ -55,6 +55,8 @@ pub struct CoordinatorService {
     router: Router,
     /// The read model lists executions when there is one.
     store: Option<StoreClient>,
+    /// The limits start requests' plans are compiled within, before they reach the turn.
+    plan_limits: trellis_core::plan::Limits,
     /// The fleet pauses' bucket (`crate::pauses`).
     pauses: async_nats::jetstream::kv::Store,
     /// Drain requests go to workers over core NATS.
@@ -100,6 +102,7 @@ impl CoordinatorService {
         executor: Handle,
         router: Router,
         store: Option<StoreClient>,
+        plan_limits: trellis_core::plan::Limits,
         bus: Bus,
     ) -> Self {
         let Bus {
@@ -114,6 +117,7 @@ impl CoordinatorService {
             events,
             router,
             store,
+            plan_limits,
             pauses,
             nats,
             logs,
@@ -172,6 +176,23 @@ impl CoordinatorService {
                 outcome => return outcome,
             }
         }
+    }
+
+    /// Compiles a start's plan outside the coordinator's turn; a large one on a blocking thread,
+    /// so it holds up neither the turn nor the other calls.
+    async fn prepare(
+        &self,
+        source: v1::start_execution_request::PlanSource,
+    ) -> Result<turn::Prepared, Status> {
+        let limits = self.plan_limits.clone();
+        let prepared = if turn::is_large(&source) {
+            tokio::task::spawn_blocking(move || turn::prepare(source, &limits))
+                .await
+                .map_err(|err| Status::internal(format!("compiling the plan stopped: {err}")))?
+        } else {
+            turn::prepare(source, &limits)
+        };
+        prepared.map_err(status)
     }
 
     /// Asks for `action` on execution `id`, as `scope`, here.
@@ -300,10 +321,11 @@ impl Coordinator for CoordinatorService {
                     &trellis_telemetry::propagation::current(),
                 )
                 .unwrap_or_default();
+                let plan = self.prepare(source).await?;
                 let answer = self
                     .executor
                     .ask(turn::Request::Start {
-                        source: Box::new(source),
+                        plan: Box::new(plan),
                         options,
                         principal,
                         traceparent,

@@ -6,10 +6,11 @@ use std::sync::Arc;
 
 use trellis_core::ids::ExecutionId;
 use trellis_core::machine::Execution;
-use trellis_core::plan::{PlanErrors, compile_str};
+use trellis_core::plan::{Limits, Plan, PlanErrors, compile_str};
 use trellis_core::quota::Quota;
 use trellis_grpc::access::{self, Principal};
 use trellis_proto::v1;
+use trellis_proto::v1::start_execution_request::PlanSource;
 use trellis_wire::{log, plan};
 
 use super::live::{Live, Tenancy};
@@ -18,6 +19,76 @@ use super::{Coordinator, Error};
 /// Room kept beside a spec and its compiled plan for the rest of the first log message (its
 /// other events).
 const STARTED_HEADROOM: usize = 256 * 1024;
+
+/// A start's plan, compiled, with the text the log records of it. Made by [`prepare`] before the
+/// request reaches the turn: compiling is the one step of admission whose cost grows with the
+/// plan (a 20,000-task spec takes about 100 ms), and in the turn it would hold up every other
+/// execution's results for that long.
+#[derive(Debug)]
+pub struct Prepared {
+    plan: Plan,
+    /// Text that compiles to the same plan: the spec as sent when it needs nothing else,
+    /// otherwise the plan's canonical flat JSON spec.
+    text: String,
+    format: v1::PlanFormat,
+    /// The canonical encoding of `plan` as compiled (before a quota's cap).
+    encoded: Vec<u8>,
+}
+
+/// Compiles a start's plan within `limits`. An error lists every problem, each led by the
+/// spec's source name (or `plan_source.plan`).
+pub fn prepare(source: PlanSource, limits: &Limits) -> Result<Prepared, Error> {
+    let invalid = |source: &str, errors: PlanErrors| {
+        let lines: Vec<String> = errors.iter().map(|e| format!("{source}: {e}")).collect();
+        Error::invalid(lines.join("\n"))
+    };
+    // The log records text that compiles to the same plan, for readers and for logs read by
+    // older builds.
+    let (plan, text, format) = match source {
+        PlanSource::Spec(spec) => {
+            let source = if spec.source_name.is_empty() {
+                "plan"
+            } else {
+                spec.source_name.as_str()
+            };
+            if spec.params.is_empty() {
+                let plan = compile_str(&spec.text, limits).map_err(|e| invalid(source, e))?;
+                let format = v1::PlanFormat::try_from(spec.format).unwrap_or(v1::PlanFormat::Yaml);
+                (plan, spec.text, format)
+            } else {
+                let plan =
+                    plan::compile_wire_spec(&spec, limits).map_err(|e| invalid(source, e))?;
+                let text = plan::canonical_spec_json(&plan);
+                (plan, text, v1::PlanFormat::Json)
+            }
+        }
+        PlanSource::Plan(wire) => {
+            let plan = plan::compile_wire_plan(&wire, limits)
+                .map_err(|e| invalid("plan_source.plan", e))?;
+            let text = plan::canonical_spec_json(&plan);
+            (plan, text, v1::PlanFormat::Json)
+        }
+    };
+    let encoded = trellis_core::plan::encode(&plan);
+    Ok(Prepared {
+        plan,
+        text,
+        format,
+        encoded,
+    })
+}
+
+/// Whether preparing `source` is worth a blocking thread rather than a moment of an async one.
+pub fn is_large(source: &PlanSource) -> bool {
+    /// Spec text up to this size compiles in well under a millisecond.
+    const LARGE_SPEC: usize = 64 * 1024;
+    /// Compiled plans up to this many tasks are checked in well under a millisecond.
+    const LARGE_PLAN: usize = 500;
+    match source {
+        PlanSource::Spec(spec) => spec.text.len() > LARGE_SPEC,
+        PlanSource::Plan(wire) => wire.tasks.len() > LARGE_PLAN,
+    }
+}
 
 impl Coordinator {
     /// Returns the quota of `namespace`: the access file's, or none without one. A namespace the
@@ -30,17 +101,16 @@ impl Coordinator {
             .unwrap_or(Quota::UNLIMITED)
     }
 
-    /// Starts an execution; returns its id, and whether it is new (not found by its idempotency
-    /// key).
+    /// Starts an execution of a plan [`prepare`]d outside the turn; returns its id, and whether
+    /// it is new (not found by its idempotency key).
     pub(super) fn start(
         &mut self,
-        source: v1::start_execution_request::PlanSource,
+        prepared: Prepared,
         options: v1::ExecutionOptions,
         principal: &Principal,
         traceparent: String,
         now: u64,
     ) -> Result<(ExecutionId, bool), Error> {
-        use v1::start_execution_request::PlanSource;
         let namespace = principal
             .namespace_for(&options.namespace)
             .map_err(|why| Error::denied(format!("namespace: {why}")))?;
@@ -85,40 +155,12 @@ impl Coordinator {
             return Ok((*id, false));
         }
         let quota = self.quota(&namespace);
-        let limits = self.limits.plan();
-        let invalid = |source: &str, errors: PlanErrors| {
-            let lines: Vec<String> = errors.iter().map(|e| format!("{source}: {e}")).collect();
-            Error::invalid(lines.join("\n"))
-        };
-        // The log records text that compiles to the same plan, for readers and for logs read by
-        // older builds: spec text as sent when it needs nothing else, otherwise the plan's
-        // canonical flat JSON spec.
-        let (plan, text, format) = match source {
-            PlanSource::Spec(spec) => {
-                let source = if spec.source_name.is_empty() {
-                    "plan"
-                } else {
-                    spec.source_name.as_str()
-                };
-                if spec.params.is_empty() {
-                    let plan = compile_str(&spec.text, &limits).map_err(|e| invalid(source, e))?;
-                    let format =
-                        v1::PlanFormat::try_from(spec.format).unwrap_or(v1::PlanFormat::Yaml);
-                    (plan, spec.text, format)
-                } else {
-                    let plan =
-                        plan::compile_wire_spec(&spec, &limits).map_err(|e| invalid(source, e))?;
-                    let text = plan::canonical_spec_json(&plan);
-                    (plan, text, v1::PlanFormat::Json)
-                }
-            }
-            PlanSource::Plan(plan) => {
-                let plan = plan::compile_wire_plan(&plan, &limits)
-                    .map_err(|e| invalid("plan_source.plan", e))?;
-                let text = plan::canonical_spec_json(&plan);
-                (plan, text, v1::PlanFormat::Json)
-            }
-        };
+        let Prepared {
+            plan,
+            text,
+            format,
+            encoded,
+        } = prepared;
         let violations = quota.check_plan(&plan);
         if !violations.is_empty() {
             let lines: Vec<String> = violations.iter().map(ToString::to_string).collect();
@@ -134,9 +176,14 @@ impl Coordinator {
         let max_concurrency_cap = (capped != asked).then_some(capped).flatten();
         let mut plan = plan;
         plan.options.max_concurrency = capped;
-        // The plan is compiled here, once: the log records its canonical encoding, which every
-        // replay (recovery, the store, the monitor) decodes instead of compiling the spec again.
-        let compiled_plan = trellis_core::plan::encode(&plan);
+        // The plan was compiled once, by `prepare`: the log records its canonical encoding, which
+        // every replay (recovery, the store, the monitor) decodes instead of compiling the spec
+        // again. A cap changes the plan, so its encoding is made again.
+        let compiled_plan = if max_concurrency_cap.is_some() {
+            trellis_core::plan::encode(&plan)
+        } else {
+            encoded
+        };
         // `ExecutionStarted` logs the spec and the encoded plan whole, in one message with up to
         // a batch of other events: refuse what the NATS server would refuse, rather than retry
         // that append forever.

@@ -148,8 +148,9 @@ pub struct Delivery {
 #[derive(Debug)]
 pub enum Request {
     Start {
-        /// Boxed: a compiled plan is far larger than the other requests.
-        source: Box<v1::start_execution_request::PlanSource>,
+        /// The plan, compiled by [`super::prepare`] before it reached the turn; boxed: it is far
+        /// larger than the other requests.
+        plan: Box<super::Prepared>,
         options: v1::ExecutionOptions,
         /// Who starts it: decides the namespace and its quota.
         principal: Principal,

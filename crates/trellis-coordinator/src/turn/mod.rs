@@ -44,6 +44,7 @@ use trellis_core::ids::{ExecutionId, mix};
 use trellis_grpc::access::{self, AccessPolicy};
 use trellis_proto::subjects;
 
+pub use admission::{Prepared, is_large, prepare};
 pub use breakers::BreakerConfig;
 pub use checkpoint::{CheckpointJob, FULL_EVERY, KEEP_FULL};
 pub use contract::{
@@ -210,6 +211,12 @@ struct Pending {
 }
 
 impl Coordinator {
+    /// The limits a start's plan is compiled within ([`prepare`]): the access file's, or the
+    /// defaults.
+    pub fn plan_limits(&self) -> trellis_core::plan::Limits {
+        self.limits.plan()
+    }
+
     /// Returns a coordinator that owns no shard yet; its metrics go to `registry`.
     pub fn new(config: Config, registry: &trellis_telemetry::Registry) -> Self {
         let limits = config

@@ -27,12 +27,12 @@ impl Coordinator {
         }
         match request {
             Request::Start {
-                source,
+                plan,
                 options,
                 principal,
                 traceparent,
             } => {
-                let result = self.start(*source, options, &principal, traceparent, now);
+                let result = self.start(*plan, options, &principal, traceparent, now);
                 match result {
                     Ok((id, created)) => {
                         self.mark(id);

@@ -282,13 +282,17 @@ mod window {
         Input::Request {
             reply: 1,
             request: Request::Start {
-                source: Box::new(v1::start_execution_request::PlanSource::Spec(
-                    v1::PlanSpec {
-                        text,
-                        format: v1::PlanFormat::Yaml.into(),
-                        ..Default::default()
-                    },
-                )),
+                plan: Box::new(
+                    crate::turn::prepare(
+                        v1::start_execution_request::PlanSource::Spec(v1::PlanSpec {
+                            text,
+                            format: v1::PlanFormat::Yaml.into(),
+                            ..Default::default()
+                        }),
+                        &trellis_core::plan::Limits::default(),
+                    )
+                    .expect("the test's plan compiles"),
+                ),
                 options: v1::ExecutionOptions::default(),
                 principal: Principal::anonymous(),
                 traceparent: String::new(),

@@ -2,7 +2,7 @@
 //! the lease bucket names or one that believes it owns the shard, and checks every answer it gets
 //! against the log (a write is answered only once it is stored).
 
-use trellis_coordinator::turn::{Action, Answer, Error, Input, ReplyTo, Request};
+use trellis_coordinator::turn::{self, Action, Answer, Error, Input, ReplyTo, Request};
 use trellis_core::ids::{ExecutionId, QuestionId};
 use trellis_grpc::access::{Principal, Scope};
 use trellis_proto::{subjects, v1};
@@ -87,14 +87,16 @@ impl World {
                 continue;
             }
             let node = owners[self.rng.index(owners.len())];
+            let source = v1::start_execution_request::PlanSource::Spec(v1::PlanSpec {
+                text: self.plans[plan].1.clone(),
+                format: v1::PlanFormat::Json.into(),
+                ..Default::default()
+            });
             let request = Request::Start {
-                source: Box::new(v1::start_execution_request::PlanSource::Spec(
-                    v1::PlanSpec {
-                        text: self.plans[plan].1.clone(),
-                        format: v1::PlanFormat::Json.into(),
-                        ..Default::default()
-                    },
-                )),
+                plan: Box::new(
+                    turn::prepare(source, &trellis_core::plan::Limits::default())
+                        .expect("the simulation's plans compile"),
+                ),
                 options: v1::ExecutionOptions {
                     idempotency_key: format!("plan-{plan}"),
                     ..Default::default()
