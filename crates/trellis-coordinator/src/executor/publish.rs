@@ -1,5 +1,6 @@
-//! The side effects of a turn, carried out once its appends are stored: task assignments (their
-//! acks awaited in chunks, republished until stored), stop messages and progress (core NATS),
+//! The side effects of a turn, carried out once its appends are stored: task assignments (sent in
+//! order, their acks awaited beside the loop and what was not stored published again), stop
+//! messages and progress (core NATS),
 //! observers, index deletes; then the result acknowledgements and the answers to writes; then
 //! the background work the turn asked for.
 
@@ -67,7 +68,14 @@ impl Executor {
                     .await;
                 published.push((subject, headers, assign.payload.clone(), publish));
             }
-            self.await_assignments(published).await;
+            // Their acks are awaited beside the loop: the next turn need not wait a JetStream
+            // round trip for them (the connection keeps their order, and the client's bound on
+            // acks in flight holds the loop back when the server falls behind).
+            tokio::spawn(await_assignments(
+                self.js.clone(),
+                self.shutdown.clone(),
+                published,
+            ));
         }
         for message in cancels.into_iter().chain(progress).chain(breakers) {
             let _ = self.nats.publish(message.subject, message.payload).await;
@@ -162,35 +170,40 @@ impl Executor {
         }))
         .await;
     }
+}
 
-    /// Awaits the acks of published task assignments; those not stored are published again until
-    /// they are (the message id makes that safe).
-    async fn await_assignments(&self, published: Vec<Published>) {
-        let mut acks = Vec::with_capacity(published.len());
-        let mut again = Vec::new();
-        for (subject, headers, payload, publish) in published {
-            match publish {
-                Ok(ack) => acks.push(((subject, headers, payload), ack.into_future())),
-                Err(_) => again.push((subject, headers, payload)),
-            }
+/// Awaits the acks of published task assignments; those not stored are published again until
+/// they are (the message id makes that safe) or the coordinator stops. A crash before they are
+/// stored loses nothing: the log records them dispatched, and the next owner inherits them as
+/// running attempts no heartbeat names and dispatches them again.
+async fn await_assignments(
+    js: jetstream::Context,
+    shutdown: tokio_util::sync::CancellationToken,
+    published: Vec<Published>,
+) {
+    let mut acks = Vec::with_capacity(published.len());
+    let mut again = Vec::new();
+    for (subject, headers, payload, publish) in published {
+        match publish {
+            Ok(ack) => acks.push(((subject, headers, payload), ack.into_future())),
+            Err(_) => again.push((subject, headers, payload)),
         }
-        let (meta, futures): (Vec<_>, Vec<_>) = acks.into_iter().unzip();
-        for (meta, ack) in meta.into_iter().zip(join_all(futures).await) {
-            if ack.is_err() {
-                again.push(meta);
-            }
+    }
+    let (meta, futures): (Vec<_>, Vec<_>) = acks.into_iter().unzip();
+    for (meta, ack) in meta.into_iter().zip(join_all(futures).await) {
+        if ack.is_err() {
+            again.push(meta);
         }
-        for (subject, headers, payload) in again {
-            tracing::warn!(%subject, "task assignment not stored; publishing it again");
-            retry_until(&self.shutdown, || async {
-                self.js
-                    .publish_with_headers(subject.clone(), headers.clone(), payload.clone())
-                    .await?
-                    .await
-                    .map(|_| ())
-            })
-            .await;
-        }
+    }
+    for (subject, headers, payload) in again {
+        tracing::warn!(%subject, "task assignment not stored; publishing it again");
+        retry_until(&shutdown, || async {
+            js.publish_with_headers(subject.clone(), headers.clone(), payload.clone())
+                .await?
+                .await
+                .map(|_| ())
+        })
+        .await;
     }
 }
 
