@@ -128,7 +128,11 @@ fn benches(c: &mut Criterion) {
     c.bench_function("machine/decide_100k_ready", |b| {
         b.iter(|| black_box(exec.decide(T0 + 1)).len())
     });
-    // The coordinator's case while an execution's dispatch window is full.
+    // Every candidate held by the callback (a fleet pause; a full dispatch window once cost
+    // this too), and no room at all (a full dispatch window now).
+    c.bench_function("machine/decide_100k_ready_all_held", |b| {
+        b.iter(|| black_box(exec.decide_holding(T0 + 1, u32::MAX, &mut |_, _| true)).len())
+    });
     c.bench_function("machine/decide_100k_ready_no_room", |b| {
         b.iter(|| black_box(exec.decide_holding(T0 + 1, 0, &mut |_, _| true)).len())
     });
