@@ -12,6 +12,8 @@
 //! - `trellis_appends_refused`: appends refused because another coordinator wrote the log since.
 //! - `trellis_events_appended` and `trellis_event_append_seconds`: events written to the logs and
 //!   the time each flush's appends took;
+//! - `trellis_coordinator_turn_seconds` by `phase` (decide, append, effects): where each turn of
+//!   the coordinator's loop spends its time;
 //! - `trellis_checkpoint_seconds` and `trellis_checkpoint_size_bytes` by `kind` (full, delta),
 //!   `trellis_checkpoint_failures`;
 //! - `trellis_workers_alive` and `trellis_worker_missed_heartbeats`;
@@ -55,6 +57,7 @@ pub(crate) struct Metrics {
     pub(crate) events_appended: Counter,
     pub(crate) appends_refused: Counter,
     pub(crate) append_seconds: Histogram,
+    pub(crate) turn_seconds: HistogramFamily<Labels1>,
     pub(crate) checkpoint_seconds: HistogramFamily<Labels1>,
     pub(crate) checkpoint_bytes: HistogramFamily<Labels1>,
     pub(crate) checkpoint_failures: Counter,
@@ -136,6 +139,13 @@ impl Metrics {
                 "Time to append one flush's events to the logs and have them stored.",
                 latency_buckets,
             ),
+            turn_seconds: registry.metric(
+                "trellis_coordinator_turn_seconds",
+                "Time one turn of the coordinator's loop spent in each phase: decide (the pure \
+                 turn and, after the appends, what they allow), append (the log appends and \
+                 index writes) and effects (assignments sent, results acknowledged, answers).",
+                latency_family,
+            ),
             checkpoint_seconds: registry.metric(
                 "trellis_checkpoint_seconds",
                 "Time to create a checkpoint: checksum and the checkpoint-store's write, by kind.",
@@ -194,6 +204,13 @@ impl Metrics {
                 Family::default,
             ),
         }
+    }
+
+    /// Records how long one turn of the loop spent in `phase`.
+    pub(crate) fn turn_phase(&self, phase: &'static str, took: Duration) {
+        self.turn_seconds
+            .get_or_create(&[("phase", phase.to_owned())])
+            .observe(took.as_secs_f64());
     }
 
     pub(crate) fn set_aside(&self, reason: &'static str) {

@@ -7,8 +7,9 @@
 //! durable and starts recoveries; (2) writes the index entries of new executions, then appends
 //! each execution's new events, all appends in flight together, each naming the stream sequence
 //! it must follow so only one coordinator can ever extend a log, retried until stored; (3) hands
-//! the outcomes to [`Coordinator::appended`] and carries out what it returns: task assignments,
-//! stop messages, progress, observers, index deletes; (4) acknowledges the consumed result
+//! the outcomes to [`Coordinator::appended`] and carries out what it returns: task assignments
+//! (sent; their acks are awaited beside the loop), stop messages, progress, observers, index
+//! deletes; (4) acknowledges the consumed result
 //! messages and answers the writes; (5) starts checkpoints, loads and consumers. A crash between
 //! any two steps loses nothing: recovery re-issues what the log says is due, and unacknowledged
 //! results are delivered again. A NATS outage stalls the loop instead of skipping the log.
@@ -22,7 +23,7 @@ pub(crate) use background::receive_heartbeats;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
@@ -255,16 +256,20 @@ impl Executor {
 
     /// Runs one turn: decides, appends, then carries out what the appends allow.
     async fn one_turn(&mut self, inputs: Vec<Input>, now: u64) {
+        let started = Instant::now();
         let writes = self.coordinator.turn(inputs, now);
+        let decided = started.elapsed();
         let settled = self.settles_groups(&writes);
         let appends = self.before_appends(writes);
         if !appends.is_empty() {
             failpoints::reached(Point::BeforeAppend);
         }
         let appending = !appends.is_empty();
+        let appending_at = Instant::now();
         let outcomes = self.append(appends).await;
         if appending {
             hops::mark("coordinator.appended");
+            self.metrics.turn_phase("append", appending_at.elapsed());
         }
         // Only an armed failpoint looks at the outcomes (`settled` is never set unarmed).
         if (settled || failpoints::is_armed(Point::AfterAppend))
@@ -277,8 +282,13 @@ impl Executor {
                 failpoints::reached(Point::GroupSettled);
             }
         }
+        let deciding_at = Instant::now();
         let effects = self.coordinator.appended(outcomes, now);
+        self.metrics
+            .turn_phase("decide", decided + deciding_at.elapsed());
+        let effects_at = Instant::now();
         self.carry_out(effects).await;
+        self.metrics.turn_phase("effects", effects_at.elapsed());
     }
 
     /// Whether the turn's appends settle a subtask group; looked at only while the failpoint

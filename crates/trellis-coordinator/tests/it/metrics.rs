@@ -182,6 +182,9 @@ async fn a_scrape_after_an_execution_counts_its_tasks_events_and_workers() {
     for series in [
         "trellis_worker_heartbeats_total",
         "trellis_event_append_seconds_count",
+        r#"trellis_coordinator_turn_seconds_count{phase="decide"}"#,
+        r#"trellis_coordinator_turn_seconds_count{phase="append"}"#,
+        r#"trellis_coordinator_turn_seconds_count{phase="effects"}"#,
         r#"trellis_grpc_call_seconds_count{method="trellis.v1.Coordinator/GetExecution"}"#,
     ] {
         assert!(
