@@ -232,12 +232,19 @@ mod window {
     use crate::turn::{Appended, Config, Coordinator, Delivery, Effects, Input, Request};
 
     fn coordinator(dispatch_window: u32) -> Coordinator {
+        coordinator_with(None, dispatch_window)
+    }
+
+    fn coordinator_with(
+        access: Option<std::sync::Arc<trellis_grpc::access::AccessPolicy>>,
+        dispatch_window: u32,
+    ) -> Coordinator {
         let config = Config {
             id: "c".to_owned(),
             shards: 1,
             checkpoint_every_ms: 60_000,
             checkpoint_store: false,
-            access: None,
+            access,
             max_message_bytes: 0,
             index_scan_every_ms: 60_000,
             seed: 7,
@@ -275,7 +282,13 @@ mod window {
     }
 
     fn start(tasks: usize) -> Input {
-        let mut text = String::from("name: wide\ntasks:\n");
+        start_as(tasks, "", Principal::anonymous())
+    }
+
+    /// Starts a plan of `tasks` noop tasks with `options` (YAML flow mapping entries) as
+    /// `principal`.
+    fn start_as(tasks: usize, options: &str, principal: Principal) -> Input {
+        let mut text = format!("name: wide\noptions: {{{options}}}\ntasks:\n");
         for i in 0..tasks {
             text.push_str(&format!("- {{id: t{i}, type: noop}}\n"));
         }
@@ -294,7 +307,7 @@ mod window {
                     .expect("the test's plan compiles"),
                 ),
                 options: v1::ExecutionOptions::default(),
-                principal: Principal::anonymous(),
+                principal,
                 traceparent: String::new(),
             },
         }
@@ -387,5 +400,37 @@ mod window {
             turn(&mut coordinator, vec![start(10)], 3).assignments.len(),
             10
         );
+    }
+
+    /// The plan is compiled before the turn, but a quota's cap changes it in the turn: the log
+    /// records the capped plan (what every replay runs), and an uncapped one as compiled.
+    #[test]
+    fn the_log_records_the_plan_a_quota_capped() {
+        let token = "token-of-small";
+        let text = format!(
+            "namespaces:\n  small: {{tier: writer_pro, max_concurrency: 2}}\n  wide: {{tier: teams}}\n\
+             tokens:\n  - {{name: small, namespace: small, sha256: {}}}\n\
+             \x20 - {{name: wide, namespace: wide, sha256: {}}}\n",
+            trellis_grpc::access::token_digest(token),
+            trellis_grpc::access::token_digest("token-of-wide"),
+        );
+        let access = std::sync::Arc::new(
+            trellis_grpc::access::AccessPolicy::parse(&text, "access.yaml")
+                .expect("a valid access file"),
+        );
+        for (token, recorded) in [(token, Some(2)), ("token-of-wide", Some(8))] {
+            let principal = access.authenticate(token).expect("a known token").clone();
+            let mut coordinator = coordinator_with(Some(access.clone()), 0);
+            own_shard_0(&mut coordinator);
+            let writes = coordinator.turn(vec![start_as(3, "max_concurrency: 8", principal)], 3);
+            let (_, first) = &writes.appends[0].messages[0];
+            let batch = v1::EventBatch::decode(first.clone()).expect("an event batch");
+            let Some(v1::event::Kind::ExecutionStarted(started)) = batch.events[0].kind.clone()
+            else {
+                panic!("the log starts with ExecutionStarted: {batch:?}");
+            };
+            let plan = trellis_core::plan::decode(&started.compiled_plan).expect("a plan");
+            assert_eq!(plan.options.max_concurrency, recorded, "{token}");
+        }
     }
 }
