@@ -1808,7 +1808,7 @@ fn bench(args: &[&str]) -> Vec<serde_json::Value> {
 
 /// `latency` says where each task's time went, hop by hop in path order; `floor` measures the
 /// bare JetStream pipeline; `loaded` samples latency while throughput runs; each of them counts
-/// the disk's flushes per task.
+/// the disk's flushes per task, and the two that run the engine the coordinator's turns.
 #[test]
 fn bench_splits_a_task_into_hops_and_measures_the_floor() {
     let lines = bench(&[
@@ -1868,6 +1868,16 @@ fn bench_splits_a_task_into_hops_and_measures_the_floor() {
     assert!(floor["p50_ms"].as_f64() > Some(0.0), "{floor}");
     assert!(loaded["load_tasks_per_s"].as_f64() > Some(0.0), "{loaded}");
     assert_eq!(loaded["samples"], 30, "every sample taken: {loaded}");
+    // The coordinator's turns: each of 30 one-task executions takes a few turns with work, and
+    // every phase ran in some of them.
+    for line in [latency, loaded] {
+        let turns = &line["coordinator_turns"];
+        assert!(turns["turns"].as_f64() >= Some(30.0), "{line}");
+        for phase in ["decide_ms", "append_ms", "effects_ms"] {
+            assert!(turns[phase].as_f64() > Some(0.0), "{phase}: {line}");
+        }
+    }
+    assert!(floor.get("coordinator_turns").is_none(), "{floor}");
     assert!(
         loaded["p999_ms"].as_f64() >= loaded["p50_ms"].as_f64(),
         "{loaded}"

@@ -143,7 +143,8 @@ impl Metrics {
                 "trellis_coordinator_turn_seconds",
                 "Time one turn of the coordinator's loop spent in each phase: decide (the pure \
                  turn and, after the appends, what they allow), append (the log appends and \
-                 index writes) and effects (assignments sent, results acknowledged, answers).",
+                 index writes) and effects (assignments sent, results acknowledged, answers); \
+                 a turn of the timer alone is not counted.",
                 latency_family,
             ),
             checkpoint_seconds: registry.metric(

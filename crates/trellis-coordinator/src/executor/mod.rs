@@ -256,6 +256,8 @@ impl Executor {
 
     /// Runs one turn: decides, appends, then carries out what the appends allow.
     async fn one_turn(&mut self, inputs: Vec<Input>, now: u64) {
+        // A timer's turn alone is not timed: the phases say what turns with work cost.
+        let working = inputs.iter().any(|input| !matches!(input, Input::Tick));
         let started = Instant::now();
         let writes = self.coordinator.turn(inputs, now);
         let decided = started.elapsed();
@@ -284,11 +286,13 @@ impl Executor {
         }
         let deciding_at = Instant::now();
         let effects = self.coordinator.appended(outcomes, now);
-        self.metrics
-            .turn_phase("decide", decided + deciding_at.elapsed());
+        let decided = decided + deciding_at.elapsed();
         let effects_at = Instant::now();
         self.carry_out(effects).await;
-        self.metrics.turn_phase("effects", effects_at.elapsed());
+        if working || appending {
+            self.metrics.turn_phase("decide", decided);
+            self.metrics.turn_phase("effects", effects_at.elapsed());
+        }
     }
 
     /// Whether the turn's appends settle a subtask group; looked at only while the failpoint

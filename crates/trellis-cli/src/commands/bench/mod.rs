@@ -20,6 +20,7 @@ mod floor;
 mod latency;
 mod processes;
 mod recovery;
+mod turns;
 
 use checkpoint::checkpoint;
 use floor::floor;
@@ -176,6 +177,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         for n in sizes {
             eprintln!("bench: {scenario} n={n} ...");
             let flushes_before = flushes.as_ref().and_then(disk::Flushes::read);
+            let turns_before = turns::Phases::read(&local.telemetry.registry);
             let result = match scenario {
                 "fanout" => fanout(client.clone(), n).await,
                 "chain" => chain(client.clone(), n).await,
@@ -203,6 +205,12 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
                     "disk_flushes_per_task",
                     flushed.map_or(Value::Null, |f| json!(round(f as f64 / n as f64, 3))),
                 ));
+                if scenario != "floor" {
+                    fields.push((
+                        "coordinator_turns",
+                        turns::Phases::read(&local.telemetry.registry).since(&turns_before),
+                    ));
+                }
             }
             println!("{}", line(scenario, n, &setup, &fields));
         }

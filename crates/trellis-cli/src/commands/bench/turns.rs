@@ -1,0 +1,93 @@
+//! Where the coordinator's loop spent its time during a scenario: the mean of each phase of a
+//! turn (`trellis_coordinator_turn_seconds`: decide, append, effects), read from the cluster's
+//! own registry before and after it, since the bench hosts the coordinator in its process.
+
+use serde_json::{Value, json};
+use trellis_telemetry::Registry;
+
+use super::round;
+
+/// The histogram every turn reports its phases to.
+const METRIC: &str = "trellis_coordinator_turn_seconds";
+/// The phases, in the order a turn runs them.
+const PHASES: [&str; 3] = ["decide", "append", "effects"];
+
+/// The seconds and the number of turns each phase has counted so far.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Phases {
+    seconds: [f64; 3],
+    turns: [f64; 3],
+}
+
+impl Phases {
+    /// Reads the phases' running totals from `registry`.
+    pub(super) fn read(registry: &Registry) -> Self {
+        Self::parse(&registry.encode())
+    }
+
+    /// Reads the totals from the Prometheus text exposition; a series it lacks counts as 0.
+    fn parse(text: &str) -> Self {
+        let mut phases = Self::default();
+        for line in text.lines() {
+            let Some((series, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let Ok(value) = value.parse::<f64>() else {
+                continue;
+            };
+            for (i, phase) in PHASES.iter().enumerate() {
+                let labels = format!("{{phase=\"{phase}\"}}");
+                if series == format!("{METRIC}_sum{labels}") {
+                    phases.seconds[i] = value;
+                } else if series == format!("{METRIC}_count{labels}") {
+                    phases.turns[i] = value;
+                }
+            }
+        }
+        phases
+    }
+
+    /// The field of a scenario's line: how many turns ran since `before`, and the mean
+    /// milliseconds of each phase over the turns that ran it.
+    pub(super) fn since(&self, before: &Self) -> Value {
+        let mut field = serde_json::Map::new();
+        field.insert("turns".to_owned(), json!(self.turns[0] - before.turns[0]));
+        for (i, phase) in PHASES.iter().enumerate() {
+            let turns = self.turns[i] - before.turns[i];
+            let seconds = self.seconds[i] - before.seconds[i];
+            let mean = if turns > 0.0 {
+                round(seconds / turns * 1000.0, 3)
+            } else {
+                0.0
+            };
+            field.insert(format!("{phase}_ms"), json!(mean));
+        }
+        Value::Object(field)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_means_are_of_the_turns_between_two_readings() {
+        let before = Phases::parse(
+            "# HELP trellis_coordinator_turn_seconds ...\n\
+             trellis_coordinator_turn_seconds_sum{phase=\"decide\"} 1.0\n\
+             trellis_coordinator_turn_seconds_count{phase=\"decide\"} 10\n\
+             trellis_coordinator_turn_seconds_bucket{phase=\"decide\",le=\"0.001\"} 4\n",
+        );
+        let after = Phases::parse(
+            "trellis_coordinator_turn_seconds_sum{phase=\"decide\"} 1.5\n\
+             trellis_coordinator_turn_seconds_count{phase=\"decide\"} 110\n\
+             trellis_coordinator_turn_seconds_sum{phase=\"append\"} 0.2\n\
+             trellis_coordinator_turn_seconds_count{phase=\"append\"} 50\n\
+             trellis_event_append_seconds_sum 9\n",
+        );
+        assert_eq!(
+            after.since(&before),
+            json!({"turns": 100.0, "decide_ms": 5.0, "append_ms": 4.0, "effects_ms": 0.0})
+        );
+    }
+}
