@@ -18,21 +18,12 @@ impl Worker {
         lane: Lane,
         shutdown: &CancellationToken,
     ) -> Option<OwnedSemaphorePermit> {
-        let fast_waits = || lane == Lane::Normal && self.fast_waiting.load(Ordering::Acquire) > 0;
-        let mut permits = loop {
-            let permit = tokio::select! {
-                _ = shutdown.cancelled() => return None,
-                _ = self.abandon.cancelled() => return None,
-                permit = self.slots.clone().acquire_owned() => permit.ok()?,
-            };
-            if !fast_waits() {
-                break permit;
-            }
-            // Returned, the permit goes to the fast task waiting in the semaphore's queue.
-            drop(permit);
-            tokio::task::yield_now().await;
+        let mut permits = tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            _ = self.abandon.cancelled() => return None,
+            permit = self.acquire_slot(lane) => permit?,
         };
-        let n_more = if fast_waits() {
+        let n_more = if self.yields_to_fast(lane) {
             0
         } else {
             self.slots.available_permits().min(FETCH_BATCH - 1)
@@ -71,20 +62,30 @@ impl Worker {
             tokio::select! {
                 _ = shutdown.cancelled() => return None,
                 _ = self.abandon.cancelled() => return None,
-                permit = self.slots.clone().acquire_owned() => {
-                    // A normal lane's task gives the slot to a fast one waiting (as
-                    // `reserve_slots` does) and waits on.
-                    if lane == Lane::Normal && self.fast_waiting.load(Ordering::Acquire) > 0 {
-                        drop(permit);
-                        tokio::task::yield_now().await;
-                        continue;
-                    }
-                    return permit.ok();
-                }
+                permit = self.acquire_slot(lane) => return permit,
                 _ = tokio::time::sleep(HEARTBEAT_INTERVAL) => {
                     let _ = message.ack_with(AckKind::Progress).await;
                 }
             }
         }
+    }
+
+    /// Waits for a free slot for `lane`: a normal lane gives each slot it gets back while
+    /// fast-lane tasks wait for one, and waits on. `None` once the slots are closed.
+    async fn acquire_slot(&self, lane: Lane) -> Option<OwnedSemaphorePermit> {
+        loop {
+            let permit = self.slots.clone().acquire_owned().await.ok()?;
+            if !self.yields_to_fast(lane) {
+                return Some(permit);
+            }
+            // Returned, the permit goes to the fast task waiting in the semaphore's queue.
+            drop(permit);
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Whether `lane` leaves the next free slot to fast-lane tasks waiting for one.
+    fn yields_to_fast(&self, lane: Lane) -> bool {
+        lane == Lane::Normal && self.fast_waiting.load(Ordering::Acquire) > 0
     }
 }

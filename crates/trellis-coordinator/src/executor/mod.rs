@@ -35,7 +35,7 @@ use trellis_telemetry::{hops, propagation};
 
 use crate::checkpoints::StoreClient;
 use crate::failpoints::{self, Point};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, TurnPhase};
 use crate::shards::LeaseEvent;
 use crate::turn::{
     Answer, Coordinator, Delivery, Error, Input, Observation, ReplyTo, Request, Token, Writes,
@@ -271,7 +271,8 @@ impl Executor {
         let outcomes = self.append(appends).await;
         if appending {
             hops::mark("coordinator.appended");
-            self.metrics.turn_phase("append", appending_at.elapsed());
+            self.metrics
+                .turn_phase(TurnPhase::Append, appending_at.elapsed());
         }
         // Only an armed failpoint looks at the outcomes (`settled` is never set unarmed).
         if (settled || failpoints::is_armed(Point::AfterAppend))
@@ -290,8 +291,9 @@ impl Executor {
         let effects_at = Instant::now();
         self.carry_out(effects).await;
         if working || appending {
-            self.metrics.turn_phase("decide", decided);
-            self.metrics.turn_phase("effects", effects_at.elapsed());
+            self.metrics.turn_phase(TurnPhase::Decide, decided);
+            self.metrics
+                .turn_phase(TurnPhase::Effects, effects_at.elapsed());
         }
     }
 
