@@ -58,6 +58,10 @@ pub const HEARTBEAT_WILDCARD: &str = "trellis.workers.heartbeat.>";
 
 /// JetStream's de-duplication header.
 pub const MSG_ID_HEADER: &str = "Nats-Msg-Id";
+/// Header marking a message on a results subject as a `TaskResultBatch`; its value is the number
+/// of results (a reader may count them without decoding). Without it the message is one
+/// `TaskResult`.
+pub const RESULT_BATCH_HEADER: &str = "Trellis-Result-Batch";
 /// W3C trace-context header carried on every message so one execution is one trace.
 pub const TRACEPARENT_HEADER: &str = "traceparent";
 
@@ -148,6 +152,11 @@ pub fn result_msg_id(
     outcome: &str,
 ) -> String {
     format!("{task_instance_id}:{attempt}:{outcome}")
+}
+
+/// Returns the `Nats-Msg-Id` of a batch of results, `batch:<id>` (`id` unique per batch: a UUID).
+pub fn result_batch_msg_id(id: impl std::fmt::Display) -> String {
+    format!("batch:{id}")
 }
 
 /// Returns the shard of an execution among `n_shards`: a stable hash (FNV-1a, 64 bit) of the
