@@ -261,19 +261,23 @@ async fn consume_results(
             };
             let Some(first) = first else { break };
             let mut batch = Vec::with_capacity(64);
+            let mut n_results = 0;
             let mut failed = false;
             let mut next = Some(first);
-            // Take whatever else is already buffered, without waiting.
+            // Take whatever else is already buffered, without waiting, up to a turn's worth.
             while let Some(item) = next.take() {
                 match item {
-                    Ok(message) => batch.push(message),
+                    Ok(message) => {
+                        n_results += results_in(&message);
+                        batch.push(message);
+                    }
                     Err(err) => {
                         tracing::warn!(shard, %err, "results consumer failed; starting it again");
                         failed = true;
                         break;
                     }
                 }
-                if batch.len() >= 2000 {
+                if n_results >= MAX_RESULTS_TAKEN {
                     break;
                 }
                 next = futures::FutureExt::now_or_never(messages.next()).flatten();
@@ -287,6 +291,21 @@ async fn consume_results(
             }
         }
     }
+}
+
+/// Most results handed to the executor at once (a turn takes several such handfuls at most).
+const MAX_RESULTS_TAKEN: usize = 2000;
+
+/// How many results a message carries, by its batch header (1 without one, or with a value that
+/// is no number: the executor then finds out what it is).
+fn results_in(message: &jetstream::Message) -> usize {
+    message
+        .headers
+        .as_ref()
+        .and_then(|headers| headers.get(subjects::RESULT_BATCH_HEADER))
+        .and_then(|value| value.as_str().parse::<usize>().ok())
+        .unwrap_or(1)
+        .max(1)
 }
 
 /// Hands worker heartbeats (core NATS) to the executor until `stop`.

@@ -10,7 +10,7 @@
 //! the outcomes to [`Coordinator::appended`] and carries out what it returns: task assignments
 //! (sent; their acks are awaited beside the loop), stop messages, progress, observers, index
 //! deletes; (4) acknowledges the consumed result
-//! messages and answers the writes; (5) starts checkpoints, loads and consumers. A crash between
+//! messages (a batch of results once every one is settled) and answers the writes; (5) starts checkpoints, loads and consumers. A crash between
 //! any two steps loses nothing: recovery re-issues what the log says is due, and unacknowledged
 //! results are delivered again. A NATS outage stalls the loop instead of skipping the log.
 
@@ -30,7 +30,7 @@ use bytes::Bytes;
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use trellis_core::ids::ExecutionId;
-use trellis_proto::v1;
+use trellis_proto::{results, subjects, v1};
 use trellis_telemetry::{hops, propagation};
 
 use crate::checkpoints::StoreClient;
@@ -38,7 +38,7 @@ use crate::failpoints::{self, Point};
 use crate::metrics::{Metrics, TurnPhase};
 use crate::shards::LeaseEvent;
 use crate::turn::{
-    Answer, Coordinator, Delivery, Error, Input, Observation, ReplyTo, Request, Token, Writes,
+    Answer, Coordinator, Delivery, Error, Input, Observation, ReplyTo, Request, Writes,
 };
 
 /// How often executions with timers (retries, deadlines, expiring questions) are re-examined.
@@ -154,8 +154,8 @@ pub(crate) struct Executor {
     shutdown: CancellationToken,
     replies: HashMap<ReplyTo, oneshot::Sender<Result<Answered, Error>>>,
     next_reply: ReplyTo,
-    messages: HashMap<Token, jetstream::Message>,
-    next_token: Token,
+    /// Result messages taken and not yet acknowledged.
+    consumed: crate::turn::Consumed<jetstream::Message>,
     consumers: HashMap<u32, CancellationToken>,
     observers: HashMap<ExecutionId, broadcast::Sender<Arc<Flushed>>>,
     /// Shards to hand over after the current turn.
@@ -191,8 +191,7 @@ impl Executor {
             shutdown,
             replies: HashMap::new(),
             next_reply: 0,
-            messages: HashMap::new(),
-            next_token: 0,
+            consumed: crate::turn::Consumed::default(),
             consumers: HashMap::new(),
             observers: HashMap::new(),
             releases: Vec::new(),
@@ -343,19 +342,10 @@ impl Executor {
                 });
             }
             Inbound::Results(messages) => {
-                let deliveries = messages
-                    .into_iter()
-                    .map(|message| {
-                        self.next_token += 1;
-                        let delivery = Delivery {
-                            token: self.next_token,
-                            payload: message.payload.clone(),
-                            span: result_span(&message),
-                        };
-                        self.messages.insert(self.next_token, message);
-                        delivery
-                    })
-                    .collect();
+                let mut deliveries = Vec::with_capacity(messages.len());
+                for message in messages {
+                    self.deliver(message, &mut deliveries);
+                }
                 inputs.push(Input::Results(deliveries));
             }
             Inbound::Heartbeat(payload) => inputs.push(Input::Heartbeat(payload)),
@@ -363,6 +353,42 @@ impl Executor {
             Inbound::Lease(LeaseEvent::Lost(shard)) => inputs.push(Input::LeaseLost(shard)),
             Inbound::Release { shard, done } => self.releases.push((shard, done)),
             Inbound::Input(input) => inputs.push(input),
+        }
+    }
+
+    /// Takes one consumed result message: a result alone, or a batch of them, each a delivery of
+    /// its own. A message marked a batch that does not decode can never be applied: it is logged
+    /// and terminated.
+    fn deliver(&mut self, message: jetstream::Message, deliveries: &mut Vec<Delivery>) {
+        let batch = message
+            .headers
+            .as_ref()
+            .is_some_and(|headers| headers.get(subjects::RESULT_BATCH_HEADER).is_some());
+        if !batch {
+            let span = result_span(|| propagation::extract_nats(message.headers.as_ref()));
+            let payload = message.payload.clone();
+            for token in self.consumed.take(message, 1) {
+                deliveries.push(Delivery {
+                    token,
+                    payload: payload.clone(),
+                    span: span.clone(),
+                });
+            }
+            return;
+        }
+        let entries = match results::unpack(true, &message.payload, "", "") {
+            Ok(entries) if !entries.is_empty() => entries,
+            Ok(_) => return terminate(message, "a result batch with no results".to_owned()),
+            Err(error) => return terminate(message, format!("not a TaskResultBatch: {error}")),
+        };
+        let tokens = self.consumed.take(message, entries.len());
+        for (token, entry) in tokens.into_iter().zip(entries) {
+            let span = result_span(|| propagation::from_traceparent(&entry.traceparent));
+            deliveries.push(Delivery {
+                token,
+                payload: Bytes::from(entry.result),
+                span,
+            });
         }
     }
 
@@ -421,7 +447,7 @@ impl Executor {
 
 /// The span a result is applied in: a child of the worker's run, so dispatch → run → result is
 /// one line of the trace. `Span::none()` when traces are not exported.
-fn result_span(message: &jetstream::Message) -> tracing::Span {
+fn result_span(parent: impl FnOnce() -> propagation::Context) -> tracing::Span {
     if !propagation::enabled() {
         return tracing::Span::none();
     }
@@ -432,6 +458,14 @@ fn result_span(message: &jetstream::Message) -> tracing::Span {
         task_instance_id = tracing::field::Empty,
         attempt = tracing::field::Empty,
     );
-    propagation::set_parent(&span, propagation::extract_nats(message.headers.as_ref()));
+    propagation::set_parent(&span, parent());
     span
+}
+
+/// Terminates a result message that can never be applied (JetStream will not deliver it again).
+fn terminate(message: jetstream::Message, why: String) {
+    tracing::warn!(subject = %message.subject, %why, "result message set aside");
+    tokio::spawn(async move {
+        let _ = message.ack_with(jetstream::AckKind::Term).await;
+    });
 }

@@ -145,12 +145,10 @@ impl Executor {
         }
     }
 
-    /// Acknowledges consumed result messages, or hands them back for a later delivery.
+    /// Acknowledges consumed result messages whose results are all settled, or hands them back
+    /// for a later delivery.
     async fn acknowledge(&mut self, acks: Vec<(crate::turn::Token, Ack)>) {
-        let messages: Vec<(jetstream::Message, Ack)> = acks
-            .into_iter()
-            .filter_map(|(token, ack)| self.messages.remove(&token).map(|m| (m, ack)))
-            .collect();
+        let messages = self.consumed.settle(acks);
         join_all(messages.iter().map(|(message, ack)| async move {
             match ack {
                 Ack::Ack => {

@@ -375,8 +375,9 @@ pub struct Observed {
     pub terminal: bool,
 }
 
-/// What to do with a consumed result message.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What to do with a consumed result message. Ordered by how long the message waits: a message
+/// carrying several results is treated as the latest of them asks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Ack {
     /// Done with: its effects are stored (or it was set aside).
     Ack,

@@ -25,6 +25,7 @@
 mod admission;
 mod breakers;
 mod checkpoint;
+mod consumed;
 mod contract;
 mod error;
 mod flush;
@@ -47,6 +48,7 @@ use trellis_proto::subjects;
 pub use admission::{Prepared, is_large, prepare};
 pub use breakers::BreakerConfig;
 pub use checkpoint::{CheckpointJob, FULL_EVERY, KEEP_FULL};
+pub use consumed::Consumed;
 pub use contract::{
     Ack, Action, Answer, Append, Appended, Assign, Broken, Delivery, Effects, FAST_LANE_SHARE,
     Input, Observation, Observed, Publish, Recoveries, Recovery, Request, Writes,

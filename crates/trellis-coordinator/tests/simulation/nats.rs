@@ -119,6 +119,8 @@ pub enum Delivery {
 #[derive(Clone, Debug)]
 pub struct Queued {
     pub payload: Bytes,
+    /// A `TaskResultBatch` (the real message's batch header).
+    pub batch: bool,
     pub delivery: Delivery,
     pub deliveries: u32,
 }
@@ -154,11 +156,27 @@ impl Queue {
             self.next,
             Queued {
                 payload,
+                batch: false,
                 delivery: Delivery::Ready { at: now },
                 deliveries: 0,
             },
         );
         Some(self.next)
+    }
+
+    /// Publishes a batch of results (no message id: each batch is new); returns its sequence.
+    pub fn publish_batch(&mut self, payload: Bytes, now: u64) -> u64 {
+        self.next += 1;
+        self.messages.insert(
+            self.next,
+            Queued {
+                payload,
+                batch: true,
+                delivery: Delivery::Ready { at: now },
+                deliveries: 0,
+            },
+        );
+        self.next
     }
 
     /// Returns the sequences of messages a taker may get now (waiting, or past their deadline).

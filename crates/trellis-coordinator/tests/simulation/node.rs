@@ -1,6 +1,7 @@
 //! A simulated coordinator process: the lease keeper, the results consumer, and each turn of the
 //! real pure turn carried out as the executor does, with a crash possible between any two steps.
 
+use bytes::Bytes;
 use prost::Message as _;
 use trellis_coordinator::turn::{
     Ack, Append, Appended, Broken, Delivery, Effects, Input, LogMessage, Recoveries, Recovery,
@@ -8,7 +9,7 @@ use trellis_coordinator::turn::{
 };
 use trellis_coordinator::{checkpoints, recovery};
 use trellis_core::ids::ExecutionId;
-use trellis_proto::{subjects, v1};
+use trellis_proto::{results, subjects, v1};
 
 use crate::Bug;
 use crate::nats::AppendError;
@@ -140,23 +141,36 @@ impl World {
                 if self.rng.percent(20) {
                     continue; // delayed
                 }
+                let batch = queue
+                    .messages
+                    .get(&seq)
+                    .is_some_and(|message| message.batch);
                 let Some((payload, _)) = queue.take(seq, idx, now + RESULT_ACK_WAIT) else {
                     continue;
                 };
+                // A batch is taken apart as the executor does; one that does not decode is a
+                // bug of the simulated worker.
+                let payloads: Vec<Bytes> = match results::unpack(batch, &payload, "", "") {
+                    Ok(entries) => entries
+                        .into_iter()
+                        .map(|entry| Bytes::from(entry.result))
+                        .collect(),
+                    Err(error) => panic!("result batch {shard}/{seq} does not decode: {error}"),
+                };
                 let node = &mut self.nodes[idx];
-                node.next_token += 1;
-                node.tokens.insert(node.next_token, (shard, seq));
+                let tokens = node.consumed.take((shard, seq), payloads.len());
                 if verbose() {
                     eprintln!(
-                        "{now}: coordinator {idx} takes result {shard}/{seq} as token {}",
-                        node.next_token
+                        "{now}: coordinator {idx} takes result {shard}/{seq} as tokens {tokens:?}"
                     );
                 }
-                deliveries.push(Delivery {
-                    token: node.next_token,
-                    payload,
-                    span: tracing::Span::none(),
-                });
+                for (token, payload) in tokens.into_iter().zip(payloads) {
+                    deliveries.push(Delivery {
+                        token,
+                        payload,
+                        span: tracing::Span::none(),
+                    });
+                }
             }
         }
         if !deliveries.is_empty() {
@@ -421,34 +435,37 @@ impl World {
 
     pub(crate) fn acknowledge(&mut self, idx: usize, acks: Vec<(Token, Ack)>) {
         let now = self.now;
-        for (token, ack) in acks {
-            let Some((shard, seq)) = self.nodes[idx].tokens.remove(&token) else {
-                continue;
-            };
+        for ((shard, seq), ack) in self.nodes[idx].consumed.settle(acks) {
             if verbose() {
                 eprintln!("{now}: coordinator {idx} {ack:?} result {shard}/{seq}");
             }
             let queue = &mut self.nats.results[shard].0;
             match ack {
                 Ack::Ack => {
-                    let ended = queue
+                    let ended: Vec<v1::TaskResult> = queue
                         .messages
                         .get(&seq)
-                        .and_then(|message| v1::TaskResult::decode(message.payload.clone()).ok())
+                        .and_then(|message| {
+                            results::unpack(message.batch, &message.payload, "", "").ok()
+                        })
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter_map(|entry| v1::TaskResult::decode(entry.result.as_slice()).ok())
                         .filter(|result| {
                             !matches!(
                                 result.outcome,
                                 None | Some(v1::task_result::Outcome::Started(_))
                                     | Some(v1::task_result::Outcome::StepCheckpoint(_))
                             )
-                        });
-                    if queue.ack(seq, idx)
-                        && let Some(result) = ended
-                    {
-                        self.nats
-                            .acked_results
-                            .entry((result.task_instance_id, result.attempt))
-                            .or_insert(now);
+                        })
+                        .collect();
+                    if queue.ack(seq, idx) {
+                        for result in ended {
+                            self.nats
+                                .acked_results
+                                .entry((result.task_instance_id, result.attempt))
+                                .or_insert(now);
+                        }
                     }
                 }
                 Ack::Later => queue.nak(seq, idx, now + 20),

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use prost::Message as _;
 use serde_json::{Value, json};
 use trellis_core::ids::{GroupId, QuestionId, TaskInstanceId, mix};
-use trellis_proto::v1;
+use trellis_proto::{results, v1};
 
 use crate::nats::Nats;
 use crate::rng::Rng;
@@ -91,13 +91,20 @@ impl Worker {
         let (done, running): (Vec<Run>, Vec<Run>) =
             self.runs.drain(..).partition(|run| run.done_at <= now);
         self.runs = running;
+        // Lost its message meanwhile (the ack wait passed): another worker has it.
+        let done: Vec<Run> = done
+            .into_iter()
+            .filter(|run| nats.tasks.holds(run.seq, self.idx))
+            .collect();
+        let results: Vec<(usize, v1::TaskResult)> = done
+            .iter()
+            .map(|run| {
+                let outcome = outcome(&run.assignment, self.idx, now);
+                (shard_of(run), result_of(self.idx, run, outcome, now))
+            })
+            .collect();
+        publish_finals(nats, rng, results, now);
         for run in done {
-            // Lost its message meanwhile (the ack wait passed): another worker has it.
-            if !nats.tasks.holds(run.seq, self.idx) {
-                continue;
-            }
-            let result = outcome(&run.assignment, self.idx, now);
-            publish_result(nats, self.idx, &run, result, now);
             // Died between publishing and acknowledging: the task runs again elsewhere.
             if rng.one_in(200) {
                 self.die();
@@ -265,16 +272,20 @@ fn outcome(assignment: &v1::TaskAssignment, worker: usize, now: u64) -> v1::task
     completed(json!({ "task": assignment.task_id, "worker": worker }))
 }
 
-/// Publishes a result on the results stream of the assignment's shard.
-fn publish_result(
-    nats: &mut Nats,
+/// The results shard the assignment of `run` names.
+fn shard_of(run: &Run) -> usize {
+    run.assignment.results_shard.unwrap_or(0) as usize
+}
+
+/// The result of `run` with `outcome`.
+fn result_of(
     worker: usize,
     run: &Run,
     outcome: v1::task_result::Outcome,
     now: u64,
-) {
+) -> v1::TaskResult {
     let assignment = &run.assignment;
-    let result = v1::TaskResult {
+    v1::TaskResult {
         execution_id: assignment.execution_id.clone(),
         task_instance_id: assignment.task_instance_id.clone(),
         attempt: assignment.attempt,
@@ -284,17 +295,70 @@ fn publish_result(
         started_at_unix_ms: Some(run.started_at as i64),
         validation: Vec::new(),
         outcome: Some(outcome),
-    };
-    let shard = assignment.results_shard.unwrap_or(0) as usize;
+    }
+}
+
+/// Publishes a result on the results stream of the assignment's shard.
+fn publish_result(
+    nats: &mut Nats,
+    worker: usize,
+    run: &Run,
+    outcome: v1::task_result::Outcome,
+    now: u64,
+) {
+    let result = result_of(worker, run, outcome, now);
+    let shard = shard_of(run);
     if let Some((queue, _)) = nats.results.get_mut(shard) {
         let seq = queue.publish(None, Bytes::from(result.encode_to_vec()), now, 0);
-        if std::env::var_os("TRELLIS_SIM_VERBOSE").is_some() {
-            eprintln!(
-                "{now}: result {shard}/{seq:?} of {} attempt {}: {:?}",
-                result.task_instance_id,
-                result.attempt,
-                result.outcome.as_ref().map(std::mem::discriminant)
-            );
+        trace(now, shard, seq, &result);
+    }
+}
+
+/// Publishes the final results of runs that ended together, as the real worker's publisher does:
+/// those for one shard as one batch (most of the time: sometimes each alone), a lone one alone.
+fn publish_finals(nats: &mut Nats, rng: &mut Rng, results: Vec<(usize, v1::TaskResult)>, now: u64) {
+    let mut by_shard: Vec<(usize, Vec<v1::TaskResult>)> = Vec::new();
+    for (shard, result) in results {
+        match by_shard.iter_mut().find(|(s, _)| *s == shard) {
+            Some((_, group)) => group.push(result),
+            None => by_shard.push((shard, vec![result])),
         }
+    }
+    for (shard, group) in by_shard {
+        let Some((queue, _)) = nats.results.get_mut(shard) else {
+            continue;
+        };
+        if group.len() > 1 && !rng.one_in(4) {
+            let entries = group
+                .iter()
+                .map(|result| v1::task_result_batch::Entry {
+                    result: result.encode_to_vec(),
+                    msg_id: String::new(),
+                    traceparent: String::new(),
+                })
+                .collect();
+            let seq = queue.publish_batch(Bytes::from(results::pack(entries)), now);
+            crate::world::BATCHED
+                .fetch_add(group.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            for result in &group {
+                trace(now, shard, Some(seq), result);
+            }
+        } else {
+            for result in group {
+                let seq = queue.publish(None, Bytes::from(result.encode_to_vec()), now, 0);
+                trace(now, shard, seq, &result);
+            }
+        }
+    }
+}
+
+fn trace(now: u64, shard: usize, seq: Option<u64>, result: &v1::TaskResult) {
+    if std::env::var_os("TRELLIS_SIM_VERBOSE").is_some() {
+        eprintln!(
+            "{now}: result {shard}/{seq:?} of {} attempt {}: {:?}",
+            result.task_instance_id,
+            result.attempt,
+            result.outcome.as_ref().map(std::mem::discriminant)
+        );
     }
 }

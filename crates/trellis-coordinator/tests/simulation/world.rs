@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use prost::Message as _;
-use trellis_coordinator::turn::{Append, Config, Coordinator, Input, ReplyTo, Request, Token};
+use trellis_coordinator::turn::{Append, Config, Consumed, Coordinator, Input, ReplyTo, Request};
 use trellis_core::ids::{ExecutionId, QuestionId};
 use trellis_proto::v1;
 use trellis_wire::log;
@@ -81,8 +81,9 @@ pub(crate) struct Node {
     pub(crate) consuming: BTreeSet<u32>,
     /// Workers whose heartbeats this process received since it started.
     pub(crate) heard: BTreeSet<usize>,
-    pub(crate) tokens: BTreeMap<Token, (usize, u64)>,
-    pub(crate) next_token: Token,
+    /// Result messages taken and not acknowledged, by (shard, sequence): a batch's message waits
+    /// for all its results, as the executor's does.
+    pub(crate) consumed: Consumed<(usize, u64)>,
     pub(crate) calls: BTreeMap<ReplyTo, Call>,
     pub(crate) next_reply: ReplyTo,
     /// The appends of a turn frozen before it wrote them.
@@ -112,6 +113,8 @@ pub static RESTORED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64
 
 /// Checkpoints stored, over every run of the process.
 pub static CHECKPOINTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Results published in batches of several, over all seeds.
+pub static BATCHED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// True when `TRELLIS_SIM_VERBOSE` asks for a trace of the run.
 pub(crate) fn verbose() -> bool {
@@ -168,8 +171,7 @@ impl World {
                 down_until: 0,
                 consuming: BTreeSet::new(),
                 heard: BTreeSet::new(),
-                tokens: BTreeMap::new(),
-                next_token: 0,
+                consumed: Consumed::default(),
                 calls: BTreeMap::new(),
                 next_reply: 0,
                 suspended: None,
@@ -463,7 +465,7 @@ impl World {
         node.releasing.clear();
         node.released.clear();
         node.inbox.clear();
-        node.tokens.clear();
+        node.consumed = Consumed::default();
         node.leases.clear();
         node.consuming.clear();
         node.heard.clear();
