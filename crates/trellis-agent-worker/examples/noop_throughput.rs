@@ -63,10 +63,12 @@ async fn main() -> anyhow::Result<()> {
         HandlerRegistry::with_builtins(),
         shutdown.clone(),
     ));
-    let mut stream = js.get_stream(subjects::RESULTS_STREAM).await?;
+    // A task message is acknowledged (and leaves the work queue) once its result is stored;
+    // results may share messages, so the emptied queue is what says they all are.
+    let mut stream = js.get_stream(subjects::TASKS_STREAM).await?;
     loop {
         let info = stream.info().await?;
-        if info.state.messages as usize >= n_tasks {
+        if info.state.messages == 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;

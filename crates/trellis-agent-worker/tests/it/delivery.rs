@@ -185,20 +185,19 @@ async fn an_unknown_task_type_fails_for_good_and_avoided_workers_still_run_alone
     worker.stop().await
 }
 
-/// Returns the next `TaskResult` on `subscriber`.
-async fn next_result(subscriber: &mut async_nats::Subscriber) -> anyhow::Result<TaskResult> {
-    let message = tokio::time::timeout(SOON, subscriber.next())
+/// Returns the next `TaskResult` on `results`.
+async fn next_result(results: &mut Results) -> anyhow::Result<TaskResult> {
+    let (result, _) = tokio::time::timeout(SOON, results.next())
         .await
-        .context("no result within the time limit")?
-        .context("results subscription ended")?;
-    Ok(TaskResult::decode(message.payload.as_ref())?)
+        .context("no result within the time limit")??;
+    Ok(result)
 }
 
 #[tokio::test]
 async fn results_go_to_the_shard_the_assignment_names() -> anyhow::Result<()> {
     let harness = Harness::start().await?;
-    let mut shard_0 = harness.client.subscribe(subjects::results(0)).await?;
-    let mut shard_5 = harness.client.subscribe(subjects::results(5)).await?;
+    let mut shard_0 = Results::new(harness.client.subscribe(subjects::results(0)).await?);
+    let mut shard_5 = Results::new(harness.client.subscribe(subjects::results(5)).await?);
     harness.client.flush().await?;
     // One configured shard: without a named shard every result goes to shard 0.
     let worker = harness.worker("w1", &["steps"], HandlerRegistry::with_builtins());
@@ -287,11 +286,9 @@ async fn a_task_on_the_fast_lane_runs_before_the_queue_that_waits() -> anyhow::R
         .await?;
     let mut order = Vec::new();
     while order.len() < 6 {
-        let message = tokio::time::timeout(SOON, harness.results.next())
+        let (result, _) = tokio::time::timeout(SOON, harness.results.next())
             .await
-            .context("results stop before all six tasks ended")?
-            .context("results subscription ended")?;
-        let result = TaskResult::decode(message.payload.as_ref())?;
+            .context("results stop before all six tasks ended")??;
         order.push(result.task_instance_id);
     }
     let position = order
@@ -303,5 +300,42 @@ async fn a_task_on_the_fast_lane_runs_before_the_queue_that_waits() -> anyhow::R
         "the fast task ended number {} of 6, behind the queue: {order:?}",
         position + 1
     );
+    worker.stop().await
+}
+
+#[tokio::test]
+async fn results_that_finish_together_share_a_message() -> anyhow::Result<()> {
+    let mut harness = Harness::start().await?;
+    // Queued before the worker starts: it takes them all at once, and their results pile up
+    // while the first messages are on their way.
+    let tasks: Vec<TaskAssignment> = (0..200).map(|i| assignment("noop", json!(i))).collect();
+    for task in &tasks {
+        harness.publish(task).await?;
+    }
+    let worker = harness.worker("w1", &["noop"], HandlerRegistry::with_builtins());
+    let mut seen = std::collections::HashMap::new();
+    while seen.len() < tasks.len() {
+        let (result, msg_id) = tokio::time::timeout(SOON, harness.results.next())
+            .await
+            .context("results stop before every task ended")??;
+        let expected = subjects::result_msg_id(&result.task_instance_id, 1, "completed");
+        assert_eq!(msg_id, expected, "each result keeps its own message id");
+        if let Some(earlier) = seen.insert(result.task_instance_id.clone(), msg_id) {
+            anyhow::bail!("{} reported twice ({earlier})", result.task_instance_id);
+        }
+    }
+    for task in &tasks {
+        assert!(
+            seen.contains_key(&task.task_instance_id),
+            "no result for {}",
+            task.task_instance_id
+        );
+    }
+    assert!(
+        harness.results.batches > 0,
+        "200 results that finished together all went alone"
+    );
+    // Each task message is acknowledged once its batch is stored.
+    harness.wait_until_queue_drained("noop").await?;
     worker.stop().await
 }

@@ -9,6 +9,7 @@ mod restart;
 mod sigkill;
 mod steps;
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
@@ -32,7 +33,7 @@ struct Harness {
     server: NatsServer,
     client: async_nats::Client,
     js: jetstream::Context,
-    results: async_nats::Subscriber,
+    results: Results,
 }
 
 impl Harness {
@@ -41,7 +42,7 @@ impl Harness {
         let client = async_nats::connect(server.url()).await?;
         let js = jetstream::new(client.clone());
         trellis_bus::ensure_streams(&js, 1).await?;
-        let results = client.subscribe(subjects::RESULTS_WILDCARD).await?;
+        let results = Results::new(client.subscribe(subjects::RESULTS_WILDCARD).await?);
         client.flush().await?;
         Ok(Harness {
             server,
@@ -117,18 +118,10 @@ impl Harness {
     ) -> anyhow::Result<TaskResult> {
         let deadline = tokio::time::Instant::now() + SOON;
         loop {
-            let message = tokio::time::timeout_at(deadline, self.results.next())
+            let (result, msg_id) = tokio::time::timeout_at(deadline, self.results.next())
                 .await
-                .with_context(|| format!("no result for {instance} within {SOON:?}"))?
-                .context("results subscription ended")?;
-            let result = TaskResult::decode(message.payload.as_ref())?;
+                .with_context(|| format!("no result for {instance} within {SOON:?}"))??;
             if result.task_instance_id == instance && wanted(&result) {
-                let msg_id = message
-                    .headers
-                    .as_ref()
-                    .and_then(|headers| headers.get(subjects::MSG_ID_HEADER))
-                    .map(|value| value.as_str().to_owned())
-                    .unwrap_or_default();
                 let expected_prefix = format!("{instance}:{}:", result.attempt);
                 if !msg_id.starts_with(&expected_prefix) {
                     bail!("result message id {msg_id:?} does not start with {expected_prefix:?}");
@@ -162,6 +155,65 @@ impl Harness {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+}
+
+/// Reads results from a subscription to results subjects one at a time, taking batches apart.
+struct Results {
+    subscription: async_nats::Subscriber,
+    /// Results of a batch not returned yet, with their `Nats-Msg-Id`s.
+    pending: VecDeque<(TaskResult, String)>,
+    /// How many messages carried more than one result.
+    batches: usize,
+}
+
+impl Results {
+    fn new(subscription: async_nats::Subscriber) -> Results {
+        Results {
+            subscription,
+            pending: VecDeque::new(),
+            batches: 0,
+        }
+    }
+
+    /// Returns the next result and the `Nats-Msg-Id` it carries (its own, inside a batch).
+    async fn next(&mut self) -> anyhow::Result<(TaskResult, String)> {
+        loop {
+            if let Some(next) = self.pending.pop_front() {
+                return Ok(next);
+            }
+            let message = self
+                .subscription
+                .next()
+                .await
+                .context("results subscription ended")?;
+            let results = results_in(&message)?;
+            if results.len() > 1 {
+                self.batches += 1;
+            }
+            self.pending.extend(results);
+        }
+    }
+}
+
+/// Returns the results a message on a results subject carries (a batch's entries, or the
+/// message alone), each with its `Nats-Msg-Id`.
+fn results_in(message: &async_nats::Message) -> anyhow::Result<Vec<(TaskResult, String)>> {
+    let header = |name: &str| {
+        message
+            .headers
+            .as_ref()
+            .and_then(|headers| headers.get(name))
+            .map(|value| value.as_str().to_owned())
+    };
+    let batch = header(subjects::RESULT_BATCH_HEADER).is_some();
+    let msg_id = header(subjects::MSG_ID_HEADER).unwrap_or_default();
+    if batch && !msg_id.starts_with("batch:") {
+        bail!("a batch of results has the message id {msg_id:?}, not batch:<id>");
+    }
+    trellis_proto::results::unpack(batch, &message.payload, &msg_id, "")?
+        .into_iter()
+        .map(|entry| Ok((TaskResult::decode(entry.result.as_slice())?, entry.msg_id)))
+        .collect()
 }
 
 struct Worker {

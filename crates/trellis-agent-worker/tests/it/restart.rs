@@ -92,21 +92,16 @@ async fn stored_final_results(
             .map_err(|error| anyhow::anyhow!("fetch failed: {error}"))?;
         while let Some(message) = batch.next().await {
             let message = message.map_err(|error| anyhow::anyhow!("fetch failed: {error}"))?;
-            let result = TaskResult::decode(message.payload.as_ref())?;
-            let msg_id = message
-                .headers
-                .as_ref()
-                .and_then(|headers| headers.get(subjects::MSG_ID_HEADER))
-                .map(|value| value.as_str().to_owned())
-                .unwrap_or_default();
-            if !matches!(
-                result.outcome,
-                Some(task_result::Outcome::StepCheckpoint(_))
-            ) {
-                finals
-                    .entry(result.task_instance_id)
-                    .or_default()
-                    .insert(msg_id);
+            for (result, msg_id) in results_in(&message)? {
+                if !matches!(
+                    result.outcome,
+                    Some(task_result::Outcome::StepCheckpoint(_))
+                ) {
+                    finals
+                        .entry(result.task_instance_id)
+                        .or_default()
+                        .insert(msg_id);
+                }
             }
             message
                 .ack()
@@ -130,7 +125,7 @@ async fn a_worker_outlives_a_nats_server_restart() -> anyhow::Result<()> {
     for _ in 0..20 {
         tokio::time::timeout(SOON, harness.results.next())
             .await
-            .context("no result before the restart")?;
+            .context("no result before the restart")??;
     }
     // Down for a while, as a real restart is: publishes and pulls in flight time out.
     tokio::task::block_in_place(|| harness.server.kill());
