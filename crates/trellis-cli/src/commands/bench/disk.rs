@@ -5,9 +5,41 @@
 //! device's, not the server's: anything else writing to the same disk in the meantime counts too
 //! (the figure is an upper bound), and a store on a device without the counter (tmpfs, an old
 //! kernel) gives none.
+//!
+//! A scenario ends when its executions do, but the acknowledgements of its last task and result
+//! messages may still be on their way, and each one removes a message from a work queue (a
+//! write): [`settled`] waits for the queues to empty before the count is read, so that a
+//! scenario is charged for its own writes and not the next one's.
 
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use trellis_proto::subjects;
+
+/// Waits until the task and result work queues of the server at `nats_url` hold no message (every
+/// acknowledgement processed), for at most `bound`; gives up quietly when the server cannot be
+/// asked (the count is then read at once, as before).
+pub(super) async fn settled(nats_url: &str, bound: Duration) {
+    let Ok(client) = async_nats::connect(nats_url).await else {
+        return;
+    };
+    let js = async_nats::jetstream::new(client);
+    let deadline = tokio::time::Instant::now() + bound;
+    for name in [subjects::TASKS_STREAM, subjects::RESULTS_STREAM] {
+        let Ok(mut stream) = js.get_stream(name).await else {
+            continue;
+        };
+        while tokio::time::Instant::now() < deadline {
+            match stream.info().await {
+                Ok(info) if info.state.messages > 0 => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                _ => break,
+            }
+        }
+    }
+}
 
 /// The flush counter of the block device holding a directory.
 #[derive(Debug, Clone)]

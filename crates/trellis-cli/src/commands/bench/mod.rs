@@ -46,6 +46,10 @@ const SCENARIOS: [&str; 11] = [
     "observers",
 ];
 
+/// How long a scenario's trailing acknowledgements are waited for before its disk flushes are
+/// counted.
+const SETTLE_BOUND: Duration = Duration::from_secs(30);
+
 /// Scenarios whose `n` counts tasks: their lines say how many disk flushes each task cost.
 const TASK_SCENARIOS: [&str; 7] = [
     "fanout",
@@ -198,6 +202,9 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
                 vec![("error", json!(error))]
             });
             if TASK_SCENARIOS.contains(&scenario) && !fields.iter().any(|(k, _)| *k == "error") {
+                if flushes.is_some() {
+                    disk::settled(&local.nats_url, SETTLE_BOUND).await;
+                }
                 let flushed = flushes_before
                     .zip(flushes.as_ref().and_then(disk::Flushes::read))
                     .map(|(before, after)| after.saturating_sub(before));
