@@ -9,8 +9,8 @@
 //! it must follow so only one coordinator can ever extend a log, retried until stored; (3) hands
 //! the outcomes to [`Coordinator::appended`] and carries out what it returns: task assignments
 //! (sent; their acks are awaited beside the loop), stop messages, progress, observers, index
-//! deletes; (4) acknowledges the consumed result
-//! messages (a batch of results once every one is settled) and answers the writes; (5) starts checkpoints, loads and consumers. A crash between
+//! deletes; (4) acknowledges the consumed result messages (a batch of results once every one is
+//! settled) and answers the writes; (5) starts checkpoints, loads and consumers. A crash between
 //! any two steps loses nothing: recovery re-issues what the log says is due, and unacknowledged
 //! results are delivered again. A NATS outage stalls the loop instead of skipping the log.
 

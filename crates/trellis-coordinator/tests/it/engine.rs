@@ -304,6 +304,28 @@ async fn duplicate_and_corrupt_results_change_nothing() {
             .await
             .expect("stored");
     }
+    // The same, as a worker's batch: the duplicate twice in one message, and a message marked a
+    // batch that is none (set aside, the coordinator going on).
+    let entry = v1::task_result_batch::Entry {
+        result: duplicate.encode_to_vec(),
+        msg_id: String::new(),
+        traceparent: String::new(),
+    };
+    for (n, payload) in [
+        (
+            "2",
+            trellis_proto::results::pack(vec![entry.clone(), entry]),
+        ),
+        ("3", b"\xff\x00 not a batch".to_vec()),
+    ] {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(trellis_proto::subjects::RESULT_BATCH_HEADER, n);
+        js.publish_with_headers(subject.clone(), headers, payload.into())
+            .await
+            .expect("publish")
+            .await
+            .expect("stored");
+    }
     // The coordinator keeps working and the first execution's log did not grow.
     let second = cluster
         .run("name: after\ntasks:\n- {id: b, type: noop}\n")
@@ -315,6 +337,23 @@ async fn duplicate_and_corrupt_results_change_nothing() {
         run.events.len(),
         "duplicates were not applied"
     );
+    // Every one of them was acknowledged or set aside: none waits to be delivered again.
+    let mut results = js
+        .get_stream(trellis_proto::subjects::RESULTS_STREAM)
+        .await
+        .expect("results stream");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = results.info().await.expect("stream info").state.messages;
+        if left == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{left} result messages still in the stream"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
