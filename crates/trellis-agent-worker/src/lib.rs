@@ -45,6 +45,7 @@ mod logs;
 mod metrics;
 mod outputs;
 mod publish;
+mod publisher;
 pub mod sdk;
 mod steps;
 mod sysinfo;

@@ -26,7 +26,8 @@ use crate::intake::{SetAside, accept_assignment, cancel_request};
 use crate::logs::{self, LogPublisher};
 use crate::metrics::Metrics;
 use crate::outputs::OutputStore;
-use crate::publish::{self, Finished, PUBLISH_BATCH, ResultSink, now_unix_ms};
+use crate::publish::{self, Finished, ResultSink, now_unix_ms};
+use crate::publisher::{self, PUBLISH_BATCH};
 use crate::sdk::{HandlerRegistry, Outcome, Running, TaskContext, TaskHandler, lock};
 use crate::steps::wants_stored_steps;
 use crate::sysinfo::{self, CpuMeter};
@@ -157,7 +158,7 @@ pub(crate) async fn run(
     tracing::info!(%worker_id, queues = ?config.queues, slots = config.slots, nats = %config.nats.shown_url(), "worker started");
 
     let (finished_tx, finished_rx) = mpsc::channel(FINISHED_CHANNEL);
-    let mut publisher = tokio::spawn(publish::publisher(
+    let mut publisher = tokio::spawn(publisher::publisher(
         worker.sink.clone(),
         finished_rx,
         abandon.clone(),

@@ -1,0 +1,341 @@
+//! The publisher of final results: it sends whatever has piled up (up to [`PUBLISH_BATCH`])
+//! while the sends before it are stored, the results for one shard in one `TaskResultBatch`
+//! message (group commit), then awaits the publish acks together and only then acknowledges the
+//! task messages. A send that fails is sent again whole, under the same `Nats-Msg-Id`.
+
+use async_nats::Subject;
+use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::{self, AckKind};
+use bytes::Bytes;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use trellis_proto::{results, subjects, v1};
+use trellis_telemetry::hops;
+
+use crate::publish::{
+    Backoff, Finished, ResultSink, STORE_RETRY_BOUND, is_transient, message, nak,
+};
+
+/// Most results sent before their publish acks are awaited together.
+pub(crate) const PUBLISH_BATCH: usize = 256;
+
+/// Sends of results whose publish acks may be awaited at once. More finish meanwhile wait and go
+/// out together: under load many results share one message, and so one stored write (one flush
+/// on a server that syncs every write); a result alone finds a send free and goes at once.
+const SENDS_IN_FLIGHT: usize = 2;
+
+/// Publishes finished results until every sender is gone, then waits for the outstanding publish
+/// acks. Stops at once, acknowledging nothing more, when `abandon` fires.
+///
+/// It takes whatever has piled up (up to [`PUBLISH_BATCH`]), once fewer than [`SENDS_IN_FLIGHT`]
+/// earlier sends await their acks, and sends it without waiting between messages: the results
+/// for one shard in one message (a `TaskResultBatch`, [`batches`]) when several wait together, a
+/// result alone otherwise. Then it awaits the messages' publish acks together, beside the loop,
+/// and only then acknowledges their task messages.
+pub(crate) async fn publisher(
+    sink: std::sync::Arc<ResultSink>,
+    mut finished_rx: mpsc::Receiver<Finished>,
+    abandon: CancellationToken,
+) {
+    let ack_tasks = TaskTracker::new();
+    let in_flight = std::sync::Arc::new(tokio::sync::Semaphore::new(SENDS_IN_FLIGHT));
+    let mut waiting: Vec<Finished> = Vec::with_capacity(PUBLISH_BATCH);
+    loop {
+        // A send waits while the last ones are not stored yet: what finishes meanwhile goes out
+        // together in the next (group commit), and alone when nothing is in flight.
+        let permit = tokio::select! {
+            biased;
+            _ = abandon.cancelled() => break,
+            permit = in_flight.clone().acquire_owned() => permit,
+        };
+        // The semaphore is never closed.
+        let Ok(permit) = permit else { break };
+        let first = tokio::select! {
+            biased;
+            _ = abandon.cancelled() => break,
+            first = finished_rx.recv() => first,
+        };
+        let Some(first) = first else { break };
+        waiting.push(first);
+        while waiting.len() < PUBLISH_BATCH {
+            match finished_rx.try_recv() {
+                Ok(finished) => waiting.push(finished),
+                Err(_) => break,
+            }
+        }
+        hops::mark("worker.result_sent");
+        let mut pending = Vec::new();
+        for outgoing in batches(std::mem::take(&mut waiting)) {
+            let publish = match outgoing.message() {
+                Ok(publish) => publish,
+                Err(error) => {
+                    // It can never be published: set the tasks aside rather than retry them.
+                    tracing::error!(%error, "task result cannot be published; task message terminated");
+                    for finished in &outgoing.finished {
+                        let _ = finished.acker.ack_with(AckKind::Term).await;
+                    }
+                    continue;
+                }
+            };
+            let sent = sink
+                .js()
+                .send_publish(outgoing.subject.clone(), publish)
+                .await;
+            pending.push((sent, outgoing));
+        }
+        let sink = sink.clone();
+        let abandon = abandon.clone();
+        ack_tasks.spawn(async move {
+            let acks = futures::future::join_all(
+                pending
+                    .into_iter()
+                    .map(|(sent, outgoing)| settle(&sink, sent, outgoing)),
+            );
+            tokio::select! {
+                _ = abandon.cancelled() => {}
+                _ = acks => {}
+            }
+            drop(permit);
+        });
+    }
+    ack_tasks.close();
+    ack_tasks.wait().await;
+}
+
+/// The most bytes of results one batch carries; a larger result goes alone. Well under the
+/// 1 MiB a default NATS server accepts in one message.
+const BATCH_BYTES: usize = 256 * 1024;
+
+/// One message of results on its way: a result alone, or several for one shard in a batch.
+struct Outgoing {
+    subject: Subject,
+    msg_id: String,
+    payload: Bytes,
+    /// The `traceparent` header: a lone result's (a batch carries one per entry).
+    traceparent: Option<String>,
+    batch: bool,
+    /// The attempts whose results it carries, in order.
+    finished: Vec<Finished>,
+}
+
+impl Outgoing {
+    /// The message of `finished` (results for `subject`, at least one): alone or a batch.
+    fn of(subject: Subject, mut finished: Vec<Finished>) -> Outgoing {
+        if finished.len() == 1
+            && let Some(one) = finished.pop()
+        {
+            return Outgoing::lone(one);
+        }
+        Outgoing::batch(subject, finished)
+    }
+
+    fn lone(finished: Finished) -> Outgoing {
+        Outgoing {
+            subject: finished.subject.clone(),
+            msg_id: finished.msg_id.clone(),
+            payload: finished.payload.clone(),
+            traceparent: finished.traceparent.clone(),
+            batch: false,
+            finished: vec![finished],
+        }
+    }
+
+    /// Packs two or more results for `subject` into one `TaskResultBatch` of a fresh id.
+    fn batch(subject: Subject, finished: Vec<Finished>) -> Outgoing {
+        let entries = finished
+            .iter()
+            .map(|finished| v1::task_result_batch::Entry {
+                result: finished.payload.to_vec(),
+                msg_id: finished.msg_id.clone(),
+                traceparent: finished.traceparent.clone().unwrap_or_default(),
+            })
+            .collect();
+        Outgoing {
+            subject,
+            msg_id: subjects::result_batch_msg_id(uuid::Uuid::now_v7()),
+            payload: Bytes::from(results::pack(entries)),
+            traceparent: None,
+            batch: true,
+            finished,
+        }
+    }
+
+    fn message(&self) -> Result<PublishMessage, String> {
+        message(
+            &self.msg_id,
+            self.traceparent.as_deref(),
+            self.batch.then_some(self.finished.len()),
+            &self.payload,
+        )
+    }
+}
+
+/// Groups finished attempts into the messages that carry their results (see [`chunks`]); a
+/// group of one is sent alone.
+fn batches(finished: Vec<Finished>) -> Vec<Outgoing> {
+    chunks(
+        finished,
+        |finished| &finished.subject,
+        |finished| finished.payload.len(),
+    )
+    .into_iter()
+    .map(|(subject, chunk)| Outgoing::of(subject, chunk))
+    .collect()
+}
+
+/// Splits `items` by their results subject (a shard), keeping their order within each, into
+/// chunks of at most `limit` bytes (one larger item is a chunk of its own).
+fn chunks<T>(
+    items: Vec<T>,
+    subject: impl Fn(&T) -> &Subject,
+    bytes: impl Fn(&T) -> usize,
+) -> Vec<(Subject, Vec<T>)> {
+    // Few shards: a linear search of the groups beats hashing subjects.
+    let mut groups: Vec<(Subject, Vec<T>)> = Vec::new();
+    for item in items {
+        match groups.iter_mut().find(|(group, _)| group == subject(&item)) {
+            Some((_, group)) => group.push(item),
+            None => groups.push((subject(&item).clone(), vec![item])),
+        }
+    }
+    let mut chunks = Vec::new();
+    for (subject, group) in groups {
+        let mut chunk = Vec::new();
+        let mut size = 0;
+        for item in group {
+            if !chunk.is_empty() && size + bytes(&item) > BATCH_BYTES {
+                chunks.push((subject.clone(), std::mem::take(&mut chunk)));
+                size = 0;
+            }
+            size += bytes(&item);
+            chunk.push(item);
+        }
+        if !chunk.is_empty() {
+            chunks.push((subject, chunk));
+        }
+    }
+    chunks
+}
+
+/// Waits until JetStream stored a message of results, publishing it again while it did not,
+/// then acknowledges its task messages (or hands them back when it cannot be stored).
+async fn settle(
+    sink: &ResultSink,
+    sent: Result<jetstream::context::PublishAckFuture, PublishError>,
+    outgoing: Outgoing,
+) {
+    let first = match sent {
+        Ok(ack) => ack.await.map(drop),
+        Err(error) => Err(error),
+    };
+    let stored = match first {
+        Ok(()) => Ok(()),
+        Err(error) if !is_transient(&error) => Err(error),
+        Err(error) => {
+            tracing::warn!(msg_id = %outgoing.msg_id, %error, "task result not stored yet; publishing it again");
+            let mut backoff = Backoff::new(STORE_RETRY_BOUND);
+            loop {
+                // Keep the task messages ours while their results wait.
+                for finished in &outgoing.finished {
+                    let _ = finished.acker.ack_with(AckKind::Progress).await;
+                }
+                if !backoff.wait().await {
+                    break Err(error);
+                }
+                let again = async {
+                    let publish = outgoing.message().map_err(|error| {
+                        PublishError::with_source(PublishErrorKind::Other, error)
+                    })?;
+                    sink.js()
+                        .send_publish(outgoing.subject.clone(), publish)
+                        .await?
+                        .await
+                };
+                match again.await {
+                    Ok(_) => break Ok(()),
+                    Err(error) if !is_transient(&error) => break Err(error),
+                    Err(error) => {
+                        tracing::debug!(msg_id = %outgoing.msg_id, %error, "task result still not stored");
+                    }
+                }
+            }
+        }
+    };
+    for finished in outgoing.finished {
+        match &stored {
+            Ok(()) => {
+                if let Err(error) = finished.acker.ack().await {
+                    tracing::warn!(%error, "failed to acknowledge a task message");
+                }
+                if let Some(task_instance_id) = &finished.forget_steps {
+                    sink.forget_steps(task_instance_id).await;
+                }
+            }
+            Err(error) => {
+                tracing::warn!(msg_id = %finished.msg_id, %error, "task result not accepted by jetstream; handing the task back");
+                nak(&finished.acker).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunked(items: &[(&str, usize)]) -> Vec<(String, Vec<usize>)> {
+        let items: Vec<(Subject, usize)> = items
+            .iter()
+            .map(|(subject, size)| (Subject::from(*subject), *size))
+            .collect();
+        chunks(items, |(subject, _)| subject, |(_, size)| *size)
+            .into_iter()
+            .map(|(subject, chunk)| {
+                (
+                    subject.to_string(),
+                    chunk.into_iter().map(|(_, size)| size).collect(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn results_for_one_shard_share_a_chunk_and_other_shards_get_their_own() {
+        let got = chunked(&[("r.0", 1), ("r.1", 2), ("r.0", 3), ("r.1", 4), ("r.0", 5)]);
+        assert_eq!(
+            got,
+            [
+                ("r.0".to_owned(), vec![1, 3, 5]),
+                ("r.1".to_owned(), vec![2, 4]),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_chunk_stops_before_the_byte_limit_and_a_larger_result_goes_alone() {
+        let half = BATCH_BYTES / 2;
+        let got = chunked(&[
+            ("r.0", half),
+            ("r.0", half),
+            ("r.0", 1),
+            ("r.0", BATCH_BYTES * 2),
+            ("r.0", 7),
+        ]);
+        assert_eq!(
+            got,
+            [
+                ("r.0".to_owned(), vec![half, half]),
+                ("r.0".to_owned(), vec![1]),
+                ("r.0".to_owned(), vec![BATCH_BYTES * 2]),
+                ("r.0".to_owned(), vec![7]),
+            ]
+        );
+    }
+
+    #[test]
+    fn nothing_waiting_makes_no_chunk() {
+        assert!(chunked(&[]).is_empty());
+    }
+}
