@@ -182,9 +182,7 @@ impl ResultSink {
                 publish_once(
                     &self.js,
                     &running.results_subject,
-                    &msg_id,
-                    running.traceparent.as_deref(),
-                    &payload,
+                    message(&msg_id, running.traceparent.as_deref(), None, &payload),
                 )
             },
         )
@@ -302,23 +300,22 @@ pub(crate) fn now_unix_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// Publishes one message with its `Nats-Msg-Id` (and trace context) and waits for JetStream's
-/// ack.
-async fn publish_once(
+/// Publishes one results message (built by [`message`], whose error it passes on) and waits for
+/// JetStream's ack.
+pub(crate) async fn publish_once(
     js: &jetstream::Context,
     subject: &Subject,
-    msg_id: &str,
-    traceparent: Option<&str>,
-    payload: &Bytes,
+    message: Result<PublishMessage, String>,
 ) -> Result<jetstream::publish::PublishAck, PublishError> {
-    let message = message(msg_id, traceparent, None, payload)
-        .map_err(|error| PublishError::with_source(PublishErrorKind::Other, error))?;
+    let message =
+        message.map_err(|error| PublishError::with_source(PublishErrorKind::Other, error))?;
     js.send_publish(subject.clone(), message).await?.await
 }
 
 /// A results message: its payload, `Nats-Msg-Id`, when traced `traceparent`, and when it is a
-/// batch the batch header with the number of results. Header values are checked, not asserted: one a header cannot carry
-/// (`\r`, `\n`) is an error for this message alone, never a panic of the publisher.
+/// batch the batch header with the number of results. Header values are checked, not asserted:
+/// one a header cannot carry (`\r`, `\n`) is an error for this message alone, never a panic of
+/// the publisher.
 pub(crate) fn message(
     msg_id: &str,
     traceparent: Option<&str>,

@@ -4,7 +4,7 @@
 //! task messages. A send that fails is sent again whole, under the same `Nats-Msg-Id`.
 
 use async_nats::Subject;
-use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+use async_nats::jetstream::context::PublishError;
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::{self, AckKind};
 use bytes::Bytes;
@@ -15,7 +15,7 @@ use trellis_proto::{results, subjects, v1};
 use trellis_telemetry::hops;
 
 use crate::publish::{
-    Backoff, Finished, ResultSink, STORE_RETRY_BOUND, is_transient, message, nak,
+    Backoff, Finished, ResultSink, STORE_RETRY_BOUND, is_transient, message, nak, publish_once,
 };
 
 /// Most results sent before their publish acks are awaited together.
@@ -73,7 +73,7 @@ pub(crate) async fn publisher(
                 Err(error) => {
                     // It can never be published: set the tasks aside rather than retry them.
                     tracing::error!(%error, "task result cannot be published; task message terminated");
-                    for finished in &outgoing.finished {
+                    for finished in outgoing.finished() {
                         let _ = finished.acker.ack_with(AckKind::Term).await;
                     }
                     continue;
@@ -81,7 +81,7 @@ pub(crate) async fn publisher(
             };
             let sent = sink
                 .js()
-                .send_publish(outgoing.subject.clone(), publish)
+                .send_publish(outgoing.subject().clone(), publish)
                 .await;
             pending.push((sent, outgoing));
         }
@@ -109,15 +109,19 @@ pub(crate) async fn publisher(
 const BATCH_BYTES: usize = 256 * 1024;
 
 /// One message of results on its way: a result alone, or several for one shard in a batch.
-struct Outgoing {
-    subject: Subject,
-    msg_id: String,
-    payload: Bytes,
-    /// The `traceparent` header: a lone result's (a batch carries one per entry).
-    traceparent: Option<String>,
-    batch: bool,
-    /// The attempts whose results it carries, in order.
-    finished: Vec<Finished>,
+// Each lives only until its acks come; boxing the lone result would allocate per result.
+#[allow(clippy::large_enum_variant)]
+enum Outgoing {
+    Lone(Finished),
+    Batch {
+        subject: Subject,
+        /// `batch:<uuid>`, kept for the sender's retries.
+        msg_id: String,
+        /// The encoded `TaskResultBatch`.
+        payload: Bytes,
+        /// The attempts whose results it carries, in order.
+        finished: Vec<Finished>,
+    },
 }
 
 impl Outgoing {
@@ -126,20 +130,9 @@ impl Outgoing {
         if finished.len() == 1
             && let Some(one) = finished.pop()
         {
-            return Outgoing::lone(one);
+            return Outgoing::Lone(one);
         }
         Outgoing::batch(subject, finished)
-    }
-
-    fn lone(finished: Finished) -> Outgoing {
-        Outgoing {
-            subject: finished.subject.clone(),
-            msg_id: finished.msg_id.clone(),
-            payload: finished.payload.clone(),
-            traceparent: finished.traceparent.clone(),
-            batch: false,
-            finished: vec![finished],
-        }
     }
 
     /// Packs two or more results for `subject` into one `TaskResultBatch` of a fresh id.
@@ -152,23 +145,58 @@ impl Outgoing {
                 traceparent: finished.traceparent.clone().unwrap_or_default(),
             })
             .collect();
-        Outgoing {
+        Outgoing::Batch {
             subject,
             msg_id: subjects::result_batch_msg_id(uuid::Uuid::now_v7()),
             payload: Bytes::from(results::pack(entries)),
-            traceparent: None,
-            batch: true,
             finished,
         }
     }
 
+    fn subject(&self) -> &Subject {
+        match self {
+            Outgoing::Lone(finished) => &finished.subject,
+            Outgoing::Batch { subject, .. } => subject,
+        }
+    }
+
+    fn msg_id(&self) -> &str {
+        match self {
+            Outgoing::Lone(finished) => &finished.msg_id,
+            Outgoing::Batch { msg_id, .. } => msg_id,
+        }
+    }
+
+    /// The attempts whose results it carries.
+    fn finished(&self) -> &[Finished] {
+        match self {
+            Outgoing::Lone(finished) => std::slice::from_ref(finished),
+            Outgoing::Batch { finished, .. } => finished,
+        }
+    }
+
+    fn into_finished(self) -> Vec<Finished> {
+        match self {
+            Outgoing::Lone(finished) => vec![finished],
+            Outgoing::Batch { finished, .. } => finished,
+        }
+    }
+
     fn message(&self) -> Result<PublishMessage, String> {
-        message(
-            &self.msg_id,
-            self.traceparent.as_deref(),
-            self.batch.then_some(self.finished.len()),
-            &self.payload,
-        )
+        match self {
+            Outgoing::Lone(finished) => message(
+                &finished.msg_id,
+                finished.traceparent.as_deref(),
+                None,
+                &finished.payload,
+            ),
+            Outgoing::Batch {
+                msg_id,
+                payload,
+                finished,
+                ..
+            } => message(msg_id, None, Some(finished.len()), payload),
+        }
     }
 }
 
@@ -186,7 +214,7 @@ fn batches(finished: Vec<Finished>) -> Vec<Outgoing> {
 }
 
 /// Splits `items` by their results subject (a shard), keeping their order within each, into
-/// chunks of at most `limit` bytes (one larger item is a chunk of its own).
+/// chunks of at most [`BATCH_BYTES`] (one larger item is a chunk of its own).
 fn chunks<T>(
     items: Vec<T>,
     subject: impl Fn(&T) -> &Subject,
@@ -234,37 +262,30 @@ async fn settle(
         Ok(()) => Ok(()),
         Err(error) if !is_transient(&error) => Err(error),
         Err(error) => {
-            tracing::warn!(msg_id = %outgoing.msg_id, %error, "task result not stored yet; publishing it again");
+            tracing::warn!(msg_id = %outgoing.msg_id(), %error, "task result not stored yet; publishing it again");
             let mut backoff = Backoff::new(STORE_RETRY_BOUND);
             loop {
                 // Keep the task messages ours while their results wait.
-                for finished in &outgoing.finished {
+                for finished in outgoing.finished() {
                     let _ = finished.acker.ack_with(AckKind::Progress).await;
                 }
                 if !backoff.wait().await {
                     break Err(error);
                 }
-                let again = async {
-                    let publish = outgoing.message().map_err(|error| {
-                        PublishError::with_source(PublishErrorKind::Other, error)
-                    })?;
-                    sink.js()
-                        .send_publish(outgoing.subject.clone(), publish)
-                        .await?
-                        .await
-                };
-                match again.await {
+                match publish_once(sink.js(), outgoing.subject(), outgoing.message()).await {
                     Ok(_) => break Ok(()),
                     Err(error) if !is_transient(&error) => break Err(error),
                     Err(error) => {
-                        tracing::debug!(msg_id = %outgoing.msg_id, %error, "task result still not stored");
+                        tracing::debug!(msg_id = %outgoing.msg_id(), %error, "task result still not stored");
                     }
                 }
             }
         }
     };
-    for finished in outgoing.finished {
-        match &stored {
+    let stored = &stored;
+    // The task messages of a batch, and their steps entries, are settled together.
+    futures::future::join_all(outgoing.into_finished().into_iter().map(|finished| async move {
+        match stored {
             Ok(()) => {
                 if let Err(error) = finished.acker.ack().await {
                     tracing::warn!(%error, "failed to acknowledge a task message");
@@ -278,7 +299,8 @@ async fn settle(
                 nak(&finished.acker).await;
             }
         }
-    }
+    }))
+    .await;
 }
 
 #[cfg(test)]

@@ -17,13 +17,18 @@ pub fn unpack(
     traceparent: &str,
 ) -> Result<Vec<Entry>, prost::DecodeError> {
     if batch {
-        return Ok(TaskResultBatch::decode(payload)?.entries);
+        return unpack_batch(payload);
     }
     Ok(vec![Entry {
         result: payload.to_vec(),
         msg_id: msg_id.to_owned(),
         traceparent: traceparent.to_owned(),
     }])
+}
+
+/// Returns the entries of a batch's payload; fails when it is not a `TaskResultBatch`.
+pub fn unpack_batch(payload: &[u8]) -> Result<Vec<Entry>, prost::DecodeError> {
+    Ok(TaskResultBatch::decode(payload)?.entries)
 }
 
 /// Returns the payload of a batch of `entries`.

@@ -268,7 +268,7 @@ async fn consume_results(
             while let Some(item) = next.take() {
                 match item {
                     Ok(message) => {
-                        n_results += results_in(&message);
+                        n_results += super::batch_len(&message).unwrap_or(1);
                         batch.push(message);
                     }
                     Err(err) => {
@@ -295,18 +295,6 @@ async fn consume_results(
 
 /// Most results handed to the executor at once (a turn takes several such handfuls at most).
 const MAX_RESULTS_TAKEN: usize = 2000;
-
-/// How many results a message carries, by its batch header (1 without one, or with a value that
-/// is no number: the executor then finds out what it is).
-fn results_in(message: &jetstream::Message) -> usize {
-    message
-        .headers
-        .as_ref()
-        .and_then(|headers| headers.get(subjects::RESULT_BATCH_HEADER))
-        .and_then(|value| value.as_str().parse::<usize>().ok())
-        .unwrap_or(1)
-        .max(1)
-}
 
 /// Hands worker heartbeats (core NATS) to the executor until `stop`.
 pub(crate) async fn receive_heartbeats(

@@ -360,29 +360,24 @@ impl Executor {
     /// its own. A message marked a batch that does not decode can never be applied: it is logged
     /// and terminated.
     fn deliver(&mut self, message: jetstream::Message, deliveries: &mut Vec<Delivery>) {
-        let batch = message
-            .headers
-            .as_ref()
-            .is_some_and(|headers| headers.get(subjects::RESULT_BATCH_HEADER).is_some());
-        if !batch {
+        if batch_len(&message).is_none() {
             let span = result_span(|| propagation::extract_nats(message.headers.as_ref()));
             let payload = message.payload.clone();
-            for token in self.consumed.take(message, 1) {
-                deliveries.push(Delivery {
-                    token,
-                    payload: payload.clone(),
-                    span: span.clone(),
-                });
-            }
+            let token = self.consumed.take(message, 1).start;
+            deliveries.push(Delivery {
+                token,
+                payload,
+                span,
+            });
             return;
         }
-        let entries = match results::unpack(true, &message.payload, "", "") {
+        let entries = match results::unpack_batch(&message.payload) {
             Ok(entries) if !entries.is_empty() => entries,
             Ok(_) => return terminate(message, "a result batch with no results".to_owned()),
             Err(error) => return terminate(message, format!("not a TaskResultBatch: {error}")),
         };
         let tokens = self.consumed.take(message, entries.len());
-        for (token, entry) in tokens.into_iter().zip(entries) {
+        for (token, entry) in tokens.zip(entries) {
             let span = result_span(|| propagation::from_traceparent(&entry.traceparent));
             deliveries.push(Delivery {
                 token,
@@ -460,6 +455,16 @@ fn result_span(parent: impl FnOnce() -> propagation::Context) -> tracing::Span {
     );
     propagation::set_parent(&span, parent());
     span
+}
+
+/// How many results a message carries when it is a batch (its batch header; 1 when the value is
+/// no number: decoding it tells); `None` for a result alone.
+fn batch_len(message: &jetstream::Message) -> Option<usize> {
+    let value = message
+        .headers
+        .as_ref()?
+        .get(subjects::RESULT_BATCH_HEADER)?;
+    Some(value.as_str().parse::<usize>().map_or(1, |n| n.max(1)))
 }
 
 /// Terminates a result message that can never be applied (JetStream will not deliver it again).

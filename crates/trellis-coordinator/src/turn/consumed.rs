@@ -1,6 +1,6 @@
-//! Result messages taken from the shards' consumers and not yet acknowledged (kept by the executor
-//! and the simulation alike; pure bookkeeping). A message carries
-//! one result, or a batch of them (`TaskResultBatch`); the turn settles each result by its own
+//! Result messages taken from the shards' consumers and not yet acknowledged (kept by the
+//! executor and the simulation alike; pure bookkeeping). A message carries one result, or a batch
+//! of them (`TaskResultBatch`); the turn settles each result by its own
 //! token, and the message is acknowledged once every result in it is settled, with the longest
 //! wait any of them asked for (a result handed back brings its batch back, whose other results
 //! are then duplicates the turn acknowledges at once).
@@ -37,21 +37,21 @@ impl<M> Default for Consumed<M> {
 }
 
 impl<M> Consumed<M> {
-    /// Keeps `message`, which carries `n` results (at least one), and returns their tokens.
-    pub fn take(&mut self, message: M, n: usize) -> Vec<Token> {
-        let key = self.next_token + 1;
-        let tokens: Vec<Token> = (0..n.max(1))
-            .map(|_| {
-                self.next_token += 1;
-                self.tokens.insert(self.next_token, key);
-                self.next_token
-            })
-            .collect();
+    /// Keeps `message`, which carries `n` results (at least one), and returns their tokens (one
+    /// run of consecutive numbers, none ever given before).
+    pub fn take(&mut self, message: M, n: usize) -> std::ops::Range<Token> {
+        let n = n.max(1);
+        let first = self.next_token + 1;
+        let tokens = first..first + n as Token;
+        self.next_token += n as Token;
+        for token in tokens.clone() {
+            self.tokens.insert(token, first);
+        }
         self.messages.insert(
-            key,
+            first,
             Pending {
                 message,
-                unsettled: tokens.len(),
+                unsettled: n,
                 ack: Ack::Ack,
             },
         );
@@ -100,7 +100,7 @@ mod tests {
         let mut consumed = Consumed::default();
         let a = consumed.take("a", 1);
         let b = consumed.take("b", 1);
-        let done = consumed.settle(vec![(b[0], Ack::Later), (a[0], Ack::Ack)]);
+        let done = consumed.settle(vec![(b.start, Ack::Later), (a.start, Ack::Ack)]);
         assert_eq!(done, [("b", Ack::Later), ("a", Ack::Ack)]);
         assert_eq!(consumed.len(), 0);
     }
@@ -108,7 +108,7 @@ mod tests {
     #[test]
     fn a_batch_waits_for_every_result_and_takes_the_longest_wait() {
         let mut consumed = Consumed::default();
-        let batch = consumed.take("batch", 3);
+        let batch: Vec<Token> = consumed.take("batch", 3).collect();
         assert_eq!(batch.len(), 3);
         assert!(
             consumed
@@ -124,7 +124,7 @@ mod tests {
     #[test]
     fn unknown_and_repeated_tokens_change_nothing() {
         let mut consumed = Consumed::default();
-        let batch = consumed.take("batch", 2);
+        let batch: Vec<Token> = consumed.take("batch", 2).collect();
         assert!(consumed.settle(vec![(batch[0], Ack::Ack)]).is_empty());
         assert!(
             consumed
@@ -142,6 +142,6 @@ mod tests {
         let mut consumed = Consumed::default();
         let first = consumed.take("a", 2);
         let second = consumed.take("b", 2);
-        assert!(first.iter().all(|token| !second.contains(token)));
+        assert!(first.clone().all(|token| !second.contains(&token)));
     }
 }

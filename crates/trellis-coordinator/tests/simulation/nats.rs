@@ -151,27 +151,21 @@ impl Queue {
             }
             self.msg_ids.insert(msg_id, now);
         }
-        self.next += 1;
-        self.messages.insert(
-            self.next,
-            Queued {
-                payload,
-                batch: false,
-                delivery: Delivery::Ready { at: now },
-                deliveries: 0,
-            },
-        );
-        Some(self.next)
+        Some(self.push(payload, false, now))
     }
 
     /// Publishes a batch of results (no message id: each batch is new); returns its sequence.
     pub fn publish_batch(&mut self, payload: Bytes, now: u64) -> u64 {
+        self.push(payload, true, now)
+    }
+
+    fn push(&mut self, payload: Bytes, batch: bool, now: u64) -> u64 {
         self.next += 1;
         self.messages.insert(
             self.next,
             Queued {
                 payload,
-                batch: true,
+                batch,
                 delivery: Delivery::Ready { at: now },
                 deliveries: 0,
             },

@@ -164,7 +164,7 @@ impl World {
                         "{now}: coordinator {idx} takes result {shard}/{seq} as tokens {tokens:?}"
                     );
                 }
-                for (token, payload) in tokens.into_iter().zip(payloads) {
+                for (token, payload) in tokens.zip(payloads) {
                     deliveries.push(Delivery {
                         token,
                         payload,

@@ -17,14 +17,9 @@ use std::time::Duration;
 
 use trellis_proto::subjects;
 
-/// Waits until the task and result work queues of the server at `nats_url` hold no message (every
-/// acknowledgement processed), for at most `bound`; gives up quietly when the server cannot be
-/// asked (the count is then read at once, as before).
-pub(super) async fn settled(nats_url: &str, bound: Duration) {
-    let Ok(client) = async_nats::connect(nats_url).await else {
-        return;
-    };
-    let js = async_nats::jetstream::new(client);
+/// Waits until the task and result work queues hold no message (every acknowledgement
+/// processed), for at most `bound`; gives up quietly on a stream it cannot ask about.
+pub(super) async fn settled(js: &async_nats::jetstream::Context, bound: Duration) {
     let deadline = tokio::time::Instant::now() + bound;
     for name in [subjects::TASKS_STREAM, subjects::RESULTS_STREAM] {
         let Ok(mut stream) = js.get_stream(name).await else {

@@ -160,6 +160,15 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
     // The disk the server stores on; `None` for a server given by URL or a device without the
     // counter, and the lines then say `null`.
     let flushes = local.nats_store().and_then(disk::Flushes::of);
+    // Asked after each scenario whose flushes are counted (see `disk::settled`); without it the
+    // count is read at once.
+    let queues = match &flushes {
+        Some(_) => async_nats::connect(&local.nats_url)
+            .await
+            .ok()
+            .map(async_nats::jetstream::new),
+        None => None,
+    };
     let mut failed = false;
     for scenario in scenarios {
         let sizes: Vec<usize> = match (scenario, args.n) {
@@ -202,8 +211,8 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
                 vec![("error", json!(error))]
             });
             if TASK_SCENARIOS.contains(&scenario) && !fields.iter().any(|(k, _)| *k == "error") {
-                if flushes.is_some() {
-                    disk::settled(&local.nats_url, SETTLE_BOUND).await;
+                if let Some(queues) = &queues {
+                    disk::settled(queues, SETTLE_BOUND).await;
                 }
                 let flushed = flushes_before
                     .zip(flushes.as_ref().and_then(disk::Flushes::read))

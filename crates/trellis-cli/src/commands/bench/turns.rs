@@ -27,6 +27,9 @@ impl Phases {
 
     /// Reads the totals from the Prometheus text exposition; a series it lacks counts as 0.
     fn parse(text: &str) -> Self {
+        let series_of =
+            |kind: &str| PHASES.map(|phase| format!("{METRIC}_{kind}{{phase=\"{phase}\"}}"));
+        let (sums, counts) = (series_of("sum"), series_of("count"));
         let mut phases = Self::default();
         for line in text.lines() {
             let Some((series, value)) = line.rsplit_once(' ') else {
@@ -35,11 +38,10 @@ impl Phases {
             let Ok(value) = value.parse::<f64>() else {
                 continue;
             };
-            for (i, phase) in PHASES.iter().enumerate() {
-                let labels = format!("{{phase=\"{phase}\"}}");
-                if series == format!("{METRIC}_sum{labels}") {
+            for i in 0..PHASES.len() {
+                if series == sums[i] {
                     phases.seconds[i] = value;
-                } else if series == format!("{METRIC}_count{labels}") {
+                } else if series == counts[i] {
                     phases.turns[i] = value;
                 }
             }
