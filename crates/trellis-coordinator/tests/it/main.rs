@@ -5,6 +5,7 @@ mod auth;
 mod cluster;
 mod engine;
 mod features;
+mod hostile;
 mod metrics;
 mod recovery;
 mod relationships;
