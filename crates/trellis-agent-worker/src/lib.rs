@@ -49,6 +49,7 @@ mod publisher;
 pub mod sdk;
 mod steps;
 mod sysinfo;
+mod task_ack;
 mod validate;
 mod worker;
 

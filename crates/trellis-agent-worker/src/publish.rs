@@ -14,10 +14,10 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::Subject;
+use async_nats::jetstream;
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::kv;
-use async_nats::jetstream::message::{Acker, PublishMessage};
-use async_nats::jetstream::{self, AckKind};
+use async_nats::jetstream::message::PublishMessage;
 use bytes::Bytes;
 use prost::Message as _;
 use trellis_proto::subjects;
@@ -25,6 +25,7 @@ use trellis_proto::v1::{self, RecordedStep, RecordedSteps, TaskAssignment, task_
 
 use crate::sdk::{Outcome, Running, lock};
 use crate::steps;
+use crate::task_ack::{Settle, TaskAck};
 
 /// How long a result, a step checkpoint or a step entry is retried before the worker gives up:
 /// long enough to ride out a NATS server restart, short enough for the deduplication window
@@ -41,7 +42,7 @@ pub(crate) struct Finished {
     pub(crate) subject: Subject,
     pub(crate) msg_id: String,
     pub(crate) payload: Bytes,
-    pub(crate) acker: Acker,
+    pub(crate) acker: TaskAck,
     /// The instance whose steps entry is deleted once the result is stored: set when the attempt
     /// used one and its outcome ends the instance (a failure keeps it for the retry).
     pub(crate) forget_steps: Option<String>,
@@ -410,9 +411,10 @@ where
     }
 }
 
-/// Hands a task message back for immediate redelivery.
-pub(crate) async fn nak(acker: &Acker) {
-    if let Err(error) = acker.ack_with(AckKind::Nak(None)).await {
+/// Hands an assignment's task message back for immediate redelivery (once every assignment of
+/// its batch is settled).
+pub(crate) async fn nak(acker: TaskAck) {
+    if let Err(error) = acker.settle(Settle::Again(None)).await {
         tracing::warn!(%error, "failed to hand a task message back");
     }
 }

@@ -4,9 +4,9 @@
 //! task messages. A send that fails is sent again whole, under the same `Nats-Msg-Id`.
 
 use async_nats::Subject;
+use async_nats::jetstream;
 use async_nats::jetstream::context::PublishError;
 use async_nats::jetstream::message::PublishMessage;
-use async_nats::jetstream::{self, AckKind};
 use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -17,6 +17,7 @@ use trellis_telemetry::hops;
 use crate::publish::{
     Backoff, Finished, ResultSink, STORE_RETRY_BOUND, is_transient, message, nak, publish_once,
 };
+use crate::task_ack::Settle;
 
 /// Most results sent before their publish acks are awaited together.
 pub(crate) const PUBLISH_BATCH: usize = 256;
@@ -73,8 +74,8 @@ pub(crate) async fn publisher(
                 Err(error) => {
                     // It can never be published: set the tasks aside rather than retry them.
                     tracing::error!(%error, "task result cannot be published; task message terminated");
-                    for finished in outgoing.finished() {
-                        let _ = finished.acker.ack_with(AckKind::Term).await;
+                    for finished in outgoing.into_finished() {
+                        let _ = finished.acker.settle(Settle::SetAside).await;
                     }
                     continue;
                 }
@@ -147,7 +148,7 @@ impl Outgoing {
             .collect();
         Outgoing::Batch {
             subject,
-            msg_id: subjects::result_batch_msg_id(uuid::Uuid::now_v7()),
+            msg_id: subjects::batch_msg_id(uuid::Uuid::now_v7()),
             payload: Bytes::from(results::pack(entries)),
             finished,
         }
@@ -267,7 +268,7 @@ async fn settle(
             loop {
                 // Keep the task messages ours while their results wait.
                 for finished in outgoing.finished() {
-                    let _ = finished.acker.ack_with(AckKind::Progress).await;
+                    finished.acker.progress().await;
                 }
                 if !backoff.wait().await {
                     break Err(error);
@@ -287,7 +288,7 @@ async fn settle(
     futures::future::join_all(outgoing.into_finished().into_iter().map(|finished| async move {
         match stored {
             Ok(()) => {
-                if let Err(error) = finished.acker.ack().await {
+                if let Err(error) = finished.acker.settle(Settle::Done).await {
                     tracing::warn!(%error, "failed to acknowledge a task message");
                 }
                 if let Some(task_instance_id) = &finished.forget_steps {
@@ -296,7 +297,7 @@ async fn settle(
             }
             Err(error) => {
                 tracing::warn!(msg_id = %finished.msg_id, %error, "task result not accepted by jetstream; handing the task back");
-                nak(&finished.acker).await;
+                nak(finished.acker).await;
             }
         }
     }))

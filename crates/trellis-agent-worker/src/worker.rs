@@ -15,8 +15,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use trellis_bus::{HEARTBEAT_INTERVAL, Lane};
-use trellis_proto::subjects;
 use trellis_proto::v1::{self, TaskAssignment};
+use trellis_proto::{assignments, subjects};
 
 use tracing::Instrument as _;
 use trellis_telemetry::{hops, propagation};
@@ -31,6 +31,7 @@ use crate::publisher::{self, PUBLISH_BATCH};
 use crate::sdk::{HandlerRegistry, Outcome, Running, TaskContext, TaskHandler, lock};
 use crate::steps::wants_stored_steps;
 use crate::sysinfo::{self, CpuMeter};
+use crate::task_ack::{Settle, TaskAck};
 use crate::validate::validate;
 use crate::{Config, Error};
 
@@ -286,10 +287,30 @@ enum Ending {
     Abandoned,
 }
 
+/// What the assignments of one task message share.
+struct Delivery {
+    subject: async_nats::Subject,
+    /// How often JetStream delivered the message (from 1).
+    delivered: i64,
+    /// How long it waited in the queue (first deliveries only).
+    queued_seconds: Option<f64>,
+    /// Where `AckProgress` for it goes (the message's reply subject).
+    progress_subject: Option<async_nats::Subject>,
+}
+
+/// One assignment as received: alone in its message, or an entry of a batch.
+struct Received {
+    payload: bytes::Bytes,
+    /// The trace context of its dispatch.
+    parent: propagation::Context,
+    ack: TaskAck,
+}
+
 /// How one fetch ended.
 enum FetchEnd {
-    /// The fetch delivered this many messages and ended normally.
-    Drained(usize),
+    /// The fetch ended normally, having delivered this many messages holding this many
+    /// assignments.
+    Drained { messages: usize, assignments: usize },
     /// The fetch broke off (an error status from the server, or silence past [`FETCH_STALL`]).
     Failed(String),
 }
@@ -312,14 +333,19 @@ impl Worker {
     ) {
         let mut busy = false;
         let mut n_failures = 0u32;
+        // Assignments per message in the last fetch (batches hold several).
+        let mut per_message = 1usize;
         while !shutdown.is_cancelled() && !self.abandon.is_cancelled() {
             let (batch, permits) = if busy {
                 let Some(permits) = self.reserve_slots(lane, &shutdown).await else {
                     break;
                 };
-                let n_permits = permits.num_permits();
+                // As many messages as the free slots take at the last fetch's assignments
+                // per message: a worker does not take whole batches it has no room for while
+                // other workers could run them.
+                let n_messages = (permits.num_permits() / per_message).max(1);
                 (
-                    consumer.fetch().max_messages(n_permits).messages().await,
+                    consumer.fetch().max_messages(n_messages).messages().await,
                     Some(permits),
                 )
             } else {
@@ -338,9 +364,15 @@ impl Worker {
                 Err(error) => FetchEnd::Failed(error.to_string()),
             };
             match end {
-                FetchEnd::Drained(n_messages) => {
+                FetchEnd::Drained {
+                    messages,
+                    assignments,
+                } => {
                     n_failures = 0;
-                    busy = n_messages > 0;
+                    busy = messages > 0;
+                    if let Some(per) = assignments.checked_div(messages) {
+                        per_message = per.max(1);
+                    }
                 }
                 FetchEnd::Failed(error) => {
                     n_failures += 1;
@@ -375,17 +407,17 @@ impl Worker {
         finished_tx: &mpsc::Sender<Finished>,
         shutdown: &CancellationToken,
     ) -> FetchEnd {
-        let mut n_messages = 0;
+        let (mut n_messages, mut n_assignments) = (0, 0);
         loop {
             let next = tokio::select! {
                 biased;
-                _ = self.abandon.cancelled() => return FetchEnd::Drained(n_messages),
+                _ = self.abandon.cancelled() => return FetchEnd::Drained { messages: n_messages, assignments: n_assignments },
                 _ = shutdown.cancelled() => {
                     // Whatever the server already sent arrives within a moment; hand it back.
                     while let Ok(Some(Ok(message))) = tokio::time::timeout(Duration::from_millis(50), batch.next()).await {
                         let _ = message.ack_with(AckKind::Nak(None)).await;
                     }
-                    return FetchEnd::Drained(n_messages);
+                    return FetchEnd::Drained { messages: n_messages, assignments: n_assignments };
                 }
                 next = tokio::time::timeout(FETCH_STALL, batch.next()) => match next {
                     Ok(next) => next,
@@ -395,34 +427,44 @@ impl Worker {
                 },
             };
             match next {
-                None => return FetchEnd::Drained(n_messages),
+                None => {
+                    return FetchEnd::Drained {
+                        messages: n_messages,
+                        assignments: n_assignments,
+                    };
+                }
                 Some(Err(error)) => return FetchEnd::Failed(error.to_string()),
                 Some(Ok(message)) => {
                     n_messages += 1;
-                    let permit = match permits.as_mut().and_then(|permits| permits.split(1)) {
-                        Some(permit) => permit,
-                        None => match self.wait_for_slot(lane, &message, shutdown).await {
-                            Some(permit) => permit,
-                            None => {
-                                let _ = message.ack_with(AckKind::Nak(None)).await;
-                                continue;
-                            }
-                        },
+                    hops::mark("worker.received");
+                    let Some((delivery, received)) = self.open(message).await else {
+                        continue;
                     };
-                    self.dispatch(message, permit, finished_tx).await;
+                    n_assignments += received.len();
+                    // A batch's assignments take the fetch's free slots, then each waits for
+                    // one in turn (the message is kept ours meanwhile).
+                    for received in received {
+                        let permit = match permits.as_mut().and_then(|permits| permits.split(1)) {
+                            Some(permit) => permit,
+                            None => match self.wait_for_slot(lane, &received.ack, shutdown).await {
+                                Some(permit) => permit,
+                                None => {
+                                    publish::nak(received.ack).await;
+                                    continue;
+                                }
+                            },
+                        };
+                        self.dispatch(&delivery, received, permit, finished_tx)
+                            .await;
+                    }
                 }
             }
         }
     }
 
-    /// Decodes one task message and starts its handler.
-    async fn dispatch(
-        self: &Arc<Self>,
-        message: jetstream::Message,
-        permit: OwnedSemaphorePermit,
-        finished_tx: &mpsc::Sender<Finished>,
-    ) {
-        hops::mark("worker.received");
+    /// Takes one task message apart: an assignment alone, or the entries of a batch, each with
+    /// its hold on the message. A message marked a batch that is none is terminated (`None`).
+    async fn open(&self, message: jetstream::Message) -> Option<(Delivery, Vec<Received>)> {
         let delivered = message.info().map_or(1, |info| info.delivered);
         // How long the assignment waited in the queue: JetStream's timestamp of the message to
         // now (first deliveries only; a redelivery's wait includes the lost worker's run).
@@ -436,25 +478,85 @@ impl Worker {
             });
         let progress_subject = message.message.reply.clone();
         let (message, acker) = message.split();
-        let parent = propagation::extract_nats(message.headers.as_ref());
-        let assignment = match accept_assignment(message.payload.as_ref()) {
+        let delivery = Delivery {
+            subject: message.subject.clone(),
+            delivered,
+            queued_seconds,
+            progress_subject,
+        };
+        let batch = message
+            .headers
+            .as_ref()
+            .is_some_and(|headers| headers.get(subjects::ASSIGNMENT_BATCH_HEADER).is_some());
+        if !batch {
+            let received = Received {
+                payload: message.payload,
+                parent: propagation::extract_nats(message.headers.as_ref()),
+                ack: TaskAck::alone(acker),
+            };
+            return Some((delivery, vec![received]));
+        }
+        let entries = match assignments::unpack_batch(&message.payload) {
+            Ok(entries) => entries,
+            Err(error) => {
+                tracing::warn!(subject = %message.subject, %error, "set aside a task message marked a batch that is not a TaskAssignmentBatch");
+                self.set_aside("corrupt");
+                let _ = acker.ack_with(AckKind::Term).await;
+                return None;
+            }
+        };
+        let acks = TaskAck::shared(acker, entries.len());
+        let received = entries
+            .into_iter()
+            .zip(acks)
+            .map(|(entry, ack)| Received {
+                payload: entry.assignment.into(),
+                parent: propagation::from_traceparent(&entry.traceparent),
+                ack,
+            })
+            .collect();
+        Some((delivery, received))
+    }
+
+    /// Decodes one assignment and starts its handler.
+    async fn dispatch(
+        self: &Arc<Self>,
+        delivery: &Delivery,
+        received: Received,
+        permit: OwnedSemaphorePermit,
+        finished_tx: &mpsc::Sender<Finished>,
+    ) {
+        let Delivery {
+            subject,
+            delivered,
+            queued_seconds,
+            progress_subject,
+        } = delivery;
+        let (delivered, queued_seconds) = (*delivered, *queued_seconds);
+        let progress_subject = progress_subject.clone();
+        let Received {
+            payload,
+            parent,
+            ack: acker,
+        } = received;
+        let assignment = match accept_assignment(payload.as_ref()) {
             Ok(assignment) => assignment,
             Err(SetAside::Incomplete) => {
-                tracing::warn!(subject = %message.subject, "set aside a task assignment without instance id or task type");
+                tracing::warn!(%subject, "set aside a task assignment without instance id or task type");
                 self.set_aside("incomplete");
-                let _ = acker.ack_with(AckKind::Term).await;
+                let _ = acker.settle(Settle::SetAside).await;
                 return;
             }
             Err(SetAside::BadId(field)) => {
-                tracing::warn!(subject = %message.subject, field, "set aside a task assignment whose id is not a UUID");
+                tracing::warn!(%subject, field, "set aside a task assignment whose id is not a UUID");
                 self.set_aside("bad_id");
-                let _ = acker.ack_with(AckKind::Term).await;
+                let _ = acker.settle(Settle::SetAside).await;
                 return;
             }
             Err(SetAside::Corrupt(error)) => {
-                tracing::warn!(subject = %message.subject, %error, "set aside a task message that is not a TaskAssignment");
+                tracing::warn!(%subject, %error, "set aside a task message that is not a TaskAssignment");
                 self.set_aside("corrupt");
-                let _ = acker.ack_with(AckKind::Term).await;
+                let _ = acker.settle(Settle::SetAside).await;
                 return;
             }
         };
@@ -470,14 +572,17 @@ impl Worker {
                 "refused an assignment of a former owner of the execution"
             );
             self.set_aside("stale");
-            let _ = acker.ack_with(AckKind::Term).await;
+            let _ = acker.settle(Settle::SetAside).await;
             return;
         }
+        // Coordinators send such an assignment alone; one in a batch runs here (handing it
+        // back would hand back the whole batch).
         if assignment.avoid_worker_id.as_deref() == Some(self.worker_id.as_str())
             && delivered < AVOID_MAX_DELIVERIES
+            && acker.is_alone()
         {
             tracing::debug!(task_instance_id = %assignment.task_instance_id, delivered, "assignment avoids this worker; offering it to others");
-            let _ = acker.ack_with(AckKind::Nak(Some(AVOID_DELAY))).await;
+            let _ = acker.settle(Settle::Again(Some(AVOID_DELAY))).await;
             return;
         }
         let handler = self.registry.get(&assignment.task_type).cloned();
@@ -579,10 +684,10 @@ impl Worker {
                     };
                     if let Err(mpsc::error::SendError(finished)) = finished_tx.send(finished).await
                     {
-                        publish::nak(&finished.acker).await;
+                        publish::nak(finished.acker).await;
                     }
                 }
-                Ending::HandBack => publish::nak(&acker).await,
+                Ending::HandBack => publish::nak(acker).await,
                 Ending::Abandoned => {}
             }
         };

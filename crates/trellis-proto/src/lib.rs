@@ -5,7 +5,8 @@
 //!   and the tonic clients and servers of the `Coordinator`, `Planner` and `CheckpointStore`
 //!   services (`v1::coordinator_client::CoordinatorClient`, `v1::coordinator_server::Coordinator`, ...).
 //!   The `.proto` files are the API reference; their comments are carried into the rustdoc.
-//! - [`results`] packs and unpacks the results a message on `trellis.results.<shard>` carries.
+//! - [`results`] packs and unpacks the results a message on `trellis.results.<shard>` carries;
+//!   [`assignments`] the assignments a batch message on `trellis.tasks.<queue>` carries.
 //! - [`subjects`] builds the NATS subjects, stream names and headers of docs/design.md §3.
 //! - [`FILE_DESCRIPTOR_SET`] is the encoded descriptor set (with comments) for gRPC reflection.
 //!
@@ -13,6 +14,7 @@
 //! each service, which converts them to and from the `trellis-core` model with `trellis-wire`.
 //! A process that only speaks the contracts (a worker) builds without the core.
 
+pub mod assignments;
 pub mod results;
 pub mod subjects;
 

@@ -62,6 +62,9 @@ pub const MSG_ID_HEADER: &str = "Nats-Msg-Id";
 /// of results (a reader may count them without decoding). Without it the message is one
 /// `TaskResult`.
 pub const RESULT_BATCH_HEADER: &str = "Trellis-Result-Batch";
+/// Header marking a message on a task subject as a `TaskAssignmentBatch`; its value is the
+/// number of assignments. Without it the message is one `TaskAssignment`.
+pub const ASSIGNMENT_BATCH_HEADER: &str = "Trellis-Assignment-Batch";
 /// W3C trace-context header carried on every message so one execution is one trace.
 pub const TRACEPARENT_HEADER: &str = "traceparent";
 
@@ -154,8 +157,9 @@ pub fn result_msg_id(
     format!("{task_instance_id}:{attempt}:{outcome}")
 }
 
-/// Returns the `Nats-Msg-Id` of a batch of results, `batch:<id>` (`id` unique per batch: a UUID).
-pub fn result_batch_msg_id(id: impl std::fmt::Display) -> String {
+/// Returns the `Nats-Msg-Id` of a batch of results or of assignments, `batch:<id>` (`id` unique
+/// per batch: a UUID).
+pub fn batch_msg_id(id: impl std::fmt::Display) -> String {
     format!("batch:{id}")
 }
 

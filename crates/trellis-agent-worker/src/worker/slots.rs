@@ -3,12 +3,12 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use async_nats::jetstream::{self, AckKind};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use trellis_bus::{HEARTBEAT_INTERVAL, Lane};
 
 use super::{FETCH_BATCH, Worker};
+use crate::task_ack::TaskAck;
 
 impl Worker {
     /// Waits for one free slot and takes as many more as are free, up to [`FETCH_BATCH`]. A
@@ -39,12 +39,12 @@ impl Worker {
         Some(permits)
     }
 
-    /// Waits for a free slot for a message already received, keeping it ours with `AckProgress`;
-    /// a fast-lane message counts itself in [`Worker::fast_waiting`] meanwhile.
+    /// Waits for a free slot for an assignment already received, keeping its message ours with
+    /// `AckProgress`; a fast-lane assignment counts itself in [`Worker::fast_waiting`] meanwhile.
     pub(super) async fn wait_for_slot(
         &self,
         lane: Lane,
-        message: &jetstream::Message,
+        message: &TaskAck,
         shutdown: &CancellationToken,
     ) -> Option<OwnedSemaphorePermit> {
         /// Counts a waiting fast-lane task for as long as it lives, however its wait ends.
@@ -64,7 +64,7 @@ impl Worker {
                 _ = self.abandon.cancelled() => return None,
                 permit = self.acquire_slot(lane) => return permit,
                 _ = tokio::time::sleep(HEARTBEAT_INTERVAL) => {
-                    let _ = message.ack_with(AckKind::Progress).await;
+                    message.progress().await;
                 }
             }
         }

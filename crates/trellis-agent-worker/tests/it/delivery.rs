@@ -339,3 +339,48 @@ async fn results_that_finish_together_share_a_message() -> anyhow::Result<()> {
     harness.wait_until_queue_drained("noop").await?;
     worker.stop().await
 }
+
+#[tokio::test]
+async fn a_batch_of_assignments_runs_each_once_and_is_acknowledged_whole() -> anyhow::Result<()> {
+    let mut harness = Harness::start().await?;
+    let tasks: Vec<TaskAssignment> = (0..20).map(|i| assignment("noop", json!(i))).collect();
+    harness
+        .publish_batch(
+            "noop",
+            tasks.iter().map(|task| task.encode_to_vec()).collect(),
+        )
+        .await?;
+    // Fewer slots than the batch has assignments: the rest wait for slots, not for another
+    // delivery.
+    let worker = harness.worker_with(
+        "w1",
+        &["noop"],
+        HandlerRegistry::with_builtins(),
+        |config| {
+            config.slots = 3;
+        },
+    );
+    let mut seen = std::collections::HashSet::new();
+    for _ in &tasks {
+        let (result, msg_id) = tokio::time::timeout(SOON, harness.results.next())
+            .await
+            .context("results stop before every task of the batch ended")??;
+        let expected = subjects::result_msg_id(&result.task_instance_id, 1, "completed");
+        assert_eq!(msg_id, expected, "each result keeps its own message id");
+        assert!(
+            seen.insert(result.task_instance_id.clone()),
+            "{} reported twice",
+            result.task_instance_id
+        );
+    }
+    for task in &tasks {
+        assert!(
+            seen.contains(&task.task_instance_id),
+            "no result for {}",
+            task.task_instance_id
+        );
+    }
+    // The one message is acknowledged once every result is stored, not delivered again.
+    harness.wait_until_queue_drained("noop").await?;
+    worker.stop().await
+}

@@ -1,6 +1,7 @@
 //! What a worker must survive or refuse: assignments with ids a header cannot carry, cancels that
-//! do not name an attempt, assignments of a former owner of the execution (fences), and a task
-//! that takes its workers down with it (max deliveries).
+//! do not name an attempt, assignments of a former owner of the execution (fences), batches
+//! with entries it cannot run or that are none, and a task that takes its workers down with it
+//! (max deliveries).
 
 use std::time::Duration;
 
@@ -105,6 +106,63 @@ async fn an_assignment_below_its_executions_fence_is_refused() -> anyhow::Result
     assert_eq!(completed_output(&result)?, json!("stale"));
     harness.wait_until_queue_drained("noop").await?;
     worker.stop().await
+}
+
+#[tokio::test]
+async fn a_batch_runs_its_sound_entries_and_sets_the_rest_aside() -> anyhow::Result<()> {
+    let mut harness = Harness::start().await?;
+    let worker = harness.worker("w1", &["noop"], HandlerRegistry::with_builtins());
+    heartbeat_listing_any(&harness.client, "w1").await?;
+    let fences = trellis_bus::ensure_fences_bucket(&harness.js, 1).await?;
+    let stale = TaskAssignment {
+        fence: 3,
+        ..assignment("noop", json!("stale"))
+    };
+    fences
+        .put(&stale.execution_id, trellis_bus::encode_fence(5))
+        .await?;
+    // Time for the worker's watch to bring the fence in.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let first = assignment("noop", json!("first"));
+    let last = assignment("noop", json!("last"));
+    harness
+        .publish_batch(
+            "noop",
+            vec![
+                first.encode_to_vec(),
+                vec![0xff, 0xff, 0xff],
+                stale.encode_to_vec(),
+                last.encode_to_vec(),
+            ],
+        )
+        .await?;
+    // Marked a batch, but none: set aside whole.
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(subjects::ASSIGNMENT_BATCH_HEADER, "2");
+    harness
+        .js
+        .publish_with_headers(subjects::tasks("noop"), headers, vec![0xff, 0x01].into())
+        .await?
+        .await?;
+    let after = assignment("noop", json!("after"));
+    harness.publish(&after).await?;
+    for (task, output) in [(&first, "first"), (&last, "last"), (&after, "after")] {
+        let result = harness.result_of(&task.task_instance_id).await?;
+        assert_eq!(completed_output(&result)?, json!(output));
+    }
+    // Every message is settled: the batch once its sound entries' results are stored, the
+    // false batch at once; the stale entry never ran.
+    harness.wait_until_queue_drained("noop").await?;
+    worker.stop().await?;
+    while let Ok(Ok((result, _))) =
+        tokio::time::timeout(Duration::from_millis(200), harness.results.next()).await
+    {
+        assert_ne!(
+            result.task_instance_id, stale.task_instance_id,
+            "the stale entry ran"
+        );
+    }
+    Ok(())
 }
 
 /// Waits for any heartbeat of `worker_id`.

@@ -95,6 +95,31 @@ impl Harness {
         Ok(())
     }
 
+    /// Publishes `entries` (encoded assignments) to `queue` as one batch message, as a
+    /// coordinator does.
+    async fn publish_batch(&self, queue: &str, entries: Vec<Vec<u8>>) -> anyhow::Result<()> {
+        let n = entries.len();
+        let entries = entries
+            .into_iter()
+            .map(|assignment| v1::task_assignment_batch::Entry {
+                assignment,
+                msg_id: String::new(),
+                traceparent: String::new(),
+            })
+            .collect();
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(subjects::ASSIGNMENT_BATCH_HEADER, n.to_string().as_str());
+        self.js
+            .publish_with_headers(
+                subjects::tasks(queue),
+                headers,
+                trellis_proto::assignments::pack(entries).into(),
+            )
+            .await?
+            .await?;
+        Ok(())
+    }
+
     /// Returns the next result of `instance` (skipping other instances' results).
     async fn result_of(&mut self, instance: &str) -> anyhow::Result<TaskResult> {
         self.result_matching(instance, |_| true).await
