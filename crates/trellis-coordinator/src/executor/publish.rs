@@ -59,14 +59,17 @@ impl Executor {
         }
         for chunk in assignments.chunks(PUBLISH_CHUNK) {
             let mut published = Vec::with_capacity(chunk.len());
-            for assign in chunk {
-                let headers = assignment_headers(assign);
-                let subject = self.lanes.subject(&assign.queue, assign.fast);
+            for message in chunk {
+                let Some(first) = message.first() else {
+                    continue;
+                };
+                let subject = self.lanes.subject(&first.queue, first.fast);
+                let (headers, payload) = task_message(message);
                 let publish = self
                     .js
-                    .publish_with_headers(subject.clone(), headers.clone(), assign.payload.clone())
+                    .publish_with_headers(subject.clone(), headers.clone(), payload.clone())
                     .await;
-                published.push((subject, headers, assign.payload.clone(), publish));
+                published.push((subject, headers, payload, publish));
             }
             // Their acks are awaited beside the loop: the next turn need not wait a JetStream
             // round trip for them (the connection keeps their order, and the client's bound on
@@ -205,23 +208,57 @@ async fn await_assignments(
     }
 }
 
-/// The headers of an assignment: its message id and (when traces are exported) the
-/// `task.dispatch` span, of which the worker's run of the task is a child.
-fn assignment_headers(assign: &Assign) -> HeaderMap {
+/// The headers and payload of one task message: an assignment alone, with its message id, or a
+/// `TaskAssignmentBatch` of several, with a message id of its own (kept when it is published
+/// again) and the batch header; each carries its `task.dispatch` span (when traces are
+/// exported), of which the worker's run of the task is a child.
+fn task_message(message: &[Assign]) -> (HeaderMap, Bytes) {
     let mut headers = HeaderMap::new();
-    headers.insert(subjects::MSG_ID_HEADER, assign.msg_id.as_str());
-    if propagation::enabled() {
-        let span = tracing::info_span!(
-            "task.dispatch",
-            otel.kind = "producer",
-            execution_id = %assign.execution,
-            task_instance_id = %assign.instance,
-            attempt = assign.attempt,
-            queue = assign.queue.as_str(),
-            fast_lane = assign.fast,
-        );
-        propagation::set_parent(&span, assign.trace.clone());
-        propagation::inject_nats(&propagation::context_of(&span), &mut headers);
+    if let [assign] = message {
+        headers.insert(subjects::MSG_ID_HEADER, assign.msg_id.as_str());
+        if let Some(context) = dispatch_context(assign) {
+            propagation::inject_nats(&context, &mut headers);
+        }
+        return (headers, assign.payload.clone());
     }
-    headers
+    let entries = message
+        .iter()
+        .map(|assign| v1::task_assignment_batch::Entry {
+            assignment: assign.payload.to_vec(),
+            msg_id: assign.msg_id.clone(),
+            traceparent: dispatch_context(assign)
+                .and_then(|context| propagation::traceparent(&context))
+                .unwrap_or_default(),
+        })
+        .collect();
+    headers.insert(
+        subjects::MSG_ID_HEADER,
+        subjects::batch_msg_id(uuid::Uuid::now_v7()).as_str(),
+    );
+    headers.insert(
+        subjects::ASSIGNMENT_BATCH_HEADER,
+        message.len().to_string().as_str(),
+    );
+    (
+        headers,
+        Bytes::from(trellis_proto::assignments::pack(entries)),
+    )
+}
+
+/// The context of an assignment's `task.dispatch` span, when traces are exported.
+fn dispatch_context(assign: &Assign) -> Option<propagation::Context> {
+    if !propagation::enabled() {
+        return None;
+    }
+    let span = tracing::info_span!(
+        "task.dispatch",
+        otel.kind = "producer",
+        execution_id = %assign.execution,
+        task_instance_id = %assign.instance,
+        attempt = assign.attempt,
+        queue = assign.queue.as_str(),
+        fast_lane = assign.fast,
+    );
+    propagation::set_parent(&span, assign.trace.clone());
+    Some(propagation::context_of(&span))
 }

@@ -298,8 +298,10 @@ pub enum Appended {
 /// the side effects, then `acks` and `replies`, then the background work.
 #[derive(Debug, Default)]
 pub struct Effects {
-    /// Task assignments for the work queues (de-duplicated by `msg_id`).
-    pub assignments: Vec<Assign>,
+    /// Task assignments for the work queues, one message per inner list: an assignment alone,
+    /// or a batch of one queue's lane (each de-duplicated by its `msg_id` within the batch's
+    /// message, which has an id of its own; see `batching`).
+    pub assignments: Vec<Vec<Assign>>,
     /// Stop messages for cancelled task attempts (core NATS).
     pub cancels: Vec<Publish>,
     /// Progress snapshots (core NATS).
@@ -346,6 +348,9 @@ pub struct Assign {
     /// Whether fewer than [`FAST_LANE_SHARE`] of its execution's tasks were in flight before
     /// it, so it goes to the fast lane where the queue's workers have one.
     pub fast: bool,
+    /// It avoids a worker (the one its last attempt ran on): sent in a message of its own, so
+    /// that worker hands back only it.
+    pub alone: bool,
     /// `Nats-Msg-Id`: `<instance>:<attempt>`.
     pub msg_id: String,
     /// The encoded `TaskAssignment`.

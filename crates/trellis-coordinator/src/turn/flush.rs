@@ -1,7 +1,7 @@
 //! The end of a turn: the touched executions' new events become log appends, and once the
 //! appends' outcomes are known, the side effects they allow.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use bytes::Bytes;
 use prost::Message as _;
@@ -9,6 +9,7 @@ use trellis_core::ids::ExecutionId;
 use trellis_proto::{subjects, v1};
 use trellis_wire::{read, worker};
 
+use super::batching;
 use super::contract::FAST_LANE_SHARE;
 use super::shards::index_key;
 use super::{
@@ -128,9 +129,16 @@ impl Coordinator {
             self.loading.entry(id).or_default();
             effects.load.push(id);
         }
+        let mut dispatched = Vec::new();
         for id in std::mem::take(&mut self.dirty) {
-            self.effects_of(id, now, &mut effects);
+            self.effects_of(id, now, &mut effects, &mut dispatched);
         }
+        let mut limits: HashMap<String, usize> = HashMap::new();
+        effects.assignments = batching::messages(dispatched, |queue| {
+            *limits
+                .entry(queue.to_owned())
+                .or_insert_with(|| self.workers.batch_limit(queue, now))
+        });
         for (token, id) in std::mem::take(&mut self.pending.acks) {
             // Results of an execution whose append was refused are not acknowledged: they come
             // back to whoever owns the execution now.
@@ -183,7 +191,13 @@ impl Coordinator {
     }
 
     /// Adds the side effects of one touched execution whose events are stored.
-    fn effects_of(&mut self, id: ExecutionId, now: u64, effects: &mut Effects) {
+    fn effects_of(
+        &mut self,
+        id: ExecutionId,
+        now: u64,
+        effects: &mut Effects,
+        dispatched: &mut Vec<Assign>,
+    ) {
         let Some(live) = self.executions.get_mut(&id) else {
             return;
         };
@@ -209,9 +223,10 @@ impl Coordinator {
                     assignment.task_type,
                 ))
                 .inc();
-            effects.assignments.push(Assign {
+            dispatched.push(Assign {
                 queue: assignment.queue.to_owned(),
                 fast: before.saturating_add(nth) < FAST_LANE_SHARE,
+                alone: assignment.avoid_worker.is_some(),
                 msg_id: subjects::task_msg_id(instance, assignment.attempt),
                 payload: Bytes::from(message.encode_to_vec()),
                 trace: live.trace.clone(),

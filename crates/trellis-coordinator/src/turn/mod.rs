@@ -23,6 +23,7 @@
 //! `tests/simulation` drives several coordinators this way.
 
 mod admission;
+mod batching;
 mod breakers;
 mod checkpoint;
 mod consumed;

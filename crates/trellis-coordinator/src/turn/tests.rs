@@ -342,18 +342,17 @@ mod window {
     fn an_execution_keeps_no_more_than_its_window_in_flight() {
         let mut coordinator = coordinator(3);
         own_shard_0(&mut coordinator);
-        let mut in_flight = turn(&mut coordinator, vec![start(10)], 3).assignments;
+        let mut in_flight = dispatched(turn(&mut coordinator, vec![start(10)], 3));
         assert_eq!(in_flight.len(), 3, "the window's worth dispatched at once");
         let mut ran = 0;
         let mut now = 4;
         while let Some(done) = in_flight.pop() {
             ran += 1;
-            let more = turn(
+            let more = dispatched(turn(
                 &mut coordinator,
                 vec![Input::Results(vec![completed(&done.payload, now)])],
                 now,
-            )
-            .assignments;
+            ));
             assert!(more.len() <= 1, "one finished, at most one more: {more:?}");
             in_flight.extend(more);
             assert!(in_flight.len() <= 3, "never more than the window in flight");
@@ -371,22 +370,21 @@ mod window {
         let share = FAST_LANE_SHARE as usize;
         let mut coordinator = coordinator(share as u32 + 2);
         own_shard_0(&mut coordinator);
-        let wide = turn(&mut coordinator, vec![start(10)], 3).assignments;
+        let wide = dispatched(turn(&mut coordinator, vec![start(10)], 3));
         let fast: Vec<bool> = wide.iter().map(|assign| assign.fast).collect();
         let mut expected = vec![true; share];
         expected.extend([false, false]);
         assert_eq!(fast, expected, "the share, then the window's rest");
         // One finishes: the next one starts with the share's worth still in flight.
-        let next = turn(
+        let next = dispatched(turn(
             &mut coordinator,
             vec![Input::Results(vec![completed(&wide[0].payload, 10)])],
             4,
-        )
-        .assignments;
+        ));
         assert_eq!(next.len(), 1);
         assert!(!next[0].fast, "{} in flight before it", share + 1);
         // A narrow execution beside it: every one of its tasks is fast.
-        let narrow = turn(&mut coordinator, vec![start(2)], 5).assignments;
+        let narrow = dispatched(turn(&mut coordinator, vec![start(2)], 5));
         assert_eq!(narrow.len(), 2);
         assert!(narrow.iter().all(|assign| assign.fast), "{narrow:?}");
     }
@@ -397,9 +395,77 @@ mod window {
         let mut coordinator = coordinator(0);
         own_shard_0(&mut coordinator);
         assert_eq!(
-            turn(&mut coordinator, vec![start(10)], 3).assignments.len(),
+            dispatched(turn(&mut coordinator, vec![start(10)], 3)).len(),
             10
         );
+    }
+
+    /// A heartbeat of a worker of the `noop` queue (the test plans' tasks') with `slots`, sent
+    /// at `now`.
+    fn heartbeat(worker: &str, slots: u32, now: u64) -> Input {
+        let heartbeat = v1::WorkerHeartbeat {
+            worker_id: worker.to_owned(),
+            queues: vec!["noop".to_owned()],
+            slots,
+            sent_at_unix_ms: i64::try_from(now).unwrap_or(i64::MAX),
+            ..Default::default()
+        };
+        Input::Heartbeat(heartbeat.encode_to_vec().into())
+    }
+
+    /// The sizes of the messages a turn sends, and whether each is the fast lane's.
+    fn message_sizes(effects: &Effects) -> Vec<(usize, bool)> {
+        effects
+            .assignments
+            .iter()
+            .map(|message| (message.len(), message[0].fast))
+            .collect()
+    }
+
+    /// Assignments of one lane share a message up to a quarter of the smallest live worker's
+    /// slots; with no worker heard from, or one of few slots, each goes alone.
+    #[test]
+    fn assignments_share_messages_as_the_queues_workers_have_room_for() {
+        let mut coordinator = coordinator(0);
+        own_shard_0(&mut coordinator);
+        let alone = turn(&mut coordinator, vec![start(10)], 3);
+        assert_eq!(
+            message_sizes(&alone),
+            vec![(1, true); 4]
+                .into_iter()
+                .chain(vec![(1, false); 6])
+                .collect::<Vec<_>>(),
+            "no worker heard from"
+        );
+        turn(&mut coordinator, vec![heartbeat("big", 16, 4)], 4);
+        let shared = turn(&mut coordinator, vec![start(10)], 5);
+        assert_eq!(
+            message_sizes(&shared),
+            [(4, true), (4, false), (2, false)],
+            "16 slots: 4 a message"
+        );
+        turn(&mut coordinator, vec![heartbeat("small", 7, 6)], 6);
+        let small = turn(&mut coordinator, vec![start(3)], 7);
+        assert_eq!(
+            message_sizes(&small),
+            [(1, true), (1, true), (1, true)],
+            "a worker of 7 slots gets each alone"
+        );
+        // The small worker stops heartbeating: once it counts as gone, the big one sets the size.
+        let later = 6 + 4 * trellis_bus::HEARTBEAT_INTERVAL.as_millis() as u64;
+        turn(&mut coordinator, vec![heartbeat("big", 16, later)], later);
+        let again = turn(&mut coordinator, vec![start(6)], later + 1);
+        assert_eq!(message_sizes(&again), [(4, true), (2, false)]);
+        let n_tasks: usize = [alone, shared, small, again]
+            .iter()
+            .map(|effects| effects.assignments.iter().map(Vec::len).sum::<usize>())
+            .sum();
+        assert_eq!(n_tasks, 10 + 10 + 3 + 6, "every task sent once");
+    }
+
+    /// Every assignment a turn sends, whatever message it shares.
+    fn dispatched(effects: Effects) -> Vec<crate::turn::Assign> {
+        effects.assignments.into_iter().flatten().collect()
     }
 
     /// The plan is compiled before the turn, but a quota's cap changes it in the turn: the log

@@ -119,7 +119,7 @@ pub enum Delivery {
 #[derive(Clone, Debug)]
 pub struct Queued {
     pub payload: Bytes,
-    /// A `TaskResultBatch` (the real message's batch header).
+    /// A `TaskResultBatch` or a `TaskAssignmentBatch` (the real message's batch header).
     pub batch: bool,
     pub delivery: Delivery,
     pub deliveries: u32,
@@ -154,7 +154,8 @@ impl Queue {
         Some(self.push(payload, false, now))
     }
 
-    /// Publishes a batch of results (no message id: each batch is new); returns its sequence.
+    /// Publishes a batch of results or of assignments (no message id: each batch is new);
+    /// returns its sequence.
     pub fn publish_batch(&mut self, payload: Bytes, now: u64) -> u64 {
         self.push(payload, true, now)
     }

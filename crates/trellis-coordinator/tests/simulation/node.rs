@@ -348,14 +348,36 @@ impl World {
             consume,
             fences,
         } = effects;
-        for assign in assignments {
+        for message in assignments {
             if self.crash_here() {
                 self.crash(idx);
                 return Ok(());
             }
-            self.nats
-                .tasks
-                .publish(Some(assign.msg_id), assign.payload, now, DUPLICATE_WINDOW);
+            match <[_; 1]>::try_from(message) {
+                Ok([assign]) => {
+                    self.nats.tasks.publish(
+                        Some(assign.msg_id),
+                        assign.payload,
+                        now,
+                        DUPLICATE_WINDOW,
+                    );
+                }
+                // A batch has a message id of its own, new for each batch.
+                Err(batch) => {
+                    ASSIGNMENTS_BATCHED
+                        .fetch_add(batch.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                    let entries = batch
+                        .into_iter()
+                        .map(|assign| v1::task_assignment_batch::Entry {
+                            assignment: assign.payload.to_vec(),
+                            msg_id: assign.msg_id,
+                            traceparent: String::new(),
+                        })
+                        .collect();
+                    let payload = trellis_proto::assignments::pack(entries);
+                    self.nats.tasks.publish_batch(payload.into(), now);
+                }
+            }
         }
         for cancel in cancels {
             if let Ok(cancel) = v1::CancelTask::decode(cancel.payload) {

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use prost::Message as _;
 use serde_json::{Value, json};
 use trellis_core::ids::{GroupId, QuestionId, TaskInstanceId, mix};
-use trellis_proto::{results, v1};
+use trellis_proto::{assignments, results, v1};
 
 use crate::nats::Nats;
 use crate::rng::Rng;
@@ -110,67 +110,98 @@ impl Worker {
                 self.die();
                 return;
             }
-            nats.tasks.ack(run.seq, self.idx);
+            self.settle(nats, run.seq);
         }
         while self.runs.len() < self.slots {
             let Some(seq) = nats.tasks.available(now).first().copied() else {
                 break;
             };
+            let batch = nats.tasks.messages.get(&seq).is_some_and(|m| m.batch);
             let Some((payload, _)) = nats.tasks.take(seq, self.idx, now + ack_wait) else {
                 break;
             };
-            let Ok(assignment) = v1::TaskAssignment::decode(payload) else {
-                nats.tasks.ack(seq, self.idx);
-                continue;
+            // A batch's entries all run here, each as it would alone (beyond the free slots,
+            // as the real worker queues them for its slots); the message is acknowledged once
+            // none of them runs any more.
+            let assignments: Vec<v1::TaskAssignment> = if batch {
+                assignments::unpack_batch(&payload)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(|entry| {
+                        v1::TaskAssignment::decode(entry.assignment.as_slice()).ok()
+                    })
+                    .collect()
+            } else {
+                v1::TaskAssignment::decode(payload).into_iter().collect()
             };
-            // Past its deadline (timed out while it waited in the queue): the real worker ends
-            // it at once as "deadline exceeded", which the coordinator ignores as a result of
-            // an attempt it has already ended; it never runs.
-            if assignment
-                .deadline_unix_ms
-                .is_some_and(|deadline| deadline <= now as i64)
-            {
-                nats.tasks.ack(seq, self.idx);
-                continue;
+            for assignment in assignments {
+                self.start(nats, rng, seq, assignment, now);
             }
-            // Sent by a former owner of the execution: refused, as the real worker does.
-            if nats
-                .fences
-                .get(&assignment.execution_id)
-                .is_some_and(|fence| assignment.fence < *fence)
-            {
-                nats.tasks.ack(seq, self.idx);
-                continue;
-            }
-            let slow = sim(&assignment)["slow"] == json!(true) && assignment.attempt == 1;
-            let duration = if slow { 200 } else { rng.between(1, 25) };
-            let run = Run {
-                seq,
-                assignment,
-                done_at: now + duration,
-                started_at: now,
-            };
-            // Like the real worker, only some say so on their own: the others' results (and
-            // heartbeats) tell that they started.
-            if rng.percent(30) {
-                let started = v1::task_result::Outcome::Started(v1::task_result::Started {});
-                publish_result(nats, self.idx, &run, started, now);
-            }
-            self.runs.push(run);
+            self.settle(nats, seq);
         }
     }
 
-    /// A cancel for an attempt: the run stops and its message is acknowledged.
+    /// Acknowledges the task message `seq` unless one of its assignments still runs here.
+    fn settle(&self, nats: &mut Nats, seq: u64) {
+        if !self.runs.iter().any(|run| run.seq == seq) {
+            nats.tasks.ack(seq, self.idx);
+        }
+    }
+
+    /// Starts one assignment of the task message `seq`, unless the real worker would refuse it.
+    fn start(
+        &mut self,
+        nats: &mut Nats,
+        rng: &mut Rng,
+        seq: u64,
+        assignment: v1::TaskAssignment,
+        now: u64,
+    ) {
+        // Past its deadline (timed out while it waited in the queue): the real worker ends
+        // it at once as "deadline exceeded", which the coordinator ignores as a result of
+        // an attempt it has already ended; it never runs.
+        if assignment
+            .deadline_unix_ms
+            .is_some_and(|deadline| deadline <= now as i64)
+        {
+            return;
+        }
+        // Sent by a former owner of the execution: refused, as the real worker does.
+        if nats
+            .fences
+            .get(&assignment.execution_id)
+            .is_some_and(|fence| assignment.fence < *fence)
+        {
+            return;
+        }
+        let slow = sim(&assignment)["slow"] == json!(true) && assignment.attempt == 1;
+        let duration = if slow { 200 } else { rng.between(1, 25) };
+        let run = Run {
+            seq,
+            assignment,
+            done_at: now + duration,
+            started_at: now,
+        };
+        // Like the real worker, only some say so on their own: the others' results (and
+        // heartbeats) tell that they started.
+        if rng.percent(30) {
+            let started = v1::task_result::Outcome::Started(v1::task_result::Started {});
+            publish_result(nats, self.idx, &run, started, now);
+        }
+        self.runs.push(run);
+    }
+
+    /// A cancel for an attempt: the run stops, and its message is acknowledged unless another
+    /// assignment of its batch still runs.
     pub fn cancel(&mut self, nats: &mut Nats, cancel: &v1::CancelTask) {
-        let idx = self.idx;
-        self.runs.retain(|run| {
-            let stop = run.assignment.task_instance_id == cancel.task_instance_id
-                && run.assignment.attempt == cancel.attempt;
-            if stop {
-                nats.tasks.ack(run.seq, idx);
-            }
-            !stop
-        });
+        let Some(at) = self.runs.iter().position(|run| {
+            run.assignment.task_instance_id == cancel.task_instance_id
+                && run.assignment.attempt == cancel.attempt
+        }) else {
+            return;
+        };
+        let stopped = self.runs.remove(at);
+        self.settle(nats, stopped.seq);
     }
 }
 

@@ -115,6 +115,8 @@ pub static RESTORED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64
 pub static CHECKPOINTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 /// Results published in batches of several, over all seeds.
 pub static BATCHED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Assignments coordinators sent in batches, over every seed run.
+pub static ASSIGNMENTS_BATCHED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// True when `TRELLIS_SIM_VERBOSE` asks for a trace of the run.
 pub(crate) fn verbose() -> bool {
@@ -185,7 +187,15 @@ impl World {
             bug,
             nats,
             nodes,
-            workers: (0..N_WORKERS).map(|idx| Worker::new(idx, 3)).collect(),
+            // Odd seeds have a worker of 3 slots: while it lives each assignment goes alone,
+            // while it is down the others' slots let a few share a message; even seeds' workers
+            // all have room for batches.
+            workers: (0..N_WORKERS)
+                .map(|idx| {
+                    let smallest = if seed % 2 == 1 { 3 } else { 12 };
+                    Worker::new(idx, [smallest, 8, 16][idx % 3])
+                })
+                .collect(),
             checker: Checker::default(),
             store: crate::store::Store::default(),
             later: BTreeMap::new(),
