@@ -82,18 +82,7 @@ async fn only_a_cancel_naming_the_subjects_instance_and_its_attempt_stops_a_task
 #[tokio::test]
 async fn an_assignment_below_its_executions_fence_is_refused() -> anyhow::Result<()> {
     let mut harness = Harness::start().await?;
-    let worker = harness.worker("w1", &["noop"], HandlerRegistry::with_builtins());
-    // The worker is up before the fence is written: it learns of it from its watch.
-    heartbeat_listing_any(&harness.client, "w1").await?;
-    let fences = trellis_bus::ensure_fences_bucket(&harness.js, 1).await?;
-    let stale = TaskAssignment {
-        fence: 3,
-        ..assignment("noop", json!("stale"))
-    };
-    fences
-        .put(&stale.execution_id, trellis_bus::encode_fence(5))
-        .await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (worker, stale) = worker_and_stale_assignment(&harness).await?;
     harness.publish(&stale).await?;
     let current = TaskAssignment {
         fence: 5,
@@ -111,18 +100,7 @@ async fn an_assignment_below_its_executions_fence_is_refused() -> anyhow::Result
 #[tokio::test]
 async fn a_batch_runs_its_sound_entries_and_sets_the_rest_aside() -> anyhow::Result<()> {
     let mut harness = Harness::start().await?;
-    let worker = harness.worker("w1", &["noop"], HandlerRegistry::with_builtins());
-    heartbeat_listing_any(&harness.client, "w1").await?;
-    let fences = trellis_bus::ensure_fences_bucket(&harness.js, 1).await?;
-    let stale = TaskAssignment {
-        fence: 3,
-        ..assignment("noop", json!("stale"))
-    };
-    fences
-        .put(&stale.execution_id, trellis_bus::encode_fence(5))
-        .await?;
-    // Time for the worker's watch to bring the fence in.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (worker, stale) = worker_and_stale_assignment(&harness).await?;
     let first = assignment("noop", json!("first"));
     let last = assignment("noop", json!("last"));
     harness
@@ -163,6 +141,27 @@ async fn a_batch_runs_its_sound_entries_and_sets_the_rest_aside() -> anyhow::Res
         );
     }
     Ok(())
+}
+
+/// Starts a worker `w1` of `noop` and returns it with a `noop` assignment of fence 3 whose
+/// execution's fence is 5, once the worker knows that fence.
+async fn worker_and_stale_assignment(
+    harness: &Harness,
+) -> anyhow::Result<(Worker, TaskAssignment)> {
+    let worker = harness.worker("w1", &["noop"], HandlerRegistry::with_builtins());
+    // The worker is up before the fence is written: it learns of it from its watch.
+    heartbeat_listing_any(&harness.client, "w1").await?;
+    let fences = trellis_bus::ensure_fences_bucket(&harness.js, 1).await?;
+    let stale = TaskAssignment {
+        fence: 3,
+        ..assignment("noop", json!("stale"))
+    };
+    fences
+        .put(&stale.execution_id, trellis_bus::encode_fence(5))
+        .await?;
+    // Time for the watch to bring the fence in.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Ok((worker, stale))
 }
 
 /// Waits for any heartbeat of `worker_id`.
