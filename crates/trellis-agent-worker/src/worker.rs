@@ -1,22 +1,20 @@
-//! The worker's event loops: one fetch loop per queue and lane, the handler tasks, the result publisher,
-//! the heartbeat loop and the cancel listener, and the order they stop in.
+//! The worker's event loops: one fetch loop per queue and lane (`fetch.rs`), the handler tasks, the
+//! result publisher, the heartbeat loop and the cancel listener, and the order they stop in.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::jetstream::consumer::PullConsumer;
-use async_nats::jetstream::consumer::pull::Batch;
-use async_nats::jetstream::{self, AckKind, stream};
+use async_nats::jetstream;
 use futures::{FutureExt as _, StreamExt as _};
 use prost::Message as _;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use trellis_bus::{HEARTBEAT_INTERVAL, Lane};
+use trellis_proto::subjects;
 use trellis_proto::v1::{self, TaskAssignment};
-use trellis_proto::{assignments, subjects};
 
 use tracing::Instrument as _;
 use trellis_telemetry::{hops, propagation};
@@ -31,24 +29,15 @@ use crate::publisher::{self, PUBLISH_BATCH};
 use crate::sdk::{HandlerRegistry, Outcome, Running, TaskContext, TaskHandler, lock};
 use crate::steps::wants_stored_steps;
 use crate::sysinfo::{self, CpuMeter};
-use crate::task_ack::{Settle, TaskAck};
+use crate::task_ack::Settle;
 use crate::validate::validate;
 use crate::{Config, Error};
 
+mod fetch;
 mod slots;
 
-/// Most messages one fetch asks for (also bounded by the free slots).
-const FETCH_BATCH: usize = 256;
-/// How long an idle queue's long poll waits for a message before asking again.
-const IDLE_POLL: Duration = Duration::from_secs(1);
-/// Pause after a failed fetch (NATS unreachable, consumer gone) before trying again; it doubles
-/// with every further failure in a row, up to [`FETCH_RETRY_MAX_DELAY`].
-const FETCH_RETRY_DELAY: Duration = Duration::from_millis(250);
-const FETCH_RETRY_MAX_DELAY: Duration = Duration::from_secs(4);
-/// Longest wait for the next message of a fetch. The server answers a fetch at once and an idle
-/// poll within [`IDLE_POLL`]; a silence this long means the request was lost (the server
-/// restarted), and waiting on would hold the fetch's slots forever.
-const FETCH_STALL: Duration = Duration::from_secs(5);
+use fetch::{Delivery, Received};
+
 /// Unacknowledged messages a queue's consumer allows over all its workers.
 const MAX_ACK_PENDING: i64 = 20_000;
 /// Capacity of the channel from handlers to the result publisher.
@@ -287,237 +276,7 @@ enum Ending {
     Abandoned,
 }
 
-/// What the assignments of one task message share.
-struct Delivery {
-    subject: async_nats::Subject,
-    /// How often JetStream delivered the message (from 1).
-    delivered: i64,
-    /// How long it waited in the queue (first deliveries only).
-    queued_seconds: Option<f64>,
-    /// Where `AckProgress` for it goes (the message's reply subject).
-    progress_subject: Option<async_nats::Subject>,
-}
-
-/// One assignment as received: alone in its message, or an entry of a batch.
-struct Received {
-    payload: bytes::Bytes,
-    /// The trace context of its dispatch.
-    parent: propagation::Context,
-    ack: TaskAck,
-}
-
-/// How one fetch ended.
-enum FetchEnd {
-    /// The fetch ended normally, having delivered this many messages holding this many
-    /// assignments.
-    Drained { messages: usize, assignments: usize },
-    /// The fetch broke off (an error status from the server, or silence past [`FETCH_STALL`]).
-    Failed(String),
-}
-
 impl Worker {
-    /// Pulls the queue's messages, at most as many as there are free slots: a long poll for one
-    /// message while the queue is idle, then batch fetches that return at once while it is busy.
-    ///
-    /// A fetch that fails (NATS restarting, the consumer gone) is retried after a growing pause,
-    /// with the consumer looked up again (and created if it is missing), so the worker outlives a
-    /// NATS server restart.
-    async fn fetch_loop(
-        self: Arc<Self>,
-        queue: String,
-        lane: Lane,
-        tasks: stream::Stream,
-        mut consumer: PullConsumer,
-        finished_tx: mpsc::Sender<Finished>,
-        shutdown: CancellationToken,
-    ) {
-        let mut busy = false;
-        let mut n_failures = 0u32;
-        // Assignments per message in the last fetch (batches hold several).
-        let mut per_message = 1usize;
-        while !shutdown.is_cancelled() && !self.abandon.is_cancelled() {
-            let (batch, permits) = if busy {
-                let Some(permits) = self.reserve_slots(lane, &shutdown).await else {
-                    break;
-                };
-                // As many messages as the free slots take at the last fetch's assignments
-                // per message: a worker does not take whole batches it has no room for while
-                // other workers could run them.
-                let n_messages = (permits.num_permits() / per_message).max(1);
-                (
-                    consumer.fetch().max_messages(n_messages).messages().await,
-                    Some(permits),
-                )
-            } else {
-                let batch = tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    _ = self.abandon.cancelled() => break,
-                    batch = consumer.batch().max_messages(1).expires(IDLE_POLL).messages() => batch,
-                };
-                (batch, None)
-            };
-            let end = match batch {
-                Ok(batch) => {
-                    self.drain_batch(lane, batch, permits, &finished_tx, &shutdown)
-                        .await
-                }
-                Err(error) => FetchEnd::Failed(error.to_string()),
-            };
-            match end {
-                FetchEnd::Drained {
-                    messages,
-                    assignments,
-                } => {
-                    n_failures = 0;
-                    busy = messages > 0;
-                    if let Some(per) = assignments.checked_div(messages) {
-                        per_message = per.max(1);
-                    }
-                }
-                FetchEnd::Failed(error) => {
-                    n_failures += 1;
-                    busy = false;
-                    let delay = FETCH_RETRY_DELAY
-                        .saturating_mul(1 << (n_failures - 1).min(8))
-                        .min(FETCH_RETRY_MAX_DELAY);
-                    tracing::warn!(%queue, lane = lane.name(), %error, n_failures, ?delay, "failed to fetch tasks; retrying");
-                    tokio::select! {
-                        _ = shutdown.cancelled() => break,
-                        _ = self.abandon.cancelled() => break,
-                        _ = tokio::time::sleep(delay) => {}
-                    }
-                    match trellis_bus::task_consumer(&tasks, &queue, lane, MAX_ACK_PENDING).await {
-                        Ok(fresh) => consumer = fresh,
-                        Err(error) => {
-                            tracing::warn!(%queue, lane = lane.name(), %error, "cannot open the queue's consumer; retrying");
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Dispatches the messages of one fetch and says how it ended. Once `shutdown` fires,
-    /// messages still arriving are handed back.
-    async fn drain_batch(
-        self: &Arc<Self>,
-        lane: Lane,
-        mut batch: Batch,
-        mut permits: Option<OwnedSemaphorePermit>,
-        finished_tx: &mpsc::Sender<Finished>,
-        shutdown: &CancellationToken,
-    ) -> FetchEnd {
-        let (mut n_messages, mut n_assignments) = (0, 0);
-        loop {
-            let next = tokio::select! {
-                biased;
-                _ = self.abandon.cancelled() => return FetchEnd::Drained { messages: n_messages, assignments: n_assignments },
-                _ = shutdown.cancelled() => {
-                    // Whatever the server already sent arrives within a moment; hand it back.
-                    while let Ok(Some(Ok(message))) = tokio::time::timeout(Duration::from_millis(50), batch.next()).await {
-                        let _ = message.ack_with(AckKind::Nak(None)).await;
-                    }
-                    return FetchEnd::Drained { messages: n_messages, assignments: n_assignments };
-                }
-                next = tokio::time::timeout(FETCH_STALL, batch.next()) => match next {
-                    Ok(next) => next,
-                    Err(_) => {
-                        return FetchEnd::Failed(format!("no answer from the server within {FETCH_STALL:?}"));
-                    }
-                },
-            };
-            match next {
-                None => {
-                    return FetchEnd::Drained {
-                        messages: n_messages,
-                        assignments: n_assignments,
-                    };
-                }
-                Some(Err(error)) => return FetchEnd::Failed(error.to_string()),
-                Some(Ok(message)) => {
-                    n_messages += 1;
-                    hops::mark("worker.received");
-                    let Some((delivery, received)) = self.open(message).await else {
-                        continue;
-                    };
-                    n_assignments += received.len();
-                    // A batch's assignments take the fetch's free slots, then each waits for
-                    // one in turn (the message is kept ours meanwhile).
-                    for received in received {
-                        let permit = match permits.as_mut().and_then(|permits| permits.split(1)) {
-                            Some(permit) => permit,
-                            None => match self.wait_for_slot(lane, &received.ack, shutdown).await {
-                                Some(permit) => permit,
-                                None => {
-                                    publish::nak(received.ack).await;
-                                    continue;
-                                }
-                            },
-                        };
-                        self.dispatch(&delivery, received, permit, finished_tx)
-                            .await;
-                    }
-                }
-            }
-        }
-    }
-
-    /// Takes one task message apart: an assignment alone, or the entries of a batch, each with
-    /// its hold on the message. A message marked a batch that is none is terminated (`None`).
-    async fn open(&self, message: jetstream::Message) -> Option<(Delivery, Vec<Received>)> {
-        let delivered = message.info().map_or(1, |info| info.delivered);
-        // How long the assignment waited in the queue: JetStream's timestamp of the message to
-        // now (first deliveries only; a redelivery's wait includes the lost worker's run).
-        let queued_seconds = message
-            .info()
-            .ok()
-            .filter(|info| info.delivered == 1)
-            .map(|info| {
-                let published_ms = info.published.unix_timestamp_nanos() / 1_000_000;
-                (i128::from(now_unix_ms()) - published_ms).max(0) as f64 / 1000.0
-            });
-        let progress_subject = message.message.reply.clone();
-        let (message, acker) = message.split();
-        let delivery = Delivery {
-            subject: message.subject.clone(),
-            delivered,
-            queued_seconds,
-            progress_subject,
-        };
-        let batch = message
-            .headers
-            .as_ref()
-            .is_some_and(|headers| headers.get(subjects::ASSIGNMENT_BATCH_HEADER).is_some());
-        if !batch {
-            let received = Received {
-                payload: message.payload,
-                parent: propagation::extract_nats(message.headers.as_ref()),
-                ack: TaskAck::alone(acker),
-            };
-            return Some((delivery, vec![received]));
-        }
-        let entries = match assignments::unpack_batch(&message.payload) {
-            Ok(entries) => entries,
-            Err(error) => {
-                tracing::warn!(subject = %message.subject, %error, "set aside a task message marked a batch that is not a TaskAssignmentBatch");
-                self.set_aside("corrupt");
-                let _ = acker.ack_with(AckKind::Term).await;
-                return None;
-            }
-        };
-        let acks = TaskAck::shared(acker, entries.len());
-        let received = entries
-            .into_iter()
-            .zip(acks)
-            .map(|(entry, ack)| Received {
-                payload: entry.assignment.into(),
-                parent: propagation::from_traceparent(&entry.traceparent),
-                ack,
-            })
-            .collect();
-        Some((delivery, received))
-    }
-
     /// Decodes one assignment and starts its handler.
     async fn dispatch(
         self: &Arc<Self>,

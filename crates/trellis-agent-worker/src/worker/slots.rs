@@ -7,7 +7,8 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use trellis_bus::{HEARTBEAT_INTERVAL, Lane};
 
-use super::{FETCH_BATCH, Worker};
+use super::Worker;
+use super::fetch::FETCH_BATCH;
 use crate::task_ack::TaskAck;
 
 impl Worker {
