@@ -1,7 +1,7 @@
 //! The end of a turn: the touched executions' new events become log appends, and once the
 //! appends' outcomes are known, the side effects they allow.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 use bytes::Bytes;
 use prost::Message as _;
@@ -133,12 +133,9 @@ impl Coordinator {
         for id in std::mem::take(&mut self.dirty) {
             self.effects_of(id, now, &mut effects, &mut dispatched);
         }
-        let mut limits: HashMap<String, usize> = HashMap::new();
-        effects.assignments = batching::messages(dispatched, |queue| {
-            *limits
-                .entry(queue.to_owned())
-                .or_insert_with(|| self.workers.batch_limit(queue, now))
-        });
+        // `messages` asks once per lane for its queue's limit.
+        effects.assignments =
+            batching::messages(dispatched, |queue| self.workers.batch_limit(queue, now));
         for (token, id) in std::mem::take(&mut self.pending.acks) {
             // Results of an execution whose append was refused are not acknowledged: they come
             // back to whoever owns the execution now.
