@@ -20,6 +20,7 @@ mod floor;
 mod latency;
 mod processes;
 mod recovery;
+mod stored;
 mod turns;
 
 use checkpoint::checkpoint;
@@ -160,15 +161,12 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
     // The disk the server stores on; `None` for a server given by URL or a device without the
     // counter, and the lines then say `null`.
     let flushes = local.nats_store().and_then(disk::Flushes::of);
-    // Asked after each scenario whose flushes are counted (see `disk::settled`); without it the
-    // count is read at once.
-    let queues = match &flushes {
-        Some(_) => async_nats::connect(&local.nats_url)
-            .await
-            .ok()
-            .map(async_nats::jetstream::new),
-        None => None,
-    };
+    // The server's streams, asked how many messages each scenario stored, and (when flushes
+    // are counted) whether its queues are empty yet (see `disk::settled`).
+    let js = async_nats::connect(&local.nats_url)
+        .await
+        .ok()
+        .map(async_nats::jetstream::new);
     let mut failed = false;
     for scenario in scenarios {
         let sizes: Vec<usize> = match (scenario, args.n) {
@@ -191,6 +189,10 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
             eprintln!("bench: {scenario} n={n} ...");
             let flushes_before = flushes.as_ref().and_then(disk::Flushes::read);
             let turns_before = turns::Phases::read(&local.telemetry.registry);
+            let stored_before = match &js {
+                Some(js) if TASK_SCENARIOS.contains(&scenario) => stored::Sequences::read(js).await,
+                _ => stored::Sequences::default(),
+            };
             let result = match scenario {
                 "fanout" => fanout(client.clone(), n).await,
                 "chain" => chain(client.clone(), n).await,
@@ -211,8 +213,8 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
                 vec![("error", json!(error))]
             });
             if TASK_SCENARIOS.contains(&scenario) && !fields.iter().any(|(k, _)| *k == "error") {
-                if let Some(queues) = &queues {
-                    disk::settled(queues, SETTLE_BOUND).await;
+                if let (Some(js), Some(_)) = (&js, &flushes) {
+                    disk::settled(js, SETTLE_BOUND).await;
                 }
                 let flushed = flushes_before
                     .zip(flushes.as_ref().and_then(disk::Flushes::read))
@@ -220,6 +222,14 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
                 fields.push((
                     "disk_flushes_per_task",
                     flushed.map_or(Value::Null, |f| json!(round(f as f64 / n as f64, 3))),
+                ));
+                let stored_after = match &js {
+                    Some(js) => stored::Sequences::read(js).await,
+                    None => stored::Sequences::default(),
+                };
+                fields.push((
+                    "stored_per_task",
+                    stored_after.per_task_since(&stored_before, n),
                 ));
                 if scenario != "floor" {
                     fields.push((
