@@ -334,10 +334,11 @@ pub struct Effects {
     pub fences: Vec<(ExecutionId, u64)>,
 }
 
-/// A task goes to its queue's fast lane (`trellis.tasks.~.<queue>`, which workers serve before
-/// the queue) while fewer than this many of its execution's tasks are in flight before it: a
-/// small execution's tasks skip the queue a large one's dispatch window fills, and a large one
-/// sends only its first few there.
+/// A turn's tasks of an execution go to their queue's fast lane (`trellis.tasks.~.<queue>`,
+/// which workers serve before the queue) while the execution has at most this many tasks in
+/// flight, those tasks among them: a small execution's tasks skip the queue a large one's
+/// dispatch window fills. A wide turn of a large execution sends none there, so its tasks share
+/// one message per queue (a narrow turn of it, a few tasks refilling a nearly empty window, may).
 pub const FAST_LANE_SHARE: u32 = 4;
 
 /// One task assignment to publish.
@@ -345,8 +346,8 @@ pub const FAST_LANE_SHARE: u32 = 4;
 pub struct Assign {
     /// Its queue: published on `trellis.tasks.<queue>`, or on the fast lane.
     pub queue: String,
-    /// Whether fewer than [`FAST_LANE_SHARE`] of its execution's tasks were in flight before
-    /// it, so it goes to the fast lane where the queue's workers have one.
+    /// Whether its execution has at most [`FAST_LANE_SHARE`] tasks in flight with it, so it goes
+    /// to the fast lane where the queue's workers have one.
     pub fast: bool,
     /// It avoids a worker (the one its last attempt ran on): sent in a message of its own, so
     /// that worker hands back only it.

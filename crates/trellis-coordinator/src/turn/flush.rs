@@ -200,13 +200,10 @@ impl Coordinator {
         };
         live.dirty = false;
         let run_number = live.machine.run_number();
-        // The execution's tasks in flight before this turn's dispatches: a task with fewer
-        // than FAST_LANE_SHARE before it rides the fast lane.
-        let before = live
-            .machine
-            .running()
-            .saturating_sub(u32::try_from(live.dispatch.len()).unwrap_or(u32::MAX));
-        for (nth, instance) in (0u32..).zip(live.dispatch.drain(..)) {
+        // The execution's tasks in flight, this turn's dispatches among them: while they are
+        // at most FAST_LANE_SHARE, this turn's ride the fast lane.
+        let fast = live.machine.running() <= FAST_LANE_SHARE;
+        for instance in live.dispatch.drain(..) {
             let Some(assignment) = live.machine.assignment(instance) else {
                 continue;
             };
@@ -222,7 +219,7 @@ impl Coordinator {
                 .inc();
             dispatched.push(Assign {
                 queue: assignment.queue.to_owned(),
-                fast: before.saturating_add(nth) < FAST_LANE_SHARE,
+                fast,
                 alone: assignment.avoid_worker.is_some(),
                 msg_id: subjects::task_msg_id(instance, assignment.attempt),
                 payload: Bytes::from(message.encode_to_vec()),

@@ -361,32 +361,33 @@ mod window {
         assert_eq!(ran, 10, "every task ran");
     }
 
-    /// A task goes to the fast lane while fewer than FAST_LANE_SHARE of its execution's tasks
-    /// are in flight before it: a wide execution sends its first ones there and the rest to the
-    /// queue; a narrow one sends all of its tasks there, whatever else runs.
+    /// A turn's tasks of an execution go to the fast lane while the execution has at most
+    /// FAST_LANE_SHARE tasks in flight with them: a wide execution sends none there (its turn's
+    /// tasks share a message), a narrow one all of its tasks, whatever else runs.
     #[test]
-    fn an_execution_sends_the_fast_lane_only_its_first_tasks_in_flight() {
+    fn only_an_execution_with_few_tasks_in_flight_uses_the_fast_lane() {
         use crate::turn::FAST_LANE_SHARE;
         let share = FAST_LANE_SHARE as usize;
         let mut coordinator = coordinator(share as u32 + 2);
         own_shard_0(&mut coordinator);
         let wide = dispatched(turn(&mut coordinator, vec![start(10)], 3));
-        let fast: Vec<bool> = wide.iter().map(|assign| assign.fast).collect();
-        let mut expected = vec![true; share];
-        expected.extend([false, false]);
-        assert_eq!(fast, expected, "the share, then the window's rest");
-        // One finishes: the next one starts with the share's worth still in flight.
+        assert_eq!(wide.len(), share + 2, "the window's worth");
+        assert!(wide.iter().all(|assign| !assign.fast), "{wide:?}");
+        // One finishes and the next starts with the window full again: still the queue.
         let next = dispatched(turn(
             &mut coordinator,
             vec![Input::Results(vec![completed(&wide[0].payload, 10)])],
             4,
         ));
         assert_eq!(next.len(), 1);
-        assert!(!next[0].fast, "{} in flight before it", share + 1);
-        // A narrow execution beside it: every one of its tasks is fast.
-        let narrow = dispatched(turn(&mut coordinator, vec![start(2)], 5));
-        assert_eq!(narrow.len(), 2);
+        assert!(!next[0].fast, "{} in flight with it", share + 2);
+        // A narrow execution beside it: every one of its tasks is fast, up to the share.
+        let narrow = dispatched(turn(&mut coordinator, vec![start(share)], 5));
+        assert_eq!(narrow.len(), share);
         assert!(narrow.iter().all(|assign| assign.fast), "{narrow:?}");
+        let over = dispatched(turn(&mut coordinator, vec![start(share + 1)], 6));
+        assert_eq!(over.len(), share + 1);
+        assert!(over.iter().all(|assign| !assign.fast), "{over:?}");
     }
 
     /// Without a window (0) every ready task goes at once.
@@ -422,8 +423,8 @@ mod window {
             .collect()
     }
 
-    /// Assignments of one lane share a message up to a quarter of the smallest live worker's
-    /// slots; with no worker heard from, or one of few slots, each goes alone.
+    /// Assignments of one lane share a message up to half the smallest live worker's slots;
+    /// with no worker heard from, or one of few slots, each goes alone.
     #[test]
     fn assignments_share_messages_as_the_queues_workers_have_room_for() {
         let mut coordinator = coordinator(0);
@@ -431,18 +432,15 @@ mod window {
         let alone = turn(&mut coordinator, vec![start(10)], 3);
         assert_eq!(
             message_sizes(&alone),
-            vec![(1, true); 4]
-                .into_iter()
-                .chain(vec![(1, false); 6])
-                .collect::<Vec<_>>(),
+            vec![(1, false); 10],
             "no worker heard from"
         );
         turn(&mut coordinator, vec![heartbeat("big", 16, 4)], 4);
         let shared = turn(&mut coordinator, vec![start(10)], 5);
         assert_eq!(
             message_sizes(&shared),
-            [(4, true), (4, false), (2, false)],
-            "16 slots: 4 a message"
+            [(8, false), (2, false)],
+            "16 slots: 8 a message"
         );
         turn(&mut coordinator, vec![heartbeat("small", 7, 6)], 6);
         let small = turn(&mut coordinator, vec![start(3)], 7);
@@ -451,16 +449,24 @@ mod window {
             [(1, true), (1, true), (1, true)],
             "a worker of 7 slots gets each alone"
         );
+        let wide = turn(&mut coordinator, vec![start(6)], 8);
+        assert_eq!(message_sizes(&wide), [(1, false); 6], "alone, in the queue");
         // The small worker stops heartbeating: once it counts as gone, the big one sets the size.
         let later = 6 + 4 * trellis_bus::HEARTBEAT_INTERVAL.as_millis() as u64;
         turn(&mut coordinator, vec![heartbeat("big", 16, later)], later);
         let again = turn(&mut coordinator, vec![start(6)], later + 1);
-        assert_eq!(message_sizes(&again), [(4, true), (2, false)]);
-        let n_tasks: usize = [alone, shared, small, again]
+        assert_eq!(message_sizes(&again), [(6, false)]);
+        let few = turn(&mut coordinator, vec![start(3)], later + 2);
+        assert_eq!(
+            message_sizes(&few),
+            [(3, true)],
+            "a narrow execution's share the fast lane"
+        );
+        let n_tasks: usize = [alone, shared, small, wide, again, few]
             .iter()
             .map(|effects| effects.assignments.iter().map(Vec::len).sum::<usize>())
             .sum();
-        assert_eq!(n_tasks, 10 + 10 + 3 + 6, "every task sent once");
+        assert_eq!(n_tasks, 10 + 10 + 3 + 6 + 6 + 3, "every task sent once");
     }
 
     /// Every assignment a turn sends, whatever message it shares.

@@ -14,8 +14,13 @@ pub(super) const MISSED_BEFORE_TERMINATED: u32 = 3;
 /// `include_terminated`.
 pub(super) const FORGET_AFTER_MS: u64 = 10 * 60 * 1000;
 /// Most assignments in one task message: enough that a synced write and its removal are shared
-/// by many tasks, few enough that a batch is a small part of a large worker's slots.
-pub const MAX_ASSIGNMENT_BATCH: usize = 64;
+/// by a whole turn's dispatches of a large execution (its dispatch window's default is 256),
+/// few enough that a batch is a small part of a large worker's slots.
+pub const MAX_ASSIGNMENT_BATCH: usize = 128;
+
+/// Workers of fewer slots than this get each assignment alone: an agent that runs one long task
+/// at a time should not hold several it cannot start.
+const MIN_SLOTS_FOR_BATCHES: usize = 8;
 
 #[derive(Debug)]
 struct Entry {
@@ -87,11 +92,12 @@ impl Registry {
         metrics.workers_alive.set(alive);
     }
 
-    /// Returns how many assignments of `queue` may share one message: a quarter of the slots of
-    /// the live worker of the queue with the fewest, at most [`MAX_ASSIGNMENT_BATCH`], so one
-    /// batch never fills a worker and the rest of a turn's batches go to others; 1 (each alone)
-    /// while no live worker of the queue has sent a heartbeat. A worker of 1 to 7 slots (an agent
-    /// running one long task at a time) gets every task alone, as before batching.
+    /// Returns how many assignments of `queue` may share one message: half the slots of the
+    /// live worker of the queue with the fewest, at most [`MAX_ASSIGNMENT_BATCH`], so one batch
+    /// never fills a worker and the rest of a turn's batches go to others; 1 (each alone) while
+    /// no live worker of the queue has sent a heartbeat. A worker of fewer than
+    /// [`MIN_SLOTS_FOR_BATCHES`] slots (an agent running one long task at a time) gets every task
+    /// alone, as before batching.
     pub(super) fn batch_limit(&self, queue: &str, now: u64) -> usize {
         let interval = interval_ms();
         self.workers
@@ -102,7 +108,12 @@ impl Registry {
                         < u64::from(MISSED_BEFORE_TERMINATED)
                     && e.last.queues.iter().any(|q| q == queue)
             })
-            .map(|e| usize::try_from(e.last.slots).unwrap_or(usize::MAX) / 4)
+            .map(
+                |e| match usize::try_from(e.last.slots).unwrap_or(usize::MAX) {
+                    slots if slots < MIN_SLOTS_FOR_BATCHES => 1,
+                    slots => slots / 2,
+                },
+            )
             .min()
             .unwrap_or(1)
             .clamp(1, MAX_ASSIGNMENT_BATCH)
