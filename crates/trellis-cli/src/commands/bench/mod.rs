@@ -140,6 +140,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
     let client = CoordinatorClient::connect(local.coordinator_url.clone())
         .await
         .map_err(|e| Failure::failed(format!("cannot reach the local coordinator: {e}")))?;
+    workers_heard(client.clone(), args.workers).await;
     let scenarios: Vec<&str> = if args.scenarios.is_empty() {
         SCENARIOS.to_vec()
     } else {
@@ -246,6 +247,34 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         Err(Failure::silent())
     } else {
         Ok(())
+    }
+}
+
+/// How long the bench waits for the coordinator to hear from its workers before measuring.
+const WORKERS_HEARD_WITHIN: Duration = Duration::from_secs(10);
+
+/// Waits until the coordinator has heard a heartbeat of each of the `n` workers, so the first
+/// scenario runs as later ones do: until then the coordinator does not know how many
+/// assignments a message may hold, and sends each alone.
+async fn workers_heard(mut client: CoordinatorClient<Channel>, n: usize) {
+    let started = Instant::now();
+    loop {
+        let heard = client
+            .list_workers(v1::ListWorkersRequest::default())
+            .await
+            .map_or(0, |response| response.into_inner().workers.len());
+        if heard >= n {
+            return;
+        }
+        if started.elapsed() > WORKERS_HEARD_WITHIN {
+            eprintln!(
+                "bench: the coordinator heard from {heard} of {n} workers within {} s; \
+                 measuring anyway",
+                WORKERS_HEARD_WITHIN.as_secs()
+            );
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
