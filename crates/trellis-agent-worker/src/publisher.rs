@@ -11,6 +11,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use trellis_proto::subjects::BATCH_BYTES;
 use trellis_proto::{results, subjects, v1};
 use trellis_telemetry::hops;
 
@@ -106,10 +107,6 @@ pub(crate) async fn publisher(
     ack_tasks.close();
     ack_tasks.wait().await;
 }
-
-/// The most bytes of results one batch carries; a larger result goes alone. Well under the
-/// 1 MiB a default NATS server accepts in one message.
-const BATCH_BYTES: usize = 256 * 1024;
 
 /// One message of results on its way: a result alone, or several for one shard in a batch.
 // Each lives only until its acks come; boxing the lone result would allocate per result.

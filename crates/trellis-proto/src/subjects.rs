@@ -65,6 +65,10 @@ pub const RESULT_BATCH_HEADER: &str = "Trellis-Result-Batch";
 /// Header marking a message on a task subject as a `TaskAssignmentBatch`; its value is the
 /// number of assignments. Without it the message is one `TaskAssignment`.
 pub const ASSIGNMENT_BATCH_HEADER: &str = "Trellis-Assignment-Batch";
+/// Most bytes of entries one batch message (a `TaskResultBatch`, a `TaskAssignmentBatch`)
+/// carries; an entry larger than that goes alone. Well under the 1 MiB a default NATS server
+/// accepts in one message.
+pub const BATCH_BYTES: usize = 256 * 1024;
 /// W3C trace-context header carried on every message so one execution is one trace.
 pub const TRACEPARENT_HEADER: &str = "traceparent";
 

@@ -4,10 +4,9 @@
 
 use std::collections::HashMap;
 
-use super::Assign;
+use trellis_proto::subjects::BATCH_BYTES;
 
-/// Most bytes of assignments in one message, well below JetStream's default 1 MiB payload limit.
-pub const BATCH_BYTES: usize = 256 * 1024;
+use super::Assign;
 
 /// Groups `assignments` into messages: per queue and lane in dispatch order, runs of at most
 /// `limit(queue)` assignments and [`BATCH_BYTES`] (an assignment larger than that alone); the
