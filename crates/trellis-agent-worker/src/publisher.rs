@@ -34,10 +34,11 @@ const SENDS_IN_FLIGHT: usize = 1;
 /// acks. Stops at once, acknowledging nothing more, when `abandon` fires.
 ///
 /// It takes whatever has piled up (up to [`PUBLISH_BATCH`]), once fewer than [`SENDS_IN_FLIGHT`]
-/// earlier sends await their acks (none, as it is set), and sends it without waiting between messages: the results
-/// for one shard in one message (a `TaskResultBatch`, [`batches`]) when several wait together, a
-/// result alone otherwise. Then it awaits the messages' publish acks together, beside the loop,
-/// and only then acknowledges their task messages.
+/// earlier sends await their acks (with one: once none does), and sends it without waiting
+/// between messages: the results for one shard in one message (a `TaskResultBatch`,
+/// [`batches`]) when several wait together, a result alone otherwise. Then it awaits the
+/// messages' publish acks together, beside the loop, and only then acknowledges their task
+/// messages.
 pub(crate) async fn publisher(
     sink: std::sync::Arc<ResultSink>,
     mut finished_rx: mpsc::Receiver<Finished>,

@@ -31,6 +31,18 @@ struct Entry {
     missed_counted: u32,
 }
 
+impl Entry {
+    /// Whole heartbeat intervals since its last heartbeat, at `now`.
+    fn missed(&self, now: u64) -> u32 {
+        u32::try_from(now.saturating_sub(self.last_seen_ms) / interval_ms()).unwrap_or(u32::MAX)
+    }
+
+    /// Whether it consumes `queue`.
+    fn serves(&self, queue: &str) -> bool {
+        self.last.queues.iter().any(|q| q == queue)
+    }
+}
+
 /// The workers seen, by id.
 #[derive(Debug, Default)]
 pub(super) struct Registry {
@@ -99,14 +111,12 @@ impl Registry {
     /// [`MIN_SLOTS_FOR_BATCHES`] slots (an agent running one long task at a time) gets every task
     /// alone, as before batching.
     pub(super) fn batch_limit(&self, queue: &str, now: u64) -> usize {
-        let interval = interval_ms();
         self.workers
             .values()
             .filter(|e| {
                 e.last.state != v1::WorkerState::Terminated as i32
-                    && now.saturating_sub(e.last_seen_ms) / interval
-                        < u64::from(MISSED_BEFORE_TERMINATED)
-                    && e.last.queues.iter().any(|q| q == queue)
+                    && e.missed(now) < MISSED_BEFORE_TERMINATED
+                    && e.serves(queue)
             })
             .map(
                 |e| match usize::try_from(e.last.slots).unwrap_or(usize::MAX) {
@@ -126,12 +136,11 @@ impl Registry {
         queue: &str,
         include_terminated: bool,
     ) -> Vec<v1::WorkerInfo> {
-        let interval = interval_ms();
         self.workers
             .iter()
-            .filter(|(_, e)| queue.is_empty() || e.last.queues.iter().any(|q| q == queue))
+            .filter(|(_, e)| queue.is_empty() || e.serves(queue))
             .map(|(id, e)| {
-                let missed = (now.saturating_sub(e.last_seen_ms) / interval) as u32;
+                let missed = e.missed(now);
                 let state = if missed >= MISSED_BEFORE_TERMINATED {
                     v1::WorkerState::Terminated
                 } else if e.last.running.is_empty() {
