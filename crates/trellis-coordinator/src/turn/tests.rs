@@ -390,6 +390,53 @@ mod window {
         assert!(over.iter().all(|assign| !assign.fast), "{over:?}");
     }
 
+    /// A new execution's first checkpoint is due an interval after its start, not at its first
+    /// append (a snapshot of a log of one message saves no replay); later ones as before.
+    #[test]
+    fn a_new_execution_is_checkpointed_an_interval_after_it_starts() {
+        let mut coordinator = coordinator_checkpointed(1_000);
+        own_shard_0(&mut coordinator);
+        // A clock's time, as the executor gives it: far past one interval from zero.
+        let now = 1_700_000_000_000;
+        let first = turn(&mut coordinator, vec![start(3)], now);
+        assert!(first.checkpoints.is_empty(), "none at the start");
+        let in_flight = dispatched(first);
+        let before = turn(
+            &mut coordinator,
+            vec![Input::Results(vec![completed(&in_flight[0].payload, 1)])],
+            now + 999,
+        );
+        assert!(before.checkpoints.is_empty(), "none within the interval");
+        let after = turn(
+            &mut coordinator,
+            vec![Input::Results(vec![completed(&in_flight[1].payload, 2)])],
+            now + 1_000,
+        );
+        assert_eq!(
+            after.checkpoints.len(),
+            1,
+            "one once the interval has passed"
+        );
+    }
+
+    /// A coordinator that stores checkpoints every `every_ms`.
+    fn coordinator_checkpointed(every_ms: u64) -> Coordinator {
+        let config = Config {
+            id: "c".to_owned(),
+            shards: 1,
+            checkpoint_every_ms: every_ms,
+            checkpoint_store: true,
+            access: None,
+            max_message_bytes: 0,
+            index_scan_every_ms: 60_000,
+            seed: 7,
+            keep_finished_ms: 60_000,
+            breakers: crate::turn::BreakerConfig::default(),
+            dispatch_window: 0,
+        };
+        Coordinator::new(config, &trellis_telemetry::Registry::default())
+    }
+
     /// Without a window (0) every ready task goes at once.
     #[test]
     fn no_window_dispatches_every_ready_task() {
