@@ -412,11 +412,20 @@ async fn executions(client: CoordinatorClient<Channel>, n: usize) -> Result<Fiel
 }
 
 /// Starts one execution and returns the time until it completed.
-async fn run_one(mut client: CoordinatorClient<Channel>, plan: String) -> Result<Duration, String> {
+async fn run_one(client: CoordinatorClient<Channel>, plan: String) -> Result<Duration, String> {
+    run_one_split(client, plan).await.map(|(_, took)| took)
+}
+
+/// Runs one plan to its end: how long until its start was answered, and until it completed.
+async fn run_one_split(
+    mut client: CoordinatorClient<Channel>,
+    plan: String,
+) -> Result<(Duration, Duration), String> {
     let start = Instant::now();
     let id = start_plan(&mut client, plan).await?;
+    let started = start.elapsed();
     wait_completed(client, id).await?;
-    Ok(start.elapsed())
+    Ok((started, start.elapsed()))
 }
 
 async fn start_plan(
