@@ -43,10 +43,14 @@ pub(super) async fn backfill(
 }
 
 /// History first, then live batches; the stream ends once the execution is over.
+///
+/// The stream reads the execution's channel itself, with no task between them: each batch
+/// reaches the caller one hop after the loop sends it.
 pub(super) fn async_stream(
     observation: turn::Observation,
-    mut live: tokio::sync::broadcast::Receiver<std::sync::Arc<Flushed>>,
+    live: tokio::sync::broadcast::Receiver<std::sync::Arc<Flushed>>,
 ) -> impl Stream<Item = Result<v1::ObserveExecutionResponse, Status>> {
+    use futures::StreamExt as _;
     let turn::Observation {
         execution,
         history,
@@ -54,63 +58,178 @@ pub(super) fn async_stream(
         ..
     } = observation;
     let last = history.last().map_or(0, |e| e.sequence);
-    let mut last_sent = last;
-    let (tx, rx) = tokio::sync::mpsc::channel(256);
-    tokio::spawn(async move {
-        for event in history {
-            if tx
-                .send(Ok(v1::ObserveExecutionResponse {
-                    event: Some(event),
-                    progress: None,
-                }))
-                .await
-                .is_err()
-            {
-                return;
-            }
-        }
-        if terminal {
-            return;
-        }
+    let history = futures::stream::iter(history.into_iter().map(|event| {
+        Ok(v1::ObserveExecutionResponse {
+            event: Some(event),
+            progress: None,
+        })
+    }));
+    let following = Following {
+        execution,
+        live,
+        last,
+        last_sent: last,
+        ready: std::collections::VecDeque::new(),
+        over: terminal,
+    };
+    history.chain(futures::stream::unfold(following, Following::next))
+}
+
+/// The live part of an observation: the batches the loop sends after the history.
+struct Following {
+    execution: ExecutionId,
+    live: tokio::sync::broadcast::Receiver<std::sync::Arc<Flushed>>,
+    /// The last sequence of the history: live batches repeat what it holds.
+    last: u64,
+    last_sent: u64,
+    /// Items of the last batch not yet yielded.
+    ready: std::collections::VecDeque<v1::ObserveExecutionResponse>,
+    /// The execution ended, or the stream failed: what is ready is the rest.
+    over: bool,
+}
+
+impl Following {
+    async fn next(mut self) -> Option<(Result<v1::ObserveExecutionResponse, Status>, Self)> {
         loop {
-            match live.recv().await {
+            if let Some(item) = self.ready.pop_front() {
+                return Some((Ok(item), self));
+            }
+            if self.over {
+                return None;
+            }
+            match self.live.recv().await {
                 Ok(flushed) => {
                     for item in &flushed.items {
-                        if item.event.as_ref().is_some_and(|e| e.sequence <= last) {
+                        if item.event.as_ref().is_some_and(|e| e.sequence <= self.last) {
                             continue;
                         }
                         if let Some(event) = &item.event {
-                            last_sent = event.sequence;
+                            self.last_sent = event.sequence;
                         }
-                        if tx.send(Ok(item.clone())).await.is_err() {
-                            return;
-                        }
+                        self.ready.push_back(item.clone());
                     }
-                    if flushed.terminal {
-                        return;
-                    }
+                    self.over = flushed.terminal;
                 }
                 Err(RecvError::Lagged(n)) => {
+                    self.over = true;
                     let message = format!(
                         "observer fell {n} batches behind; observe again from the last sequence received"
                     );
-                    let _ = tx.send(Err(Status::resource_exhausted(message))).await;
-                    return;
+                    return Some((Err(Status::resource_exhausted(message)), self));
                 }
                 Err(RecvError::Closed) => {
                     // The execution left this coordinator before it ended (its shard was handed
                     // over or lost, or the coordinator is stopping): the caller observes again,
                     // from where it is, and is forwarded to the new holder.
+                    self.over = true;
                     let message = format!(
                         "execution {} moved to another coordinator; observe again from sequence {}",
-                        execution,
-                        last_sent + 1
+                        self.execution,
+                        self.last_sent + 1
                     );
-                    let _ = tx.send(Err(Status::unavailable(message))).await;
-                    return;
+                    return Some((Err(Status::unavailable(message)), self));
                 }
             }
         }
-    });
-    tokio_stream::wrappers::ReceiverStream::new(rx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use futures::StreamExt as _;
+    use tokio::sync::broadcast;
+
+    use super::*;
+
+    fn event(sequence: u64) -> v1::Event {
+        v1::Event {
+            sequence,
+            ..Default::default()
+        }
+    }
+
+    fn flushed(sequences: &[u64], terminal: bool) -> Arc<Flushed> {
+        Arc::new(Flushed {
+            items: sequences
+                .iter()
+                .map(|&sequence| v1::ObserveExecutionResponse {
+                    event: Some(event(sequence)),
+                    progress: None,
+                })
+                .collect(),
+            terminal,
+        })
+    }
+
+    fn observation(history: &[u64], terminal: bool) -> turn::Observation {
+        turn::Observation {
+            execution: ExecutionId(uuid::Uuid::nil()),
+            backfill: None,
+            history: history.iter().map(|&sequence| event(sequence)).collect(),
+            terminal,
+        }
+    }
+
+    /// The sequences a stream yields until it ends, and the message of the error it ends with.
+    async fn read(
+        stream: impl Stream<Item = Result<v1::ObserveExecutionResponse, Status>>,
+    ) -> (Vec<u64>, Option<String>) {
+        let mut stream = std::pin::pin!(stream);
+        let mut sequences = Vec::new();
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(item) => sequences.extend(item.event.map(|e| e.sequence)),
+                Err(status) => return (sequences, Some(status.message().to_owned())),
+            }
+        }
+        (sequences, None)
+    }
+
+    /// History, then the live batches without what the history held, up to the terminal one.
+    #[tokio::test]
+    async fn history_then_live_batches_until_the_end() {
+        let (tx, rx) = broadcast::channel(8);
+        tx.send(flushed(&[2, 3], false)).expect("a receiver");
+        tx.send(flushed(&[4], true)).expect("a receiver");
+        tx.send(flushed(&[5], false)).expect("a receiver");
+        let (sequences, error) = read(async_stream(observation(&[1, 2], false), rx)).await;
+        assert_eq!(sequences, [1, 2, 3, 4]);
+        assert_eq!(error, None);
+    }
+
+    /// A finished execution's history is the whole stream.
+    #[tokio::test]
+    async fn a_finished_execution_ends_with_its_history() {
+        let (tx, rx) = broadcast::channel(8);
+        tx.send(flushed(&[3], false)).expect("a receiver");
+        let (sequences, error) = read(async_stream(observation(&[1, 2], true), rx)).await;
+        assert_eq!(sequences, [1, 2]);
+        assert_eq!(error, None);
+    }
+
+    /// A channel closed before the end says where to observe again from.
+    #[tokio::test]
+    async fn a_closed_channel_says_where_to_observe_again_from() {
+        let (tx, rx) = broadcast::channel(8);
+        tx.send(flushed(&[2, 3], false)).expect("a receiver");
+        drop(tx);
+        let (sequences, error) = read(async_stream(observation(&[1], false), rx)).await;
+        assert_eq!(sequences, [1, 2, 3]);
+        let error = error.expect("an error");
+        assert!(error.contains("observe again from sequence 4"), "{error}");
+    }
+
+    /// An observer that fell behind the channel is told so, and the stream ends.
+    #[tokio::test]
+    async fn an_observer_behind_the_channel_is_told_to_observe_again() {
+        let (tx, rx) = broadcast::channel(1);
+        tx.send(flushed(&[2], false)).expect("a receiver");
+        tx.send(flushed(&[3], false)).expect("a receiver");
+        let (sequences, error) = read(async_stream(observation(&[1], false), rx)).await;
+        assert_eq!(sequences, [1]);
+        let error = error.expect("an error");
+        assert!(error.contains("fell 1 batches behind"), "{error}");
+    }
 }
