@@ -28,6 +28,11 @@ const FAULTS: [(Fault, f64); 2] = [(Fault::PostgresKilled, 0.25), (Fault::Store,
 /// How long the run, and then the read model's catching up, may take.
 const WAIT: Duration = Duration::from_secs(120);
 
+/// The coordinator's checkpoint interval: a new execution's first checkpoint is due one
+/// interval after its start (the default is 10 s, longer than this run), so the run is
+/// checkpointed several times, before and after each fault.
+const CHECKPOINT_EVERY: &str = "1s";
+
 /// Every message of an execution's log, as recovery reads it.
 async fn log_messages(system: &System, id: &str) -> anyhow::Result<Vec<LogMessage>> {
     use prost::Message as _;
@@ -73,6 +78,7 @@ async fn after_postgres_and_the_store_are_killed_the_read_model_and_checkpoints_
     let system = System::start(Options {
         coordinators: vec!["coordinator-a"],
         workers: 2,
+        coordinator_env: vec![("TRELLIS_CHECKPOINT_EVERY", CHECKPOINT_EVERY.to_owned())],
         ..Options::default()
     })
     .await?;
