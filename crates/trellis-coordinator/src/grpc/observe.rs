@@ -67,7 +67,6 @@ pub(super) fn async_stream(
     let following = Following {
         execution,
         live,
-        last,
         last_sent: last,
         ready: std::collections::VecDeque::new(),
         over: terminal,
@@ -79,8 +78,8 @@ pub(super) fn async_stream(
 struct Following {
     execution: ExecutionId,
     live: tokio::sync::broadcast::Receiver<std::sync::Arc<Flushed>>,
-    /// The last sequence of the history: live batches repeat what it holds.
-    last: u64,
+    /// The last sequence sent, the history's at first: live batches repeat what it holds, and
+    /// their sequences only grow.
     last_sent: u64,
     /// Items of the last batch not yet yielded.
     ready: std::collections::VecDeque<v1::ObserveExecutionResponse>,
@@ -100,7 +99,11 @@ impl Following {
             match self.live.recv().await {
                 Ok(flushed) => {
                     for item in &flushed.items {
-                        if item.event.as_ref().is_some_and(|e| e.sequence <= self.last) {
+                        if item
+                            .event
+                            .as_ref()
+                            .is_some_and(|e| e.sequence <= self.last_sent)
+                        {
                             continue;
                         }
                         if let Some(event) = &item.event {

@@ -239,7 +239,18 @@ mod window {
         access: Option<std::sync::Arc<trellis_grpc::access::AccessPolicy>>,
         dispatch_window: u32,
     ) -> Coordinator {
-        let config = Config {
+        Coordinator::new(
+            config(access, dispatch_window),
+            &trellis_telemetry::Registry::default(),
+        )
+    }
+
+    /// One shard, no checkpoint-store, every interval a minute.
+    fn config(
+        access: Option<std::sync::Arc<trellis_grpc::access::AccessPolicy>>,
+        dispatch_window: u32,
+    ) -> Config {
+        Config {
             id: "c".to_owned(),
             shards: 1,
             checkpoint_every_ms: 60_000,
@@ -251,8 +262,7 @@ mod window {
             keep_finished_ms: 60_000,
             breakers: crate::turn::BreakerConfig::default(),
             dispatch_window,
-        };
-        Coordinator::new(config, &trellis_telemetry::Registry::default())
+        }
     }
 
     /// Runs one turn whose appends are all stored; returns what the coordinator does after.
@@ -422,17 +432,9 @@ mod window {
     /// A coordinator that stores checkpoints every `every_ms`.
     fn coordinator_checkpointed(every_ms: u64) -> Coordinator {
         let config = Config {
-            id: "c".to_owned(),
-            shards: 1,
             checkpoint_every_ms: every_ms,
             checkpoint_store: true,
-            access: None,
-            max_message_bytes: 0,
-            index_scan_every_ms: 60_000,
-            seed: 7,
-            keep_finished_ms: 60_000,
-            breakers: crate::turn::BreakerConfig::default(),
-            dispatch_window: 0,
+            ..config(None, 0)
         };
         Coordinator::new(config, &trellis_telemetry::Registry::default())
     }
