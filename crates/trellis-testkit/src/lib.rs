@@ -189,13 +189,32 @@ fn greets(addr: SocketAddr) -> bool {
 
 /// Returns a loopback port that was free a moment ago (the OS picks it; the listener is closed at
 /// once), for a server a test starts as a separate process.
+///
+/// The OS may offer a port it has just offered again, since the listener is closed before the
+/// server binds it: a test that asks for two ports (a service's gRPC and admin addresses) would
+/// then give one server the same port twice. So a port is handed out at most once per process.
 pub fn free_port() -> anyhow::Result<u16> {
-    let listener = TcpListener::bind("127.0.0.1:0").context("failed to find a free port")?;
-    Ok(listener
-        .local_addr()
-        .context("failed to read the port")?
-        .port())
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    // A test that panicked while holding the lock left the set whole: inserting cannot fail halfway.
+    let mut handed_out = HANDED_OUT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for _ in 0..FREE_PORT_TRIES {
+        let listener = TcpListener::bind("127.0.0.1:0").context("failed to find a free port")?;
+        let port = listener
+            .local_addr()
+            .context("failed to read the port")?
+            .port();
+        if handed_out.insert(port) {
+            return Ok(port);
+        }
+    }
+    bail!("the OS offered only ports this process has already handed out, {FREE_PORT_TRIES} times")
 }
+
+/// How many ports [`free_port`] asks the OS for before it gives up.
+const FREE_PORT_TRIES: usize = 1000;
 
 /// Finds `nats-server` on `PATH`, then in `/usr/sbin` and `/usr/local/bin`.
 fn find_binary() -> anyhow::Result<PathBuf> {
@@ -260,6 +279,18 @@ mod tests {
         let store = server.store_dir();
         drop(server);
         assert!(!store.exists());
+        Ok(())
+    }
+
+    #[test]
+    fn free_ports_are_never_handed_out_twice() -> anyhow::Result<()> {
+        // Two thousand binds of port 0 on Linux's default range of 28,000 ports repeat a port
+        // about a hundred times; the set must still hold every port once.
+        let ports = (0..2000)
+            .map(|_| free_port())
+            .collect::<anyhow::Result<Vec<u16>>>()?;
+        let distinct: std::collections::BTreeSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), ports.len(), "a port was handed out twice");
         Ok(())
     }
 
