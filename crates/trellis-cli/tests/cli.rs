@@ -1837,6 +1837,9 @@ fn bench_splits_a_task_into_hops_and_measures_the_floor() {
         names,
         [
             "submit",
+            "prepare",
+            "decide",
+            "index",
             "append",
             "dispatch",
             "fetch",
@@ -1844,7 +1847,9 @@ fn bench_splits_a_task_into_hops_and_measures_the_floor() {
             "handler",
             "result",
             "consume",
+            "decide_result",
             "append_result",
+            "notify",
             "observe"
         ],
         "{latency}"

@@ -16,7 +16,7 @@ use futures::future::join_all;
 use tokio_util::sync::CancellationToken;
 use trellis_core::ids::ExecutionId;
 use trellis_proto::subjects;
-use trellis_telemetry::propagation;
+use trellis_telemetry::{hops, propagation};
 
 use super::Executor;
 use crate::turn::{Append, Appended};
@@ -42,7 +42,9 @@ impl Executor {
         if appends.is_empty() {
             return Vec::new();
         }
-        self.put_index(&appends).await;
+        if self.put_index(&appends).await {
+            hops::mark("coordinator.indexed");
+        }
         let started = Instant::now();
         let mut queues: Vec<Queue> = appends
             .into_iter()
@@ -125,14 +127,15 @@ impl Executor {
     }
 
     /// Writes the index entries of new executions (and runs) before their first event, so a
-    /// coordinator taking the shard over finds every execution that has a log.
-    async fn put_index(&self, appends: &[Append]) {
+    /// coordinator taking the shard over finds every execution that has a log. Returns whether
+    /// there were any.
+    async fn put_index(&self, appends: &[Append]) -> bool {
         let keys: Vec<&String> = appends
             .iter()
             .filter_map(|append| append.index_put.as_ref())
             .collect();
         if keys.is_empty() {
-            return;
+            return false;
         }
         let results = join_all(
             keys.iter()
@@ -148,6 +151,7 @@ impl Executor {
                 .await;
             }
         }
+        true
     }
 
     /// A duplicate ack means JetStream already held a message with this id: ours, stored by an

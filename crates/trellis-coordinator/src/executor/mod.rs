@@ -267,6 +267,9 @@ impl Executor {
         }
         let appending = !appends.is_empty();
         let appending_at = Instant::now();
+        if appending {
+            hops::mark("coordinator.appending");
+        }
         let outcomes = self.append(appends).await;
         if appending {
             hops::mark("coordinator.appended");

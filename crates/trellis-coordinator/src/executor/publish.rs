@@ -83,6 +83,9 @@ impl Executor {
         for message in cancels.into_iter().chain(progress).chain(breakers) {
             let _ = self.nats.publish(message.subject, message.payload).await;
         }
+        if !observed.is_empty() {
+            hops::mark("coordinator.observed");
+        }
         for observed in observed {
             let Some(sender) = self.observers.get(&observed.id) else {
                 continue;

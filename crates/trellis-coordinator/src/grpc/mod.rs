@@ -297,6 +297,7 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<v1::StartExecutionRequest>,
     ) -> Result<Response<v1::StartExecutionResponse>, Status> {
+        trellis_telemetry::hops::mark("coordinator.received");
         let caller = principal(&request)?;
         let options = request.get_ref().options.clone().unwrap_or_default();
         // With an idempotency key the start lands on the key's shard; without one, on any shard

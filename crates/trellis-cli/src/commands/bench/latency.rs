@@ -14,9 +14,15 @@ use super::{Fields, ONE_TASK, percentile, round, run_one, run_one_split, through
 /// One task's path through the services, as the marks of [`trellis_telemetry::hops`] name its
 /// points: each hop runs from the previous point to its own.
 const ONE_TASK_PATH: Path<'static> = Path::new(&[
-    // The StartExecution call reaches the coordinator's loop.
-    ("submit", "coordinator.request"),
-    // A turn decides, and the new execution's events are stored in its log.
+    // The client's StartExecution call reaches the coordinator's handler.
+    ("submit", "coordinator.received"),
+    // The plan is compiled and the request reaches the coordinator's loop.
+    ("prepare", "coordinator.request"),
+    // A turn decides the new execution's first events.
+    ("decide", "coordinator.appending"),
+    // Its index entry is stored.
+    ("index", "coordinator.indexed"),
+    // Its first events are stored in its log.
     ("append", "coordinator.appended"),
     // The effects of the append up to the assignment's publish.
     ("dispatch", "coordinator.dispatched"),
@@ -29,8 +35,12 @@ const ONE_TASK_PATH: Path<'static> = Path::new(&[
     ("result", "worker.result_sent"),
     // JetStream stores the result and the coordinator's consumer delivers it.
     ("consume", "coordinator.consumed"),
-    // A turn applies it and the execution's last events are stored.
+    // The loop takes it and a turn decides the execution's last events.
+    ("decide_result", "coordinator.appending"),
+    // They are stored in its log.
     ("append_result", "coordinator.appended"),
+    // What the append allows, up to the end handed to the observers' channels.
+    ("notify", "coordinator.observed"),
     // The observer's stream carries the end to the caller.
     ("observe", "bench.done"),
 ]);
