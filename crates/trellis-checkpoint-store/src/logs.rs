@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use trellis_core::ids::{ExecutionId, TaskInstanceId};
 use trellis_proto::{subjects, v1};
 
-use crate::runs::Next;
+use crate::runs::{Next, RunLimits};
 use crate::store::{LogBatchRow, Store};
 
 /// The durable consumer of `TRELLIS_LOGS` that copies batches into the store.
@@ -25,8 +25,13 @@ pub const CONSUMER_NAME: &str = "checkpoint-store-logs";
 
 /// Most batches written in one transaction.
 const MAX_RUN_MESSAGES: usize = 1_000;
-/// Most payload bytes written in one transaction.
-const MAX_RUN_BYTES: usize = 16 * 1024 * 1024;
+/// Most batches and payload bytes written in one transaction, and how long a transaction waits
+/// for more after its first batch.
+const RUN: RunLimits = RunLimits {
+    messages: MAX_RUN_MESSAGES,
+    bytes: 16 * 1024 * 1024,
+    linger: Duration::from_millis(10),
+};
 /// How long an unacknowledged batch waits before JetStream delivers it again.
 const ACK_WAIT: Duration = Duration::from_secs(60);
 /// Longest pause before opening a lost consumer again.
@@ -127,15 +132,7 @@ async fn copy(
         .map_err(|err| format!("cannot consume TRELLIS_LOGS: {err}"))?;
     tracing::info!(consumer = CONSUMER_NAME, "the store copies the task logs");
     loop {
-        let received = match crate::runs::next(
-            &mut messages,
-            shutdown,
-            MAX_RUN_MESSAGES,
-            MAX_RUN_BYTES,
-            "task log",
-        )
-        .await
-        {
+        let received = match crate::runs::next(&mut messages, shutdown, RUN, "task log").await {
             Next::Run(received) => received,
             Next::ShutDown => return Ok(()),
             Next::Ended => return Err("the task log consumer ended".to_owned()),

@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use trellis_core::ids::ExecutionId;
 use trellis_proto::{subjects, v1};
 
-use crate::runs::Next;
+use crate::runs::{Next, RunLimits};
 use crate::store::{ReadModelBatch, Store};
 use apply::{Applier, LogMessage, Run, decode_message};
 
@@ -43,10 +43,13 @@ pub(crate) use apply::fuzzing;
 /// `checkpoint-store-<term>` (`crate::leader`).
 pub const CONSUMER_NAME: &str = "checkpoint-store";
 
-/// Most messages written in one transaction.
-const MAX_RUN_MESSAGES: usize = 2_000;
-/// Most payload bytes written in one transaction.
-const MAX_RUN_BYTES: usize = 16 * 1024 * 1024;
+/// Most messages and payload bytes written in one transaction, and how long a transaction waits
+/// for more after its first message.
+const RUN: RunLimits = RunLimits {
+    messages: 2_000,
+    bytes: 16 * 1024 * 1024,
+    linger: Duration::from_millis(10),
+};
 /// How long an unacknowledged message waits before JetStream delivers it again; a slow database
 /// only causes redeliveries, which sequences make harmless.
 const ACK_WAIT: Duration = Duration::from_secs(60);
@@ -139,15 +142,7 @@ impl Ingest {
             .map_err(|err| format!("cannot consume the event log: {err}"))?;
         tracing::info!(consumer = %name, "read model consuming the event log");
         loop {
-            let received = match crate::runs::next(
-                &mut messages,
-                shutdown,
-                MAX_RUN_MESSAGES,
-                MAX_RUN_BYTES,
-                "event",
-            )
-            .await
-            {
+            let received = match crate::runs::next(&mut messages, shutdown, RUN, "event").await {
                 Next::Run(received) => received,
                 Next::ShutDown => return Ok(()),
                 Next::Ended => return Err("the event consumer ended".to_owned()),
