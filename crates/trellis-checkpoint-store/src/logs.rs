@@ -30,7 +30,7 @@ const MAX_RUN_MESSAGES: usize = 1_000;
 const RUN: RunLimits = RunLimits {
     messages: MAX_RUN_MESSAGES,
     bytes: 16 * 1024 * 1024,
-    linger: Duration::from_millis(10),
+    linger: crate::runs::LINGER,
 };
 /// How long an unacknowledged batch waits before JetStream delivers it again.
 const ACK_WAIT: Duration = Duration::from_secs(60);

@@ -16,6 +16,10 @@ use crate::store::Error;
 /// Longest pause between two tries of a failed write.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
 
+/// How long the store's consumers let a run take messages after its first: one small execution
+/// after another then shares transactions, and the read model trails the log by at most this.
+pub(crate) const LINGER: Duration = Duration::from_millis(10);
+
 /// What waiting for the next run of messages gave.
 pub(crate) enum Next<T = Message> {
     /// At least one message arrived: it and whatever else came within the linger (possibly none,

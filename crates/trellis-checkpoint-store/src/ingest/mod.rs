@@ -48,7 +48,7 @@ pub const CONSUMER_NAME: &str = "checkpoint-store";
 const RUN: RunLimits = RunLimits {
     messages: 2_000,
     bytes: 16 * 1024 * 1024,
-    linger: Duration::from_millis(10),
+    linger: crate::runs::LINGER,
 };
 /// How long an unacknowledged message waits before JetStream delivers it again; a slow database
 /// only causes redeliveries, which sequences make harmless.

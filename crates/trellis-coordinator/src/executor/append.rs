@@ -42,9 +42,7 @@ impl Executor {
         if appends.is_empty() {
             return Vec::new();
         }
-        if self.put_index(&appends).await {
-            hops::mark("coordinator.indexed");
-        }
+        self.put_index(&appends).await;
         let started = Instant::now();
         let mut queues: Vec<Queue> = appends
             .into_iter()
@@ -127,15 +125,14 @@ impl Executor {
     }
 
     /// Writes the index entries of new executions (and runs) before their first event, so a
-    /// coordinator taking the shard over finds every execution that has a log. Returns whether
-    /// there were any.
-    async fn put_index(&self, appends: &[Append]) -> bool {
+    /// coordinator taking the shard over finds every execution that has a log.
+    async fn put_index(&self, appends: &[Append]) {
         let keys: Vec<&String> = appends
             .iter()
             .filter_map(|append| append.index_put.as_ref())
             .collect();
         if keys.is_empty() {
-            return false;
+            return;
         }
         let results = join_all(
             keys.iter()
@@ -151,7 +148,7 @@ impl Executor {
                 .await;
             }
         }
-        true
+        hops::mark("coordinator.indexed");
     }
 
     /// A duplicate ack means JetStream already held a message with this id: ours, stored by an
