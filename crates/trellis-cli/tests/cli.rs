@@ -1806,9 +1806,10 @@ fn bench(args: &[&str]) -> Vec<serde_json::Value> {
         .collect()
 }
 
-/// `latency` says where each task's time went, hop by hop in path order; `floor` measures the
-/// bare JetStream pipeline; `loaded` samples latency while throughput runs; each of them counts
-/// the disk's flushes per task, and the two that run the engine the coordinator's turns.
+/// `latency` says where each task's time went, hop by hop in path order, and `chain` where each
+/// hop of a chain went; `floor` measures the bare JetStream pipeline; `loaded` samples latency
+/// while throughput runs; each of them counts the disk's flushes per task, and the two that run
+/// the engine the coordinator's turns.
 #[test]
 fn bench_splits_a_task_into_hops_and_measures_the_floor() {
     let lines = bench(&[
@@ -1818,13 +1819,48 @@ fn bench_splits_a_task_into_hops_and_measures_the_floor() {
         "floor",
         "--scenario",
         "loaded",
+        "--scenario",
+        "chain",
         "--n",
         "30",
     ]);
-    assert_eq!(lines.len(), 3, "one line per scenario: {lines:?}");
-    let [latency, floor, loaded] = &lines[..] else {
-        unreachable!("three lines, checked above")
+    assert_eq!(lines.len(), 4, "one line per scenario: {lines:?}");
+    let [latency, floor, loaded, chain] = &lines[..] else {
+        unreachable!("four lines, checked above")
     };
+    // 30 tasks make 29 hops from one task's result to the next one's, each seen whole.
+    assert_eq!(chain["hops_whole"], 29, "{chain}");
+    let chain_hops: Vec<&str> = chain["hop_p50_us"]
+        .as_array()
+        .expect("hop_p50_us is a list")
+        .iter()
+        .filter_map(|hop| hop[0].as_str())
+        .collect();
+    assert_eq!(
+        chain_hops,
+        [
+            "decide_result",
+            "append_result",
+            "dispatch",
+            "fetch",
+            "start",
+            "handler",
+            "result",
+            "consume"
+        ],
+        "{chain}"
+    );
+    let hop_us: f64 = chain["hop_p50_us"]
+        .as_array()
+        .expect("checked above")
+        .iter()
+        .filter_map(|hop| hop[1].as_f64())
+        .sum();
+    let seconds = chain["seconds"].as_f64().expect("seconds");
+    assert!(
+        hop_us > 0.0 && hop_us <= seconds * 1e6,
+        "a hop's parts add up to less than the whole chain: {chain}"
+    );
     assert_eq!(
         latency["unsplit"], 0,
         "every sample read along its path: {latency}"

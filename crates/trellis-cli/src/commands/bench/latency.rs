@@ -45,6 +45,54 @@ const ONE_TASK_PATH: Path<'static> = Path::new(&[
     ("observe", "bench.done"),
 ]);
 
+/// One hop of a chain, from the coordinator taking a task's result to its taking the next
+/// task's: the same points as the second half of [`ONE_TASK_PATH`], then the first's dispatch.
+const CHAIN_HOP_PATH: Path<'static> = Path::new(&[
+    // The loop takes the result and a turn decides the next task's dispatch.
+    ("decide_result", "coordinator.appending"),
+    // The result and the dispatch are stored in the log.
+    ("append_result", "coordinator.appended"),
+    // The effects of the append up to the assignment's publish.
+    ("dispatch", "coordinator.dispatched"),
+    ("fetch", "worker.received"),
+    ("start", "worker.started"),
+    ("handler", "worker.handled"),
+    ("result", "worker.result_sent"),
+    ("consume", "coordinator.consumed"),
+]);
+
+/// Where a chain's hops went: the median of each hop of [`CHAIN_HOP_PATH`] over every hop the
+/// trace holds whole, in path order, and how many hops that was.
+pub(super) fn chain_hops(trace: &[(&'static str, Instant)]) -> (Value, usize) {
+    let mut splits: Vec<Vec<f64>> = vec![Vec::new(); CHAIN_HOP_PATH.names().count()];
+    let mut whole = 0;
+    for (at, (point, _)) in trace.iter().enumerate() {
+        if *point != "coordinator.consumed" {
+            continue;
+        }
+        if let Some(split) = CHAIN_HOP_PATH.split("coordinator.consumed", &trace[at..]) {
+            whole += 1;
+            for (hop, (_, took)) in splits.iter_mut().zip(split) {
+                hop.push(took.as_secs_f64() * 1e6);
+            }
+        }
+    }
+    (medians(CHAIN_HOP_PATH, &mut splits), whole)
+}
+
+/// The median of each hop's samples, as `[name, µs]` pairs in path order.
+fn medians(path: Path<'static>, splits: &mut [Vec<f64>]) -> Value {
+    let hops: Vec<Value> = path
+        .names()
+        .zip(splits)
+        .map(|(name, took)| {
+            took.sort_by(f64::total_cmp);
+            json!([name, round(percentile(took, 0.5), 0)])
+        })
+        .collect();
+    Value::Array(hops)
+}
+
 /// `n` one-task executions, one after the other: percentiles of their latency, and the median
 /// of each hop of [`ONE_TASK_PATH`] (`hop_p50_us`, in path order).
 pub(super) async fn latency(
@@ -71,14 +119,7 @@ pub(super) async fn latency(
         }
     }
     samples.sort_by(f64::total_cmp);
-    let hops: Vec<Value> = ONE_TASK_PATH
-        .names()
-        .zip(&mut splits)
-        .map(|(name, took)| {
-            took.sort_by(f64::total_cmp);
-            json!([name, round(percentile(took, 0.5), 0)])
-        })
-        .collect();
+    let hops = medians(ONE_TASK_PATH, &mut splits);
     Ok(vec![
         ("p50_ms", json!(round(percentile(&samples, 0.50), 3))),
         ("p95_ms", json!(round(percentile(&samples, 0.95), 3))),

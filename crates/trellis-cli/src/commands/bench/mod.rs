@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use tonic::transport::Channel;
 use trellis_proto::v1::coordinator_client::CoordinatorClient;
 use trellis_proto::v1::{self, ExecutionState};
+use trellis_telemetry::hops;
 
 use super::Failure;
 use crate::local;
@@ -326,10 +327,16 @@ async fn chain(client: CoordinatorClient<Channel>, n: usize) -> Result<Fields, S
             i - 1
         ));
     }
-    let seconds = run_one(client, plan).await?.as_secs_f64();
+    hops::start();
+    let took = run_one(client, plan).await;
+    let trace = hops::take();
+    let seconds = took?.as_secs_f64();
+    let (hops, whole) = latency::chain_hops(&trace);
     Ok(vec![
         ("seconds", json!(round(seconds, 3))),
         ("per_hop_ms", json!(round(seconds * 1000.0 / n as f64, 3))),
+        ("hop_p50_us", hops),
+        ("hops_whole", json!(whole)),
     ])
 }
 
