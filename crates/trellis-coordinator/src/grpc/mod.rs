@@ -55,8 +55,9 @@ pub struct CoordinatorService {
     router: Router,
     /// The read model lists executions when there is one.
     store: Option<StoreClient>,
-    /// The limits start requests' plans are compiled within, before they reach the turn.
-    plan_limits: trellis_core::plan::Limits,
+    /// Start requests' plans are compiled here, before they reach the turn, within its limits;
+    /// small ones are kept.
+    plans: turn::PlanCache,
     /// The fleet pauses' bucket (`crate::pauses`).
     pauses: async_nats::jetstream::kv::Store,
     /// Drain requests go to workers over core NATS.
@@ -117,7 +118,7 @@ impl CoordinatorService {
             events,
             router,
             store,
-            plan_limits,
+            plans: turn::PlanCache::new(plan_limits),
             pauses,
             nats,
             logs,
@@ -178,19 +179,20 @@ impl CoordinatorService {
         }
     }
 
-    /// Compiles a start's plan outside the coordinator's turn; a large one on a blocking thread,
-    /// so it holds up neither the turn nor the other calls.
+    /// Compiles a start's plan outside the coordinator's turn (a small one compiled before comes
+    /// from the cache); a large one on a blocking thread, so it holds up neither the turn nor
+    /// the other calls.
     async fn prepare(
         &self,
         source: v1::start_execution_request::PlanSource,
     ) -> Result<turn::Prepared, Status> {
-        let limits = self.plan_limits.clone();
         let prepared = if turn::is_large(&source) {
+            let limits = self.plans.limits().clone();
             tokio::task::spawn_blocking(move || turn::prepare(source, &limits))
                 .await
                 .map_err(|err| Status::internal(format!("compiling the plan stopped: {err}")))?
         } else {
-            turn::prepare(source, &limits)
+            self.plans.prepare(source)
         };
         prepared.map_err(status)
     }

@@ -2,8 +2,9 @@
 //! its quota, de-duplicated by idempotency key, and its plan compiled, once; what the log records
 //! lets every replay rebuild the identical plan.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
+use hashlink::LruCache;
 use trellis_core::ids::ExecutionId;
 use trellis_core::machine::Execution;
 use trellis_core::plan::{Limits, Plan, PlanErrors, compile_str};
@@ -24,15 +25,24 @@ const STARTED_HEADROOM: usize = 256 * 1024;
 /// request reaches the turn: compiling is the one step of admission whose cost grows with the
 /// plan (a 20,000-task spec takes about 100 ms), and in the turn it would hold up every other
 /// execution's results for that long.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Prepared {
-    plan: Plan,
+    /// Shared with [`PlanCache`]'s copy, if any; a quota's cap makes the execution its own.
+    plan: Arc<Plan>,
     /// Text that compiles to the same plan: the spec as sent when it needs nothing else,
     /// otherwise the plan's canonical flat JSON spec.
     text: String,
     format: v1::PlanFormat,
     /// The canonical encoding of `plan` as compiled (before a quota's cap).
     encoded: Vec<u8>,
+}
+
+impl Prepared {
+    /// The compiled plan.
+    #[cfg(test)]
+    pub(super) fn plan(&self) -> &Arc<Plan> {
+        &self.plan
+    }
 }
 
 /// Compiles a start's plan within `limits`. An error lists every problem, each led by the
@@ -71,11 +81,73 @@ pub fn prepare(source: PlanSource, limits: &Limits) -> Result<Prepared, Error> {
     };
     let encoded = trellis_core::plan::encode(&plan);
     Ok(Prepared {
-        plan,
+        plan: Arc::new(plan),
         text,
         format,
         encoded,
     })
+}
+
+/// Specs up to this size are kept by [`PlanCache`]; larger ones are compiled every time (on a
+/// blocking thread, [`is_large`]), so the cache holds at most `CACHED_PLANS` small plans.
+const CACHED_SPEC: usize = 16 * 1024;
+/// Most plans [`PlanCache`] keeps.
+const CACHED_PLANS: usize = 256;
+
+/// The small plans prepared lately, by their spec text: a client that starts the same plan again
+/// and again (one workflow, many executions) has it compiled once. Compiling is pure (the same
+/// text within the same limits always gives the same plan), so a plan from the cache is the
+/// plan [`prepare`] would make; only specs without params, up to `CACHED_SPEC` bytes, are kept,
+/// the least recently used `CACHED_PLANS` of them. A spec that does not compile is not kept.
+pub struct PlanCache {
+    limits: Limits,
+    plans: Mutex<LruCache<(i32, String), Prepared>>,
+}
+
+impl std::fmt::Debug for PlanCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlanCache")
+            .field("limits", &self.limits)
+            .field("plans", &self.lock().len())
+            .finish()
+    }
+}
+
+impl PlanCache {
+    /// An empty cache of plans compiled within `limits`.
+    pub fn new(limits: Limits) -> Self {
+        PlanCache {
+            limits,
+            plans: Mutex::new(LruCache::new(CACHED_PLANS)),
+        }
+    }
+
+    /// The limits its plans are compiled within.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// [`prepare`]s `source`, or hands out the plan prepared for the same spec text before.
+    pub fn prepare(&self, source: PlanSource) -> Result<Prepared, Error> {
+        let key = match &source {
+            PlanSource::Spec(spec) if spec.params.is_empty() && spec.text.len() <= CACHED_SPEC => {
+                (spec.format, spec.text.clone())
+            }
+            _ => return prepare(source, &self.limits),
+        };
+        if let Some(prepared) = self.lock().get(&key) {
+            return Ok(prepared.clone());
+        }
+        let prepared = prepare(source, &self.limits)?;
+        self.lock().insert(key, prepared.clone());
+        Ok(prepared)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<(i32, String), Prepared>> {
+        // A poisoned lock means a thread panicked while holding it, between whole lookups and
+        // inserts of the map: every entry in it is still a plan `prepare` made.
+        self.plans.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 /// Whether preparing `source` is worth a blocking thread rather than a moment of an async one.
@@ -175,7 +247,9 @@ impl Coordinator {
         let capped = quota.cap_concurrency(asked);
         let max_concurrency_cap = (capped != asked).then_some(capped).flatten();
         let mut plan = plan;
-        plan.options.max_concurrency = capped;
+        if capped != asked {
+            Arc::make_mut(&mut plan).options.max_concurrency = capped;
+        }
         // The plan was compiled once, by `prepare`: the log records its canonical encoding, which
         // every replay (recovery, the store, the monitor) decodes instead of compiling the spec
         // again. A cap changes the plan, so its encoding is made again.
@@ -215,7 +289,7 @@ impl Coordinator {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         let plan_name = plan.name.clone();
-        let machine = Execution::start(id, Arc::new(plan), 1, now);
+        let machine = Execution::start(id, plan, 1, now);
         let started = log::started_to_proto(
             id,
             &log::Started {

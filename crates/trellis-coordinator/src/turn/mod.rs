@@ -46,7 +46,7 @@ use trellis_core::ids::{ExecutionId, mix};
 use trellis_grpc::access::{self, AccessPolicy};
 use trellis_proto::subjects;
 
-pub use admission::{Prepared, is_large, prepare};
+pub use admission::{PlanCache, Prepared, is_large, prepare};
 pub use breakers::BreakerConfig;
 pub use checkpoint::{CheckpointJob, FULL_EVERY, KEEP_FULL};
 pub use consumed::Consumed;
