@@ -527,41 +527,48 @@ mod window {
     /// records the capped plan (what every replay runs), and an uncapped one as compiled.
     #[test]
     fn the_log_records_the_plan_a_quota_capped() {
-        let token = "token-of-small";
-        let text = format!(
-            "namespaces:\n  small: {{tier: writer_pro, max_concurrency: 2}}\n  wide: {{tier: teams}}\n\
-             tokens:\n  - {{name: small, namespace: small, sha256: {}}}\n\
-             \x20 - {{name: wide, namespace: wide, sha256: {}}}\n",
-            trellis_grpc::access::token_digest(token),
-            trellis_grpc::access::token_digest("token-of-wide"),
-        );
-        let access = std::sync::Arc::new(
-            trellis_grpc::access::AccessPolicy::parse(&text, "access.yaml")
-                .expect("a valid access file"),
-        );
-        for (token, recorded) in [(token, Some(2)), ("token-of-wide", Some(8))] {
+        let access = two_namespaces();
+        for (token, recorded) in [("token-of-small", Some(2)), ("token-of-wide", Some(8))] {
             let principal = access.authenticate(token).expect("a known token").clone();
             let mut coordinator = coordinator_with(Some(access.clone()), 0);
             own_shard_0(&mut coordinator);
             let writes = coordinator.turn(vec![start_as(3, "max_concurrency: 8", principal)], 3);
-            let (_, first) = &writes.appends[0].messages[0];
-            let batch = v1::EventBatch::decode(first.clone()).expect("an event batch");
-            let Some(v1::event::Kind::ExecutionStarted(started)) = batch.events[0].kind.clone()
-            else {
-                panic!("the log starts with ExecutionStarted: {batch:?}");
-            };
-            let plan = trellis_core::plan::decode(&started.compiled_plan).expect("a plan");
+            let plan = recorded_plan(&writes);
             assert_eq!(plan.options.max_concurrency, recorded, "{token}");
         }
+    }
+    /// An access file of two namespaces, `small` (at most 2 tasks at once) and `wide` (no
+    /// cap), with a token for each: `token-of-small` and `token-of-wide`.
+    pub(super) fn two_namespaces() -> std::sync::Arc<trellis_grpc::access::AccessPolicy> {
+        let text = format!(
+            "namespaces:\n  small: {{tier: writer_pro, max_concurrency: 2}}\n  wide: {{tier: teams}}\n\
+             tokens:\n  - {{name: small, namespace: small, sha256: {}}}\n\
+             \x20 - {{name: wide, namespace: wide, sha256: {}}}\n",
+            trellis_grpc::access::token_digest("token-of-small"),
+            trellis_grpc::access::token_digest("token-of-wide"),
+        );
+        std::sync::Arc::new(
+            trellis_grpc::access::AccessPolicy::parse(&text, "access.yaml")
+                .expect("a valid access file"),
+        )
+    }
+
+    /// The plan the first append of a turn that started an execution records.
+    pub(super) fn recorded_plan(writes: &crate::turn::Writes) -> trellis_core::plan::Plan {
+        let (_, first) = &writes.appends[0].messages[0];
+        let batch = v1::EventBatch::decode(first.clone()).expect("an event batch");
+        let Some(v1::event::Kind::ExecutionStarted(started)) = batch.events[0].kind.clone() else {
+            panic!("the log starts with ExecutionStarted: {batch:?}");
+        };
+        trellis_core::plan::decode(&started.compiled_plan).expect("a plan")
     }
 }
 
 mod plan_cache {
     use std::sync::Arc;
 
-    use prost::Message;
     use trellis_core::plan::Limits;
-    use trellis_grpc::access::{AccessPolicy, Principal, token_digest};
+    use trellis_grpc::access::Principal;
     use trellis_proto::v1;
     use trellis_proto::v1::start_execution_request::PlanSource;
 
@@ -644,14 +651,7 @@ mod plan_cache {
     /// namespace starts next.
     #[test]
     fn a_quota_cap_leaves_the_cached_plan_alone() {
-        let text = format!(
-            "namespaces:\n  small: {{tier: writer_pro, max_concurrency: 2}}\n  wide: {{tier: teams}}\n\
-             tokens:\n  - {{name: small, namespace: small, sha256: {}}}\n\
-             \x20 - {{name: wide, namespace: wide, sha256: {}}}\n",
-            token_digest("token-of-small"),
-            token_digest("token-of-wide"),
-        );
-        let access = Arc::new(AccessPolicy::parse(&text, "access.yaml").expect("a valid file"));
+        let access = super::window::two_namespaces();
         let cache = PlanCache::new(Limits::default());
         for (token, recorded) in [("token-of-small", Some(2)), ("token-of-wide", Some(8))] {
             let principal = access.authenticate(token).expect("a known token").clone();
@@ -659,13 +659,7 @@ mod plan_cache {
             let mut coordinator = super::window::coordinator_with(Some(access.clone()), 0);
             super::window::own_shard_0(&mut coordinator);
             let writes = coordinator.turn(vec![start(prepared, principal)], 3);
-            let (_, first) = &writes.appends[0].messages[0];
-            let batch = v1::EventBatch::decode(first.clone()).expect("an event batch");
-            let Some(v1::event::Kind::ExecutionStarted(started)) = batch.events[0].kind.clone()
-            else {
-                panic!("the log starts with ExecutionStarted: {batch:?}");
-            };
-            let plan = trellis_core::plan::decode(&started.compiled_plan).expect("a plan");
+            let plan = super::window::recorded_plan(&writes);
             assert_eq!(plan.options.max_concurrency, recorded, "{token}");
         }
         let cached = cache.prepare(spec(PLAN)).expect("the plan compiles");
