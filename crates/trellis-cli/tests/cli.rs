@@ -1886,7 +1886,8 @@ fn bench_splits_a_task_into_hops_and_measures_the_floor() {
             "decide_result",
             "append_result",
             "notify",
-            "observe"
+            "observe",
+            "close"
         ],
         "{latency}"
     );

@@ -42,7 +42,9 @@ const ONE_TASK_PATH: Path<'static> = Path::new(&[
     // What the append allows, up to the end handed to the observers' channels.
     ("notify", "coordinator.observed"),
     // The observer's stream carries the end to the caller.
-    ("observe", "bench.done"),
+    ("observe", "bench.ended"),
+    // The stream closes (its trailers reach the caller).
+    ("close", "bench.done"),
 ]);
 
 /// One hop of a chain, from the coordinator taking a task's result to its taking the next
