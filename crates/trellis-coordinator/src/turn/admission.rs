@@ -129,15 +129,21 @@ impl PlanCache {
 
     /// [`prepare`]s `source`, or hands out the plan prepared for the same spec text before.
     pub fn prepare(&self, source: PlanSource) -> Result<Prepared, Error> {
-        let key = match &source {
+        let spec = match source {
             PlanSource::Spec(spec) if spec.params.is_empty() && spec.text.len() <= CACHED_SPEC => {
-                (spec.format, spec.text.clone())
+                spec
             }
-            _ => return prepare(source, &self.limits),
+            other => return prepare(other, &self.limits),
         };
+        // The key takes the text: a start of a kept plan copies nothing but the plan's parts.
+        let key = (spec.format, spec.text);
         if let Some(prepared) = self.lock().get(&key) {
             return Ok(prepared.clone());
         }
+        let source = PlanSource::Spec(v1::PlanSpec {
+            text: key.1.clone(),
+            ..spec
+        });
         let prepared = prepare(source, &self.limits)?;
         self.lock().insert(key, prepared.clone());
         Ok(prepared)
