@@ -55,13 +55,21 @@ pub(super) fn async_stream(
         execution,
         history,
         terminal,
+        mut progress,
         ..
     } = observation;
     let last = history.last().map_or(0, |e| e.sequence);
-    let history = futures::stream::iter(history.into_iter().map(|event| {
+    let count = history.len();
+    let history = futures::stream::iter(history.into_iter().enumerate().map(move |(i, event)| {
         Ok(v1::ObserveExecutionResponse {
             event: Some(event),
-            progress: None,
+            // A finished execution's last event carries its final progress, as the live
+            // stream's last batch does.
+            progress: if i + 1 == count {
+                progress.take()
+            } else {
+                None
+            },
         })
     }));
     let following = Following {
@@ -172,6 +180,11 @@ mod tests {
             backfill: None,
             history: history.iter().map(|&sequence| event(sequence)).collect(),
             terminal,
+            progress: terminal.then(|| v1::Progress {
+                state: v1::ExecutionState::Completed as i32,
+                sequence: history.last().copied().unwrap_or(0),
+                ..Default::default()
+            }),
         }
     }
 
@@ -210,6 +223,29 @@ mod tests {
         let (sequences, error) = read(async_stream(observation(&[1, 2], true), rx)).await;
         assert_eq!(sequences, [1, 2]);
         assert_eq!(error, None);
+    }
+
+    /// A finished execution's last event carries its final progress, and no other event does.
+    #[tokio::test]
+    async fn a_finished_execution_s_last_event_says_how_it_ended() {
+        let (_tx, rx) = broadcast::channel(8);
+        let items: Vec<_> = async_stream(observation(&[1, 2, 3], true), rx)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect::<Result<_, _>>()
+            .expect("no error");
+        let carried: Vec<(u64, Option<i32>)> = items
+            .iter()
+            .map(|item| {
+                (
+                    item.event.as_ref().map_or(0, |e| e.sequence),
+                    item.progress.as_ref().map(|p| p.state),
+                )
+            })
+            .collect();
+        let completed = Some(v1::ExecutionState::Completed as i32);
+        assert_eq!(carried, [(1, None), (2, None), (3, completed)]);
     }
 
     /// A channel closed before the end says where to observe again from.

@@ -246,6 +246,10 @@ pub struct Observation {
     pub history: Vec<v1::Event>,
     /// The execution is over and every event is in `history`: nothing will follow.
     pub terminal: bool,
+    /// With `terminal`: the execution's final progress, which the stream sends with the history's
+    /// last event, as a live stream sends it with the last batch; the caller learns how the
+    /// execution ended without asking again.
+    pub progress: Option<v1::Progress>,
 }
 
 /// What a turn asks for before any side effect: the log writes, and what needs nothing durable.

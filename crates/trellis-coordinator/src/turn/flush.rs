@@ -7,7 +7,7 @@ use bytes::Bytes;
 use prost::Message as _;
 use trellis_core::ids::ExecutionId;
 use trellis_proto::{subjects, v1};
-use trellis_wire::{read, worker};
+use trellis_wire::worker;
 
 use super::batching;
 use super::contract::FAST_LANE_SHARE;
@@ -276,7 +276,7 @@ impl Coordinator {
         // over every instance.
         let progress = (live.progress_due
             && (terminal || now >= live.last_progress_ms + PROGRESS_EVERY_MS))
-            .then(|| read::progress_to_proto(&live.machine.progress(now)));
+            .then(|| live.progress(id, now));
         if let Some(progress) = &progress {
             live.last_progress_ms = now;
             live.progress_due = false;

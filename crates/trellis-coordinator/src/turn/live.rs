@@ -308,9 +308,21 @@ impl Live {
         }
     }
 
+    /// Returns the execution's progress snapshot as observers get it: right after its last
+    /// event (`seq`), with the envelope the core leaves unset.
+    pub(super) fn progress(&self, id: ExecutionId, now: u64) -> v1::Progress {
+        v1::Progress {
+            execution_id: id.to_string(),
+            run_number: self.machine.run_number(),
+            sequence: self.seq,
+            sent_at_unix_ms: i64::try_from(now).unwrap_or(i64::MAX),
+            ..read::progress_to_proto(&self.machine.progress(now))
+        }
+    }
+
     /// Returns the execution as `GetExecution` and `ListExecutions` show it.
     pub(super) fn summary(&self, id: ExecutionId, now: u64) -> v1::Execution {
-        let progress = read::progress_to_proto(&self.machine.progress(now));
+        let progress = self.progress(id, now);
         let (started, ended) = self.machine.times_ms();
         v1::Execution {
             execution_id: id.to_string(),

@@ -144,11 +144,14 @@ impl Coordinator {
                     Some(live) => {
                         let from = from.max(1);
                         let backfill = (from < live.log_base).then(|| (from, live.log_base - 1));
+                        let terminal =
+                            live.machine.state().is_terminal() && live.pending.is_empty();
                         Ok(Answer::Observation(Observation {
                             execution: id,
                             backfill,
                             history: live.history(from.max(live.log_base)),
-                            terminal: live.machine.state().is_terminal() && live.pending.is_empty(),
+                            terminal,
+                            progress: terminal.then(|| live.progress(id, now)),
                         }))
                     }
                 };

@@ -488,8 +488,9 @@ async fn wait_completed(mut client: CoordinatorClient<Channel>, id: String) -> R
         }
     }
     if !ended {
-        // An execution that ended before the observation began is all history, which carries
-        // no progress: the stream's close is the end, and the state is asked for below.
+        // A stream closed without the final progress (the execution moved to another
+        // coordinator, or a coordinator that sends none): the close is the end, and the state is
+        // asked for below.
         hops::mark("bench.ended");
     }
     match last_state.and_then(|s| ExecutionState::try_from(s).ok()) {
