@@ -123,6 +123,17 @@ fn benches(c: &mut Criterion) {
     let log = record(Arc::clone(&single), 100_000);
     replay(c, "apply_fanout_100k", single, &log);
 
+    // A new execution of 20,000 independent tasks (the `throughput` scenario's): its state
+    // built, every task ready, then the first decision with a dispatch window of 256.
+    let wide = plan(20_000, false);
+    c.bench_function("machine/start_20k", |b| {
+        b.iter(|| {
+            let exec = Execution::start(ExecutionId::v7(T0, [1; 10]), Arc::clone(&wide), 1, T0);
+            let decided = exec.decide_holding(T0 + 1, 256, &mut |_, _| false).len();
+            black_box((exec, decided))
+        })
+    });
+
     let independent = plan(100_000, false);
     let exec = Execution::start(ExecutionId::v7(T0, [1; 10]), independent, 1, T0);
     c.bench_function("machine/decide_100k_ready", |b| {
