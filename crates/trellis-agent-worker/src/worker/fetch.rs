@@ -50,11 +50,23 @@ pub(super) struct Received {
     pub(super) ack: TaskAck,
 }
 
+/// Whether messages wait for the lane's consumer after one that said how many were still
+/// undelivered behind it and how often it was delivered itself (`None`: it did not say). The
+/// count leaves out redeliveries, which come in bursts (a lost worker's tasks), so a redelivered
+/// message counts as more.
+fn more_waiting(said: Option<(u64, i64)>) -> bool {
+    said.is_none_or(|(pending, delivered)| pending > 0 || delivered > 1)
+}
+
 /// How one fetch ended.
 enum FetchEnd {
     /// The fetch ended normally, having delivered this many messages holding this many
-    /// assignments.
-    Drained { messages: usize, assignments: usize },
+    /// assignments; `more` unless its last message said none were left in the queue.
+    Drained {
+        messages: usize,
+        assignments: usize,
+        more: bool,
+    },
     /// The fetch broke off (an error status from the server, or silence past [`FETCH_STALL`]).
     Failed(String),
 }
@@ -62,7 +74,9 @@ enum FetchEnd {
 impl Worker {
     /// Pulls the queue's messages as slots free up: a long poll for one message while the queue
     /// is idle, then fetches that return at once while it is busy, each for as many messages as
-    /// the free slots take.
+    /// the free slots take. A message that was the last one waiting (JetStream says how many
+    /// are left with each) keeps the queue idle: the next pull is the long poll again, not a
+    /// fetch the server can only answer with nothing.
     ///
     /// A fetch that fails (NATS restarting, the consumer gone) is retried after a growing pause,
     /// with the consumer looked up again (and created if it is missing), so the worker outlives a
@@ -112,9 +126,10 @@ impl Worker {
                 FetchEnd::Drained {
                     messages,
                     assignments,
+                    more,
                 } => {
                     n_failures = 0;
-                    busy = messages > 0;
+                    busy = messages > 0 && more;
                     if let Some(per) = assignments.checked_div(messages) {
                         per_message = per.max(1);
                     }
@@ -152,17 +167,17 @@ impl Worker {
         finished_tx: &mpsc::Sender<Finished>,
         shutdown: &CancellationToken,
     ) -> FetchEnd {
-        let (mut n_messages, mut n_assignments) = (0, 0);
+        let (mut n_messages, mut n_assignments, mut more) = (0, 0, true);
         loop {
             let next = tokio::select! {
                 biased;
-                _ = self.abandon.cancelled() => return FetchEnd::Drained { messages: n_messages, assignments: n_assignments },
+                _ = self.abandon.cancelled() => return FetchEnd::Drained { messages: n_messages, assignments: n_assignments, more },
                 _ = shutdown.cancelled() => {
                     // Whatever the server already sent arrives within a moment; hand it back.
                     while let Ok(Some(Ok(message))) = tokio::time::timeout(Duration::from_millis(50), batch.next()).await {
                         let _ = message.ack_with(AckKind::Nak(None)).await;
                     }
-                    return FetchEnd::Drained { messages: n_messages, assignments: n_assignments };
+                    return FetchEnd::Drained { messages: n_messages, assignments: n_assignments, more };
                 }
                 next = tokio::time::timeout(FETCH_STALL, batch.next()) => match next {
                     Ok(next) => next,
@@ -176,12 +191,19 @@ impl Worker {
                     return FetchEnd::Drained {
                         messages: n_messages,
                         assignments: n_assignments,
+                        more,
                     };
                 }
                 Some(Err(error)) => return FetchEnd::Failed(error.to_string()),
                 Some(Ok(message)) => {
                     n_messages += 1;
                     hops::mark("worker.received");
+                    more = more_waiting(
+                        message
+                            .info()
+                            .ok()
+                            .map(|info| (info.pending, info.delivered)),
+                    );
                     let Some((delivery, received)) = self.open(message).await else {
                         continue;
                     };
@@ -261,5 +283,23 @@ impl Worker {
             })
             .collect();
         Some((delivery, received))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::more_waiting;
+
+    /// The last message waiting keeps the queue idle (the next pull is the long poll); messages
+    /// behind it, a redelivery or a message that does not say make the next pull a fetch.
+    #[test]
+    fn only_the_last_message_waiting_keeps_the_queue_idle() {
+        assert!(!more_waiting(Some((0, 1))), "none behind a first delivery");
+        assert!(more_waiting(Some((3, 1))), "three behind it");
+        assert!(
+            more_waiting(Some((0, 2))),
+            "a redelivery: others may follow"
+        );
+        assert!(more_waiting(None), "unknown: assume more");
     }
 }
