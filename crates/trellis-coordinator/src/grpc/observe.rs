@@ -55,23 +55,23 @@ pub(super) fn async_stream(
         execution,
         history,
         terminal,
-        mut progress,
+        progress,
         ..
     } = observation;
     let last = history.last().map_or(0, |e| e.sequence);
-    let count = history.len();
-    let history = futures::stream::iter(history.into_iter().enumerate().map(move |(i, event)| {
-        Ok(v1::ObserveExecutionResponse {
+    let mut items: Vec<_> = history
+        .into_iter()
+        .map(|event| v1::ObserveExecutionResponse {
             event: Some(event),
-            // A finished execution's last event carries its final progress, as the live
-            // stream's last batch does.
-            progress: if i + 1 == count {
-                progress.take()
-            } else {
-                None
-            },
+            progress: None,
         })
-    }));
+        .collect();
+    // A finished execution's last event carries its final progress, as the live stream's last
+    // batch does.
+    if let Some(item) = items.last_mut() {
+        item.progress = progress;
+    }
+    let history = futures::stream::iter(items.into_iter().map(Ok));
     let following = Following {
         execution,
         live,

@@ -231,7 +231,7 @@ mod window {
 
     use crate::turn::{Appended, Config, Coordinator, Delivery, Effects, Input, Request};
 
-    fn coordinator(dispatch_window: u32) -> Coordinator {
+    pub(super) fn coordinator(dispatch_window: u32) -> Coordinator {
         coordinator_with(None, dispatch_window)
     }
 
@@ -266,7 +266,7 @@ mod window {
     }
 
     /// Runs one turn whose appends are all stored; returns what the coordinator does after.
-    fn turn(coordinator: &mut Coordinator, inputs: Vec<Input>, now: u64) -> Effects {
+    pub(super) fn turn(coordinator: &mut Coordinator, inputs: Vec<Input>, now: u64) -> Effects {
         let writes = coordinator.turn(inputs, now);
         let stored: Vec<(ExecutionId, Appended)> = writes
             .appends
@@ -291,7 +291,7 @@ mod window {
         turn(coordinator, vec![recovered], 2);
     }
 
-    fn start(tasks: usize) -> Input {
+    pub(super) fn start(tasks: usize) -> Input {
         start_as(tasks, "", Principal::anonymous())
     }
 
@@ -324,7 +324,7 @@ mod window {
     }
 
     /// The result of an assignment, completed.
-    fn completed(payload: &[u8], token: u64) -> Delivery {
+    pub(super) fn completed(payload: &[u8], token: u64) -> Delivery {
         let assignment = v1::TaskAssignment::decode(payload).expect("an assignment");
         let result = v1::TaskResult {
             execution_id: assignment.execution_id,
@@ -519,64 +519,8 @@ mod window {
     }
 
     /// Every assignment a turn sends, whatever message it shares.
-    fn dispatched(effects: Effects) -> Vec<crate::turn::Assign> {
+    pub(super) fn dispatched(effects: Effects) -> Vec<crate::turn::Assign> {
         effects.assignments.into_iter().flatten().collect()
-    }
-
-    /// The observation the turn answers for execution `id`, observed from its first event.
-    fn observe(
-        coordinator: &mut Coordinator,
-        id: ExecutionId,
-        now: u64,
-    ) -> crate::turn::Observation {
-        let input = Input::Request {
-            reply: 9,
-            request: Request::On {
-                id,
-                scope: trellis_grpc::access::Scope::All,
-                action: crate::turn::Action::Observe { from: 1 },
-            },
-        };
-        let writes = coordinator.turn(vec![input], now);
-        match writes.replies.into_iter().next() {
-            Some((9, Ok(crate::turn::Answer::Observation(observation)))) => observation,
-            other => panic!("an observation, not {other:?}"),
-        }
-    }
-
-    /// A running execution's observation carries no progress (its live batches will); a finished
-    /// one's carries the final progress with the whole history, so its observer learns how it
-    /// ended from the stream alone.
-    #[test]
-    fn a_finished_execution_is_observed_with_its_final_progress() {
-        let mut coordinator = coordinator(0);
-        own_shard_0(&mut coordinator);
-        let assigned = dispatched(turn(&mut coordinator, vec![start(1)], 3));
-        let [task] = assigned.as_slice() else {
-            panic!("one task dispatched: {assigned:?}");
-        };
-        let assignment = v1::TaskAssignment::decode(&task.payload[..]).expect("an assignment");
-        let id: ExecutionId = assignment.execution_id.parse().expect("an execution id");
-
-        let running = observe(&mut coordinator, id, 4);
-        assert!(!running.terminal, "still running");
-        assert_eq!(running.progress, None, "no progress before the end");
-
-        turn(
-            &mut coordinator,
-            vec![Input::Results(vec![completed(&task.payload, 5)])],
-            5,
-        );
-        let finished = observe(&mut coordinator, id, 6);
-        assert!(finished.terminal, "over");
-        let progress = finished.progress.expect("the final progress");
-        assert_eq!(progress.state, v1::ExecutionState::Completed as i32);
-        let last = finished.history.last().expect("a history").sequence;
-        assert_eq!(
-            progress.sequence, last,
-            "the progress right after the last event"
-        );
-        assert_eq!(progress.done, 1, "its one task done");
     }
 
     /// The plan is compiled before the turn, but a quota's cap changes it in the turn: the log
@@ -621,4 +565,5 @@ mod window {
     }
 }
 
+mod observe;
 mod plan_cache;

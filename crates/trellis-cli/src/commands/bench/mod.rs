@@ -473,12 +473,7 @@ async fn wait_completed(mut client: CoordinatorClient<Channel>, id: String) -> R
     while let Some(item) = stream.message().await.map_err(|s| s.message().to_owned())? {
         if let Some(progress) = item.progress {
             if !ended
-                && matches!(
-                    ExecutionState::try_from(progress.state),
-                    Ok(ExecutionState::Completed
-                        | ExecutionState::Failed
-                        | ExecutionState::Cancelled)
-                )
+                && ExecutionState::try_from(progress.state).is_ok_and(crate::render::is_terminal)
             {
                 // The caller knows how the execution ended; the stream's close follows.
                 hops::mark("bench.ended");
