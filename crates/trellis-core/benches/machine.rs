@@ -38,6 +38,7 @@ fn plan(n: usize, chain: bool) -> Arc<Plan> {
         dependents,
         conflicts: vec![Vec::new(); n],
         index,
+        shape: Default::default(),
     })
 }
 

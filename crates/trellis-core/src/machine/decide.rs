@@ -88,8 +88,8 @@ impl Execution {
             .retries
             .iter()
             .take_while(|(not_before, _)| *not_before <= now_ms)
-            .chain(self.ready.iter())
-            .map(|&(_, idx)| idx);
+            .map(|&(_, idx)| idx)
+            .chain(self.ready.iter().map(|(_, idx)| idx));
         for idx in candidates {
             if free == 0 {
                 break;

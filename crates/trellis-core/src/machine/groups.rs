@@ -21,7 +21,7 @@ impl Execution {
         if let Work::Plan(task_idx) = self.instances[idx as usize].work
             && self.instances[idx as usize].head == idx
             && !self.slots[task_idx].static_group_spawned
-            && let Some(members) = self.static_members.get(&task_idx).cloned()
+            && let Some(members) = self.plan.shape().static_members.get(&task_idx).cloned()
         {
             self.slots[task_idx].static_group_spawned = true;
             self.instances[idx as usize].output = Some(output);

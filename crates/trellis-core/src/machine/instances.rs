@@ -11,7 +11,7 @@ impl Execution {
     pub(super) fn set_state(&mut self, idx: InstIdx, state: TaskState) {
         let inst = &mut self.instances[idx as usize];
         if inst.state == TaskState::Queued {
-            self.ready.remove(&(inst.ready_key, idx));
+            self.ready.remove(inst.ready_key, idx);
         }
         if inst.state == TaskState::RetryScheduled {
             self.retries.remove(&(inst.not_before_ms, idx));
@@ -24,7 +24,7 @@ impl Execution {
         if state == TaskState::Queued {
             inst.ready_key = self.next_ready_key;
             self.next_ready_key += 1;
-            self.ready.insert((inst.ready_key, idx));
+            self.ready.insert(inst.ready_key, idx);
         }
         if state == TaskState::RetryScheduled {
             self.retries.insert((inst.not_before_ms, idx));

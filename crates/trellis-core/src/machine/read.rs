@@ -141,7 +141,8 @@ impl Execution {
         // 100%).
         let mut uninstantiated = 0u64;
         let mut decided_out = 0u64;
-        let mut wave = self.waves;
+        let shape = self.plan.shape();
+        let mut wave = shape.waves;
         for (task_idx, slot) in self.slots.iter().enumerate() {
             if slot.head.is_none() {
                 match slot.status {
@@ -156,8 +157,8 @@ impl Execution {
                     }
                 }
             }
-            if !matches!(slot.status, SlotStatus::Done { .. }) && self.wave_of[task_idx] > 0 {
-                wave = wave.min(self.wave_of[task_idx]);
+            if !matches!(slot.status, SlotStatus::Done { .. }) && shape.wave_of[task_idx] > 0 {
+                wave = wave.min(shape.wave_of[task_idx]);
             }
         }
         let total = self.instances.len() as u64 + uninstantiated;
@@ -179,7 +180,7 @@ impl Execution {
             percent,
             eta_ms,
             wave,
-            waves: self.waves,
+            waves: shape.waves,
             reason: self.reason.clone().map(Into::into),
         }
     }

@@ -73,7 +73,7 @@ impl Execution {
                 settle.push(dependent);
             }
         }
-        if !ok && let Some(members) = self.static_members.get(&task_idx) {
+        if !ok && let Some(members) = self.plan.shape().static_members.get(&task_idx) {
             settle.extend(members.iter().copied());
         }
         if state == TaskState::Failed {

@@ -2,12 +2,13 @@
 //!
 //! A snapshot holds everything `apply` and `decide` read except the plan, which the caller
 //! decodes from the log's `ExecutionStarted`. Indexes derived from the plan or the instances
-//! (`by_id`, `group_by_id`, `static_members`, waves) are rebuilt on restore, so they cannot drift.
+//! (`by_id`, `group_by_id`) are rebuilt on restore and those of the plan alone are the plan's
+//! ([`crate::plan::Plan::shape`]), so they cannot drift.
 //! The encoding is MessagePack (`rmp-serde`): compact, self-describing enough for the JSON values
 //! tasks produce, and deterministic here because every collection in it is ordered, so the same
 //! state always gives the same bytes (and the same checksum).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -15,10 +16,10 @@ use thiserror::Error;
 
 use super::{
     Changed, Execution, ExecutionState, Group, Holds, InstIdx, Instance, Next, OpenQuestion,
-    Origin, Slot, Usage, Work, waves_of,
+    Origin, ReadySet, Slot, Usage, Work,
 };
 use crate::ids::{ExecutionId, QuestionId};
-use crate::plan::{Plan, TaskIdx};
+use crate::plan::Plan;
 
 /// Version of the snapshot encoding; a reader refuses any other.
 pub const SNAPSHOT_FORMAT_VERSION: u32 = 1;
@@ -56,7 +57,7 @@ struct Borrowed<'a> {
     groups: &'a [Group],
     questions: &'a BTreeMap<QuestionId, OpenQuestion>,
     open_questions: u32,
-    ready: &'a BTreeSet<(u64, InstIdx)>,
+    ready: &'a ReadySet,
     next_ready_key: u64,
     retries: &'a BTreeSet<(u64, InstIdx)>,
     deadlines: &'a BTreeSet<(u64, InstIdx)>,
@@ -90,7 +91,7 @@ struct Owned {
     groups: Vec<Group>,
     questions: BTreeMap<QuestionId, OpenQuestion>,
     open_questions: u32,
-    ready: BTreeSet<(u64, InstIdx)>,
+    ready: ReadySet,
     next_ready_key: u64,
     retries: BTreeSet<(u64, InstIdx)>,
     deadlines: BTreeSet<(u64, InstIdx)>,
@@ -158,13 +159,6 @@ impl Execution {
         let owned: Owned =
             rmp_serde::from_slice(bytes).map_err(|err| SnapshotError::Decode(err.to_string()))?;
         check(&owned, &plan)?;
-        let mut static_members: HashMap<TaskIdx, Vec<TaskIdx>> = HashMap::new();
-        for (task_idx, task) in plan.tasks.iter().enumerate() {
-            if let Some(parent) = task.subtask_of {
-                static_members.entry(parent).or_default().push(task_idx);
-            }
-        }
-        let (wave_of, waves) = waves_of(&plan);
         let by_id = owned
             .instances
             .iter()
@@ -189,9 +183,6 @@ impl Execution {
             slots: owned.slots,
             open_slots: owned.open_slots,
             failed_slots: owned.failed_slots,
-            static_members,
-            wave_of,
-            waves,
             instances: owned.instances,
             by_id,
             groups: owned.groups,
@@ -282,10 +273,11 @@ fn check(owned: &Owned, plan: &Plan) -> Result<(), SnapshotError> {
             return mismatch("a question refers to a missing instance".to_owned());
         }
     }
-    let sets = [&owned.ready, &owned.retries, &owned.deadlines];
+    let sets = [&owned.retries, &owned.deadlines];
     if sets
         .iter()
         .any(|set| set.iter().any(|&(_, idx)| !inst_ok(idx)))
+        || owned.ready.iter().any(|(_, idx)| !inst_ok(idx))
     {
         return mismatch("a queue refers to a missing instance".to_owned());
     }

@@ -18,7 +18,7 @@ use super::cycles::{dependency_cycles, parent_loops};
 use super::errors::{PlanErrorKind, PlanErrors};
 use super::expand::expand_inner;
 use super::limits::Limits;
-use super::model::{NotRun, OWN_FALLBACK, Plan, Task, TaskIdx};
+use super::model::{NotRun, OWN_FALLBACK, Plan, ShapeCache, Task, TaskIdx};
 use super::options::compile_options;
 use super::parse::{parse_spec, parse_spec_bytes};
 use super::spec::PlanSpec;
@@ -231,6 +231,7 @@ fn validate(spec: PlanSpec, limits: &Limits) -> Result<Plan, PlanErrors> {
         dependents,
         conflicts,
         index: c.index,
+        shape: ShapeCache::default(),
     })
 }
 

@@ -18,7 +18,7 @@ use serde_json::Value;
 use super::errors::PlanDecodeError;
 use super::model::{
     Budget, BudgetAction, Check, CheckLevel, Condition, FileImpact, FileOp, NotRun, OWN_FALLBACK,
-    Plan, PlanOptions, Probe, Relationship, RelationshipKind, RouteCase, Task, TaskIdx,
+    Plan, PlanOptions, Probe, Relationship, RelationshipKind, RouteCase, ShapeCache, Task, TaskIdx,
 };
 use crate::policy::{Backoff, BackoffKind, EscalationChain, FailureAction, FailurePolicy};
 
@@ -307,6 +307,7 @@ impl<'a> EncodedPlan<'a> {
             dependents: Vec::new(),
             conflicts,
             index: HashMap::new(),
+            shape: ShapeCache::default(),
         })
     }
 }

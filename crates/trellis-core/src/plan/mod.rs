@@ -41,8 +41,8 @@ pub use expand::{escape_references, expand, expand_with_limits};
 pub use limits::Limits;
 pub use model::{
     Budget, BudgetAction, Check, CheckLevel, Condition, FileImpact, FileOp, NotRun, OWN_FALLBACK,
-    Plan, PlanOptions, Probe, Relationship, RelationshipKind, RouteCase, Task, TaskIdx,
-    case_matches,
+    Plan, PlanOptions, Probe, Relationship, RelationshipKind, RouteCase, Shape, ShapeCache, Task,
+    TaskIdx, case_matches,
 };
 pub use parse::{parse_param_values, parse_spec, parse_spec_bytes};
 pub use spec::PlanSpec;

@@ -114,6 +114,7 @@ pub fn build_plan(
         dependents,
         conflicts: conflict_lists,
         index,
+        shape: Default::default(),
     })
 }
 
