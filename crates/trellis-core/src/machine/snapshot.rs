@@ -273,11 +273,12 @@ fn check(owned: &Owned, plan: &Plan) -> Result<(), SnapshotError> {
             return mismatch("a question refers to a missing instance".to_owned());
         }
     }
-    let sets = [&owned.retries, &owned.deadlines];
-    if sets
+    if owned
+        .ready
         .iter()
-        .any(|set| set.iter().any(|&(_, idx)| !inst_ok(idx)))
-        || owned.ready.iter().any(|(_, idx)| !inst_ok(idx))
+        .chain(owned.retries.iter().copied())
+        .chain(owned.deadlines.iter().copied())
+        .any(|(_, idx)| !inst_ok(idx))
     {
         return mismatch("a queue refers to a missing instance".to_owned());
     }
