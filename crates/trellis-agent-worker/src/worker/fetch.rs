@@ -224,13 +224,6 @@ impl Worker {
                         self.dispatch(&delivery, received, permit, finished_tx)
                             .await;
                     }
-                    if !more {
-                        // Nothing waits behind it: the lane goes back to its long poll next.
-                        // The handler was spawned onto this thread, where it runs only once
-                        // this loop stops to wait; stepping aside lets it start before the
-                        // next pull is sent, not after (50–60 µs of every idle task).
-                        tokio::task::yield_now().await;
-                    }
                 }
             }
         }

@@ -86,7 +86,6 @@ impl Executor {
         if !observed.is_empty() {
             hops::mark("coordinator.observed");
         }
-        let notified = !observed.is_empty();
         for observed in observed {
             let Some(sender) = self.observers.get(&observed.id) else {
                 continue;
@@ -111,12 +110,6 @@ impl Executor {
             if observed.terminal {
                 self.observers.remove(&observed.id);
             }
-        }
-        if notified && self.tx.capacity() == self.tx.max_capacity() {
-            // The observers' streams were woken on this thread, where they run only once this
-            // loop waits; with no input waiting for the next turn, step aside so they send
-            // before the rest of the effects (index deletes, acks, replies) are queued.
-            tokio::task::yield_now().await;
         }
         // Finished executions leave the index once their last event is stored; a crash before
         // this only means the next owner loads them, sees them finished and removes them. The
