@@ -1887,6 +1887,18 @@ fn bench_splits_a_task_into_hops_and_measures_the_floor() {
         ],
         "{latency}"
     );
+    let tail = latency["hop_tail_us"]
+        .as_array()
+        .expect("hop_tail_us is a list");
+    let tail_names: Vec<&str> = tail.iter().filter_map(|hop| hop[0].as_str()).collect();
+    assert_eq!(
+        tail_names, names,
+        "the tail's hops are the path's: {latency}"
+    );
+    assert!(
+        tail.iter().filter_map(|hop| hop[1].as_f64()).sum::<f64>() > 0.0,
+        "the slowest samples' hops were measured: {latency}"
+    );
     let total_us: f64 = hops.iter().filter_map(|hop| hop[1].as_f64()).sum();
     let p99_us = latency["p99_ms"].as_f64().expect("p99_ms") * 1000.0;
     assert!(

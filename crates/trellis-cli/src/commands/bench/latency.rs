@@ -95,40 +95,64 @@ fn medians(path: Path<'static>, splits: &mut [Vec<f64>]) -> Value {
     Value::Array(hops)
 }
 
-/// `n` one-task executions, one after the other: percentiles of their latency, and the median
-/// of each hop of [`ONE_TASK_PATH`] (`hop_p50_us`, in path order).
+/// `n` one-task executions, one after the other: percentiles of their latency, the median of
+/// each hop of [`ONE_TASK_PATH`] (`hop_p50_us`, in path order), and the same over the samples at
+/// or above the 95th percentile (`hop_tail_us`): where the slow twentieth's time went.
 pub(super) async fn latency(
     client: CoordinatorClient<Channel>,
     n: usize,
 ) -> Result<Fields, String> {
     let mut samples = Vec::with_capacity(n);
-    let mut splits: Vec<Vec<f64>> = vec![Vec::with_capacity(n); ONE_TASK_PATH.names().count()];
-    let mut unsplit = 0;
+    // Each split sample: its latency (ms) and its hops (µs), in path order.
+    let mut split_samples: Vec<(f64, Vec<f64>)> = Vec::with_capacity(n);
     for _ in 0..n {
         hops::start();
         hops::mark("bench.submit");
         let took = run_one(client.clone(), ONE_TASK.to_owned()).await;
         hops::mark("bench.done");
         let trace = hops::take();
-        samples.push(took?.as_secs_f64() * 1000.0);
-        match ONE_TASK_PATH.split("bench.submit", &trace) {
-            Some(split) => {
-                for (hop, (_, took)) in splits.iter_mut().zip(split) {
-                    hop.push(took.as_secs_f64() * 1e6);
-                }
-            }
-            None => unsplit += 1,
+        let took = took?.as_secs_f64() * 1000.0;
+        samples.push(took);
+        if let Some(split) = ONE_TASK_PATH.split("bench.submit", &trace) {
+            let hops = split
+                .into_iter()
+                .map(|(_, hop)| hop.as_secs_f64() * 1e6)
+                .collect();
+            split_samples.push((took, hops));
         }
     }
     samples.sort_by(f64::total_cmp);
-    let hops = medians(ONE_TASK_PATH, &mut splits);
+    let unsplit = samples.len() - split_samples.len();
+    let p95 = percentile(&samples, 0.95);
+    let (hops, tail) = hop_splits(&split_samples, p95);
     Ok(vec![
         ("p50_ms", json!(round(percentile(&samples, 0.50), 3))),
-        ("p95_ms", json!(round(percentile(&samples, 0.95), 3))),
+        ("p95_ms", json!(round(p95, 3))),
         ("p99_ms", json!(round(percentile(&samples, 0.99), 3))),
         ("hop_p50_us", json!(hops)),
+        ("hop_tail_us", json!(tail)),
         ("unsplit", json!(unsplit)),
     ])
+}
+
+/// The median of each hop of [`ONE_TASK_PATH`] over every split sample, and over those whose
+/// latency is at least `p95` (ms).
+fn hop_splits(split_samples: &[(f64, Vec<f64>)], p95: f64) -> (Value, Value) {
+    let all = hop_medians(split_samples.iter());
+    let tail = hop_medians(split_samples.iter().filter(|(took, _)| *took >= p95));
+    (all, tail)
+}
+
+/// The median of each hop of [`ONE_TASK_PATH`] over the given split samples, as `[name, µs]`
+/// pairs in path order.
+fn hop_medians<'a>(samples: impl Iterator<Item = &'a (f64, Vec<f64>)>) -> Value {
+    let mut splits: Vec<Vec<f64>> = vec![Vec::new(); ONE_TASK_PATH.names().count()];
+    for (_, hops) in samples {
+        for (split, took) in splits.iter_mut().zip(hops) {
+            split.push(*took);
+        }
+    }
+    medians(ONE_TASK_PATH, &mut splits)
 }
 
 /// Tasks of each background `throughput` execution of `loaded`.
@@ -200,4 +224,46 @@ pub(super) async fn loaded(client: CoordinatorClient<Channel>, n: usize) -> Resu
             json!(round(tasks as f64 / took.as_secs_f64(), 0)),
         ),
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Twenty samples of 1..=20 ms whose first hop is a hundred times their latency (µs) and
+    /// every other hop 1 µs more than its place in the path.
+    fn samples() -> Vec<(f64, Vec<f64>)> {
+        let n_hops = ONE_TASK_PATH.names().count();
+        (1..=20)
+            .map(|ms| {
+                let took = f64::from(ms);
+                let mut hops = vec![took * 100.0];
+                hops.extend((1..n_hops).map(|at| at as f64 + 1.0));
+                (took, hops)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_tail_holds_only_the_samples_at_or_above_the_95th_percentile() {
+        let (all, tail) = hop_splits(&samples(), 18.0);
+        // Every sample: the first hop's median is the 10th or 11th sample's (1,000 or 1,100 µs,
+        // the rounding of the middle of twenty).
+        assert_eq!(all[0], json!(["submit", 1100.0]));
+        // The tail: the 18, 19 and 20 ms samples, whose median is the 19 ms one.
+        assert_eq!(tail[0], json!(["submit", 1900.0]));
+        assert_eq!(tail[1], json!(["prepare", 2.0]));
+        let names: Vec<&str> = ONE_TASK_PATH.names().collect();
+        let tail_names: Vec<&str> = tail
+            .as_array()
+            .map(|hops| hops.iter().filter_map(|hop| hop[0].as_str()).collect())
+            .unwrap_or_default();
+        assert_eq!(tail_names, names, "every hop, in path order");
+    }
+
+    #[test]
+    fn no_sample_in_the_tail_gives_zeros_not_a_panic() {
+        let (_, tail) = hop_splits(&samples(), 21.0);
+        assert_eq!(tail[0], json!(["submit", 0.0]));
+    }
 }
