@@ -247,8 +247,8 @@ mod tests {
     #[test]
     fn the_tail_holds_only_the_samples_at_or_above_the_95th_percentile() {
         let (all, tail) = hop_splits(&samples(), 18.0);
-        // Every sample: the first hop's median is the 10th or 11th sample's (1,000 or 1,100 µs,
-        // the rounding of the middle of twenty).
+        // Every sample: the first hop's median is the 11th sample's (1,100 µs), the middle of
+        // twenty rounding up.
         assert_eq!(all[0], json!(["submit", 1100.0]));
         // The tail: the 18, 19 and 20 ms samples, whose median is the 19 ms one.
         assert_eq!(tail[0], json!(["submit", 1900.0]));
