@@ -572,9 +572,7 @@ mod backlog_sql {
             now_ms: i64,
         ) -> Result<u32, Error> {
             let _writes = self.lock_writes().await;
-            let mut tx = self
-                .pool()
-                .begin()
+            let mut tx = self.begin_write()
                 .await
                 .map_err(failed("failed to begin adding a task"))?;
             let row = sqlx::query(
@@ -683,9 +681,7 @@ mod backlog_sql {
         ) -> Result<(), Error> {
             let _writes = self.lock_writes().await;
             let n = task.number;
-            let mut tx = self
-                .pool()
-                .begin()
+            let mut tx = self.begin_write()
                 .await
                 .map_err(failed(format!("failed to begin editing T-{n}")))?;
             let updated = sqlx::query(
@@ -735,9 +731,7 @@ mod backlog_sql {
             now_ms: i64,
         ) -> Result<(), Error> {
             let _writes = self.lock_writes().await;
-            let mut tx = self
-                .pool()
-                .begin()
+            let mut tx = self.begin_write()
                 .await
                 .map_err(failed(format!("failed to begin moving T-{task}")))?;
             place(&mut tx, project, task, placement, position, now_ms).await?;
@@ -783,9 +777,7 @@ mod backlog_sql {
             now_ms: i64,
         ) -> Result<Uuid, Error> {
             let _writes = self.lock_writes().await;
-            let mut tx = self
-                .pool()
-                .begin()
+            let mut tx = self.begin_write()
                 .await
                 .map_err(failed(format!("failed to begin blocking T-{task}")))?;
             let updated = sqlx::query(
@@ -831,9 +823,7 @@ mod backlog_sql {
             now_ms: i64,
         ) -> Result<usize, Error> {
             let _writes = self.lock_writes().await;
-            let mut tx = self
-                .pool()
-                .begin()
+            let mut tx = self.begin_write()
                 .await
                 .map_err(failed(format!("failed to begin unblocking T-{task}")))?;
             let resolved = sqlx::query(
@@ -924,9 +914,7 @@ mod backlog_sql {
 
         async fn insert_suggestions(&self, rows: &[SuggestionRow]) -> Result<(), Error> {
             let _writes = self.lock_writes().await;
-            let mut tx = self
-                .pool()
-                .begin()
+            let mut tx = self.begin_write()
                 .await
                 .map_err(failed("failed to begin storing suggestions"))?;
             for row in rows {
@@ -1015,7 +1003,7 @@ mod backlog_sql {
         ) -> Result<u32, Error> {
             let _writes = self.lock_writes().await;
             let what = format!("cannot start a run of list {list}");
-            let mut tx = self.pool().begin().await.map_err(failed(what.clone()))?;
+            let mut tx = self.begin_write().await.map_err(failed(what.clone()))?;
             let row = sqlx::query(
                 "UPDATE backlog_lists SET runs = runs + 1, status = 'in_progress', \
                  updated_at_unix_ms = $1 WHERE project = $2 AND name = $3 RETURNING runs",
@@ -1067,7 +1055,7 @@ mod backlog_sql {
         ) -> Result<(), Error> {
             let _writes = self.lock_writes().await;
             let what = format!("cannot record run {run_number} of list {list}");
-            let mut tx = self.pool().begin().await.map_err(failed(what.clone()))?;
+            let mut tx = self.begin_write().await.map_err(failed(what.clone()))?;
             let (execution_id, status, reason, ended) = match started {
                 Ok(id) => (Some(id), "running", "", None),
                 Err(reason) => (None, "failed", reason, Some(now_ms)),
@@ -1155,7 +1143,7 @@ mod backlog_sql {
         ) -> Result<(), Error> {
             let _writes = self.lock_writes().await;
             let what = format!("cannot record the progress of run {run_number} of list {list}");
-            let mut tx = self.pool().begin().await.map_err(failed(what.clone()))?;
+            let mut tx = self.begin_write().await.map_err(failed(what.clone()))?;
             for (task, item) in &progress.items {
                 let status = match item {
                     ItemStatus::Completed => Some("completed"),
@@ -1230,9 +1218,7 @@ mod backlog_sql {
         ) -> Result<(), Error> {
             let _writes = self.lock_writes().await;
             let project = list.project.as_str();
-            let mut tx = self
-                .pool()
-                .begin()
+            let mut tx = self.begin_write()
                 .await
                 .map_err(failed(format!("failed to begin accepting suggestion {id}")))?;
             let row = sqlx::query(

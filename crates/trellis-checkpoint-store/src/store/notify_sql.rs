@@ -156,7 +156,7 @@ mod notify_sql {
             }
             let _writes = self.lock_writes().await;
             let what = "cannot enqueue notifications";
-            let mut tx = self.pool().begin().await.map_err(failed(what))?;
+            let mut tx = self.begin_write().await.map_err(failed(what))?;
             let mut added = 0;
             for chunk in chunks(deliveries, 13) {
                 let mut query = QueryBuilder::<Db>::new(format!(

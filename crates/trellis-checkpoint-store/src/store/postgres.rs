@@ -61,6 +61,11 @@ impl PostgresStore {
     async fn lock_writes(&self) -> Option<()> {
         None
     }
+
+    /// Begins a transaction that writes (PostgreSQL locks the rows it writes as it goes).
+    async fn begin_write(&self) -> Result<sqlx::Transaction<'static, Db>, sqlx::Error> {
+        self.pool.begin().await
+    }
 }
 
 /// PostgreSQL's text cannot hold NUL characters; a worker's error message or task id could, and a

@@ -25,7 +25,7 @@ impl StoreImpl {
         statements: impl FnOnce() -> Statements<'a> + Send,
     ) -> Result<(), Error> {
         let _writes = self.lock_writes().await;
-        let mut tx = self.pool().begin().await.map_err(db_err(failed))?;
+        let mut tx = self.begin_write().await.map_err(db_err(failed))?;
         for mut statement in statements() {
             statement
                 .build()

@@ -180,6 +180,18 @@ impl SqliteStore {
     async fn lock_writes(&self) -> Option<MutexGuard<'_, ()>> {
         Some(self.writes.lock().await)
     }
+
+    /// Begins a transaction that writes, holding SQLite's write lock from its first statement
+    /// (`BEGIN IMMEDIATE`, waiting up to the busy timeout for it).
+    ///
+    /// A plain `BEGIN` takes the lock only at the first write, after the transaction has read:
+    /// if another connection to the file (another process's, or one this process opens) holds
+    /// it or has written since that read, SQLite answers `database is locked` at once instead
+    /// of waiting, since a reader waiting to write could deadlock. The stores of this process
+    /// queue their writes (`lock_writes`), so the wait is only ever for someone else's.
+    async fn begin_write(&self) -> Result<sqlx::Transaction<'static, Db>, sqlx::Error> {
+        self.pool.begin_with("BEGIN IMMEDIATE").await
+    }
 }
 
 /// SQLite stores any string as is.

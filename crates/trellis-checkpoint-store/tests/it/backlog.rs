@@ -445,3 +445,83 @@ async fn two_stores_of_one_process_open_and_write_one_new_sqlite_file() -> anyho
     }
     Ok(())
 }
+
+/// Another process (the SQLite shell, a second `trellis dev`, a backup) opening the file takes
+/// its locks at moments the store does not choose: a transaction that reads before it writes
+/// (moving a task) waits for them instead of failing as `database is locked`.
+#[tokio::test]
+async fn a_read_then_write_waits_for_another_connection_s_locks() -> anyhow::Result<()> {
+    use std::str::FromStr as _;
+    use std::time::Duration;
+
+    let dir = tempfile::tempdir()?;
+    let url = format!("sqlite://{}", dir.path().join("store.db").display());
+    let backlog = connect_backlog(&url).await?;
+    backlog.create_project(&web_project()).await?;
+    backlog.create_list(&list("auth")).await?;
+    let mut numbers = Vec::new();
+    for i in 0..4 {
+        let placement = Placement::List("auth".into());
+        numbers.push(
+            backlog
+                .add_task("web", &task(&format!("t{i}"), placement), NOW)
+                .await?,
+        );
+    }
+    // An outside connection of its own, as a second process's would be: it switches the file to
+    // WAL on opening, then writes a row of its own, again and again.
+    let options = sqlx::sqlite::SqliteConnectOptions::from_str(&url)?
+        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+        .busy_timeout(Duration::from_secs(10));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let outsider = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            let mut opened = 0u32;
+            while !stop.is_cancelled() {
+                let pool = sqlx::sqlite::SqlitePoolOptions::new()
+                    .max_connections(1)
+                    .connect_with(options.clone())
+                    .await?;
+                sqlx::query("CREATE TABLE IF NOT EXISTS outsider (n INTEGER)")
+                    .execute(&pool)
+                    .await?;
+                sqlx::query("INSERT INTO outsider (n) VALUES ($1)")
+                    .bind(opened)
+                    .execute(&pool)
+                    .await?;
+                pool.close().await;
+                opened += 1;
+            }
+            Ok::<_, sqlx::Error>(opened)
+        }
+    });
+    let mut moves = 0u32;
+    let moved = async {
+        for round in 0..300u32 {
+            let number = numbers[(round as usize) % numbers.len()];
+            let position = Some(1 + round % 4);
+            backlog
+                .place_task(
+                    "web",
+                    number,
+                    &Placement::List("auth".into()),
+                    position,
+                    NOW,
+                )
+                .await
+                .map_err(|err| anyhow::anyhow!("move {round} of T-{number}: {err}"))?;
+            moves += 1;
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    stop.cancel();
+    let opened = outsider.await??;
+    moved?;
+    assert_eq!(moves, 300);
+    assert!(opened > 0, "the outside connection never opened the file");
+    let listed = in_list(backlog.as_ref(), "auth").await?;
+    assert_eq!(listed.len(), 4, "every task is still in the list once");
+    Ok(())
+}
