@@ -572,7 +572,8 @@ mod backlog_sql {
             now_ms: i64,
         ) -> Result<u32, Error> {
             let _writes = self.lock_writes().await;
-            let mut tx = self.begin_write()
+            let mut tx = self
+                .begin_write()
                 .await
                 .map_err(failed("failed to begin adding a task"))?;
             let row = sqlx::query(
@@ -681,7 +682,8 @@ mod backlog_sql {
         ) -> Result<(), Error> {
             let _writes = self.lock_writes().await;
             let n = task.number;
-            let mut tx = self.begin_write()
+            let mut tx = self
+                .begin_write()
                 .await
                 .map_err(failed(format!("failed to begin editing T-{n}")))?;
             let updated = sqlx::query(
@@ -731,7 +733,8 @@ mod backlog_sql {
             now_ms: i64,
         ) -> Result<(), Error> {
             let _writes = self.lock_writes().await;
-            let mut tx = self.begin_write()
+            let mut tx = self
+                .begin_write()
                 .await
                 .map_err(failed(format!("failed to begin moving T-{task}")))?;
             place(&mut tx, project, task, placement, position, now_ms).await?;
@@ -777,7 +780,8 @@ mod backlog_sql {
             now_ms: i64,
         ) -> Result<Uuid, Error> {
             let _writes = self.lock_writes().await;
-            let mut tx = self.begin_write()
+            let mut tx = self
+                .begin_write()
                 .await
                 .map_err(failed(format!("failed to begin blocking T-{task}")))?;
             let updated = sqlx::query(
@@ -823,7 +827,8 @@ mod backlog_sql {
             now_ms: i64,
         ) -> Result<usize, Error> {
             let _writes = self.lock_writes().await;
-            let mut tx = self.begin_write()
+            let mut tx = self
+                .begin_write()
                 .await
                 .map_err(failed(format!("failed to begin unblocking T-{task}")))?;
             let resolved = sqlx::query(
@@ -914,7 +919,8 @@ mod backlog_sql {
 
         async fn insert_suggestions(&self, rows: &[SuggestionRow]) -> Result<(), Error> {
             let _writes = self.lock_writes().await;
-            let mut tx = self.begin_write()
+            let mut tx = self
+                .begin_write()
                 .await
                 .map_err(failed("failed to begin storing suggestions"))?;
             for row in rows {
@@ -1218,7 +1224,8 @@ mod backlog_sql {
         ) -> Result<(), Error> {
             let _writes = self.lock_writes().await;
             let project = list.project.as_str();
-            let mut tx = self.begin_write()
+            let mut tx = self
+                .begin_write()
                 .await
                 .map_err(failed(format!("failed to begin accepting suggestion {id}")))?;
             let row = sqlx::query(
