@@ -5,7 +5,7 @@
 //! (or for its shard to be recovered).
 
 use trellis_core::ids::{ExecutionId, QuestionId, TaskInstanceId};
-use trellis_core::machine::{Applied, Event, EventBody, ExecutionState};
+use trellis_core::machine::{Applied, Event, EventBody, ExecutionState, Ignored};
 use trellis_wire::read;
 
 use super::{Action, Answer, Coordinator, Error, Observation, ReplyTo, Request, Waiting};
@@ -206,7 +206,10 @@ impl Coordinator {
             Ok(Applied::Changed { .. }) => {
                 Ok((live.seq, live.machine.question_continuation(question)))
             }
-            Ok(Applied::Ignored(_)) => Err(Error::precondition(format!(
+            Ok(Applied::Ignored(Ignored::StaleAttempt)) => Err(Error::precondition(format!(
+                "question {question} was withdrawn: the task that asked it was cancelled"
+            ))),
+            Ok(Applied::Ignored(Ignored::Duplicate)) => Err(Error::precondition(format!(
                 "question {question} was already answered"
             ))),
             Err(err) => Err(Error::precondition(err.to_string())),

@@ -25,7 +25,7 @@ impl Execution {
             .get(&question)
             .ok_or(ApplyError::UnknownQuestion(question))?;
         if open.answered {
-            return Ok(Applied::Ignored(Ignored::Duplicate));
+            return Ok(Applied::Ignored(self.closed_question(open.instance)));
         }
         self.require_live("question_answered")?;
         self.answer(question, answer.to_owned(), at);
@@ -42,7 +42,7 @@ impl Execution {
             .get(&question)
             .ok_or(ApplyError::UnknownQuestion(question))?;
         if open.answered {
-            return Ok(Applied::Ignored(Ignored::Duplicate));
+            return Ok(Applied::Ignored(self.closed_question(open.instance)));
         }
         if open.question.expires_at_ms.is_none_or(|e| e > at) {
             return Err(ApplyError::QuestionNotExpired(question));
@@ -292,7 +292,8 @@ impl Execution {
         self.ended_at_ms = None;
         self.budget_tripped = false;
         self.failed_slots = 0;
-        // Questions of the ended run died with their instances.
+        // Questions of the ended run died with their instances (`terminate` closed them; a
+        // snapshot of an older version may still hold them open).
         for open in self.questions.values_mut() {
             open.answered = true;
         }
@@ -345,11 +346,35 @@ impl Execution {
         self.release(settle, at);
     }
 
+    /// Why an answer or expiry of a closed question is ignored: it was answered (or expired)
+    /// before, or withdrawn because the instance that asked it was cancelled.
+    fn closed_question(&self, asker: InstIdx) -> Ignored {
+        if self.instances[asker as usize].state == TaskState::Cancelled {
+            Ignored::StaleAttempt
+        } else {
+            Ignored::Duplicate
+        }
+    }
+
     fn require_live(&self, event: &'static str) -> Result<(), ApplyError> {
         if self.state.is_terminal() {
             Err(invalid_execution(self.state, event))
         } else {
             Ok(())
+        }
+    }
+
+    /// Closes the open question instance `idx` waits on, if any, because the instance is being
+    /// cancelled. An instance waits on one question at most; the scan over the execution's
+    /// questions runs only when a waiting instance is cancelled.
+    pub(super) fn withdraw_question_of(&mut self, idx: InstIdx) {
+        let open = self
+            .questions
+            .iter()
+            .find(|(_, open)| open.instance == idx && !open.answered)
+            .map(|(id, _)| *id);
+        if let Some(question) = open {
+            self.close_question(question);
         }
     }
 
@@ -430,6 +455,11 @@ impl Execution {
                 self.mark_done(task_idx, TaskState::Cancelled, false, &mut ignored);
             }
         }
+        // Its questions die with the instances that asked them.
+        for open in self.questions.values_mut() {
+            open.answered = true;
+        }
+        self.open_questions = 0;
         self.deadlines.clear();
         self.expiries.clear();
         self.holds = Default::default();

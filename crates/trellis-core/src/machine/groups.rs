@@ -257,6 +257,11 @@ impl Execution {
                 self.end_turn(idx);
                 stop.push(self.instances[idx as usize].id);
             }
+            if state == TaskState::WaitingForHuman {
+                // Its question goes with it: an answer or an expiry must not continue a
+                // cancelled instance.
+                self.withdraw_question_of(idx);
+            }
             self.instances[idx as usize].ended_at_ms = Some(at);
             self.set_state(idx, TaskState::Cancelled);
             if let Some(task_idx) = self.plan_task_of_member(idx) {

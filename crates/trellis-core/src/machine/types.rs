@@ -70,7 +70,9 @@ pub enum Applied {
 pub enum Ignored {
     /// This result (or request) was applied before.
     Duplicate,
-    /// The result is for an attempt that was superseded (timed out, retried, cancelled).
+    /// The result is for an attempt that was superseded (timed out, retried, cancelled), or the
+    /// answer (or expiry) is of a question withdrawn when the instance that asked it was
+    /// cancelled.
     StaleAttempt,
 }
 

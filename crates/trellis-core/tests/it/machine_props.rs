@@ -408,6 +408,16 @@ impl Harness {
                 }
             }
         }
+        // An open question waits on an instance that waits for it: a cancelled asker takes its
+        // question with it, or an answer would continue work nothing waits for.
+        for open in exec.open_questions() {
+            assert_eq!(
+                exec.instance_state(open.instance),
+                Some(TaskState::WaitingForHuman),
+                "question {} is open on an instance that is not waiting",
+                open.question.id
+            );
+        }
         // 3. at most one resumption per group, at any time.
         for (group, _, _, _) in exec.groups() {
             assert!(
@@ -451,7 +461,7 @@ impl Harness {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 4_000, ..ProptestConfig::default() })]
 
     #[test]
     fn invariants_hold_and_replay_rebuilds_the_state(shape in plan_shape(), ops in prop::collection::vec(op(), 0..120)) {

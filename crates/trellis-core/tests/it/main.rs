@@ -3,5 +3,6 @@
 mod common;
 mod machine;
 mod machine_props;
+mod questions;
 mod relationships;
 mod routes;
