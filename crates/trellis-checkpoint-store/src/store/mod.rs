@@ -490,7 +490,8 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// Returns one page of executions matching the query (with their labels), newest first.
     async fn list_executions(&self, query: &ExecutionQuery) -> Result<Vec<ExecutionRow>, Error>;
 
-    /// Returns the questions of an execution still waiting for an answer, oldest first.
+    /// Returns the questions of an execution still waiting for an answer, oldest first (a
+    /// question whose asking instance was cancelled is withdrawn, not waiting).
     async fn open_questions(&self, execution_id: ExecutionId) -> Result<Vec<QuestionRow>, Error>;
 
     /// Stores task log batches in one transaction; a batch already stored (same execution and

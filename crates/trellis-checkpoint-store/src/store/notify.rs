@@ -144,7 +144,8 @@ pub trait Notifications: Send + Sync {
     async fn newest_enqueued_event(&self) -> Result<Option<i64>, Error>;
 
     /// Returns the questions still pending that were asked after `after_ms` and at or before
-    /// `until_ms`, oldest first, at most `limit`.
+    /// `until_ms`, oldest first, at most `limit`; a question whose asking instance was cancelled
+    /// is withdrawn, not pending.
     async fn questions_asked_between(
         &self,
         after_ms: i64,

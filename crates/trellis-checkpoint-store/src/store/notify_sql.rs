@@ -302,8 +302,11 @@ mod notify_sql {
             limit: u32,
         ) -> Result<Vec<QuestionRow>, Error> {
             sqlx::query(&format!(
-                "SELECT {QUESTION_COLUMNS} FROM questions WHERE status = 'pending' \
+                "SELECT {QUESTION_COLUMNS} FROM questions q WHERE status = 'pending' \
                  AND asked_at_unix_ms > $1 AND asked_at_unix_ms <= $2 \
+                 AND NOT EXISTS (SELECT 1 FROM task_instances t \
+                   WHERE t.execution_id = q.execution_id \
+                   AND t.task_instance_id = q.task_instance_id AND t.state = 'cancelled') \
                  ORDER BY asked_at_unix_ms, question_id LIMIT $3"
             ))
             .bind(after_ms)

@@ -660,11 +660,16 @@ impl Store for StoreImpl {
     }
 
     async fn open_questions(&self, execution_id: ExecutionId) -> Result<Vec<QuestionRow>, Error> {
+        // A question is withdrawn, with no event of its own, when the instance that asked it is
+        // cancelled (its group settled without it, or the execution ended).
         let rows = sqlx::query(
             "SELECT question_id, execution_id, task_instance_id, task_id, attempt, \
              question_type, text, options, default_answer, timeout_action, expires_at_unix_ms, \
-             asked_at_unix_ms, priority FROM questions \
-             WHERE execution_id = $1 AND status = 'pending' ORDER BY question_id",
+             asked_at_unix_ms, priority FROM questions q \
+             WHERE execution_id = $1 AND status = 'pending' AND NOT EXISTS ( \
+               SELECT 1 FROM task_instances t WHERE t.execution_id = q.execution_id \
+               AND t.task_instance_id = q.task_instance_id AND t.state = 'cancelled') \
+             ORDER BY question_id",
         )
         .bind(execution_id.0)
         .fetch_all(self.pool())

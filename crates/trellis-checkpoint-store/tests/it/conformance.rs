@@ -30,6 +30,7 @@ store_suite!(
     prune_keeps_the_newest_full_checkpoints_with_their_deltas,
     a_two_megabyte_checkpoint_round_trips,
     read_model_writes_are_idempotent_and_queryable,
+    a_question_whose_asker_is_cancelled_is_not_open,
     executions_are_listed_by_filters,
     text_with_nul_characters_is_stored,
     a_failed_write_transaction_writes_nothing,
@@ -352,7 +353,7 @@ async fn a_two_megabyte_checkpoint_round_trips(store: TestStore) -> anyhow::Resu
     Ok(())
 }
 
-fn record(
+pub(crate) fn record(
     execution_id: ExecutionId,
     id: TaskInstanceId,
     task_id: &str,
@@ -670,6 +671,63 @@ async fn read_model_writes_are_idempotent_and_queryable(store: TestStore) -> any
         }])
         .await?;
     assert_eq!(store.count("workers").await?, 1);
+    Ok(())
+}
+
+/// A question is withdrawn, with no event of its own, when the instance that asked it is
+/// cancelled: a group settled without the member, or the execution ended. It is then not open.
+async fn a_question_whose_asker_is_cancelled_is_not_open(store: TestStore) -> anyhow::Result<()> {
+    let execution_id = ExecutionId(Uuid::now_v7());
+    let asker = TaskInstanceId(Uuid::now_v7());
+    let other = TaskInstanceId(Uuid::now_v7());
+    let question = |asked_by: TaskInstanceId| QuestionRow {
+        execution_id,
+        task_instance_id: asked_by,
+        task_id: "review".to_owned(),
+        attempt: 1,
+        question: Question {
+            id: QuestionId(Uuid::now_v7()),
+            question_type: "approval".to_owned(),
+            priority: "low".to_owned(),
+            text: "ok?".to_owned(),
+            options: Vec::new(),
+            expires_at_ms: None,
+            timeout_action: TimeoutAction::Fail,
+        },
+        asked_at_ms: 1_005,
+    };
+    let asked = vec![question(asker), question(other)];
+    let waiting = |id| record(execution_id, id, "review", TaskState::WaitingForHuman);
+    store
+        .store
+        .write_read_model(&ReadModelBatch {
+            executions: vec![ExecutionWrite::Row(Box::new(execution_row(
+                execution_id,
+                "plan",
+                4,
+            )))],
+            instances: vec![waiting(asker), waiting(other)],
+            questions_asked: asked.clone(),
+            ..ReadModelBatch::default()
+        })
+        .await?;
+    assert_eq!(store.store.open_questions(execution_id).await?, asked);
+
+    let mut cancelled = waiting(asker);
+    cancelled.state = TaskState::Cancelled;
+    cancelled.ended_at_ms = Some(1_500);
+    store
+        .store
+        .write_read_model(&ReadModelBatch {
+            instances: vec![cancelled],
+            ..ReadModelBatch::default()
+        })
+        .await?;
+    assert_eq!(
+        store.store.open_questions(execution_id).await?,
+        asked[1..],
+        "the cancelled asker's question is withdrawn, the other stays open"
+    );
     Ok(())
 }
 

@@ -11,6 +11,7 @@ use trellis_checkpoint_store::store::{
 };
 use trellis_core::ids::{ExecutionId, QuestionId, TaskInstanceId};
 use trellis_core::machine::{Question, TimeoutAction};
+use trellis_core::record::TaskState;
 use uuid::Uuid;
 
 use crate::support::{TestStore, store_suite};
@@ -259,6 +260,24 @@ async fn the_notifier_reads_pending_questions_by_when_they_were_asked(
             .len(),
         1
     );
+    // Cancelling the instance that asked the third withdraws it: nothing is sent for it.
+    let asker = questions[2].task_instance_id;
+    let cancelled = crate::conformance::record(
+        questions[2].execution_id,
+        asker,
+        "ask",
+        TaskState::Cancelled,
+    );
+    read_model
+        .write_read_model(&ReadModelBatch {
+            instances: vec![cancelled],
+            ..ReadModelBatch::default()
+        })
+        .await?;
+    let pending = backlog
+        .questions_asked_between(now - 1, now + 100, 10)
+        .await?;
+    assert_eq!(pending, [questions[0].clone()]);
 
     let answered = backlog
         .question(questions[1].question.id.0)
