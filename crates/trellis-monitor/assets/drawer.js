@@ -102,7 +102,8 @@ export class TaskDrawer {
     // The questions of the task's turn with their outcome (the hub keeps every one it replayed).
     const questions = Array.isArray(d.questions) ? d.questions : [];
     const outcome = (q) => (q.outcome === 'answered' ? h('b', { class: 'q-answer' }, `answered: ${q.answer}`)
-      : q.outcome === 'expired' ? h('b', { class: 'err' }, 'expired unanswered') : h('b', null, 'waiting for an answer'));
+      : q.outcome === 'expired' ? h('b', { class: 'err' }, 'expired unanswered')
+      : q.outcome === 'withdrawn' ? h('b', null, 'withdrawn: the task was cancelled') : h('b', null, 'waiting for an answer'));
     const output = d.output_ref
       ? h('p', null, `Stored by reference: ${fmtBytes(d.output_ref.size)} in ${d.output_ref.object} (sha256 ${String(d.output_ref.sha256).slice(0, 12)}…). Fetch it with `,
         h('code', null, `trellis output ${this.view.id} ${d.task_id}`), '.')

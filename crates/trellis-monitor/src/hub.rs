@@ -24,6 +24,7 @@ use serde::Serialize;
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 use trellis_core::ids::{ExecutionId, TaskInstanceId};
+use trellis_core::record::TaskState;
 use trellis_proto::{subjects, v1};
 use trellis_wire::replay::{ReplayError, ReplayErrorKind, Replayer, Step};
 
@@ -360,7 +361,14 @@ impl Hub {
         let mut at = Some(record);
         let mut chain = Vec::new();
         while let Some(record) = at {
-            chain.push(state.questions.asked_by(record.task_instance_id).to_vec());
+            let mut asked = state.questions.asked_by(record.task_instance_id).to_vec();
+            if record.state == TaskState::Cancelled {
+                // Cancelling an instance withdraws the question it waited on (no event says so).
+                for question in asked.iter_mut().filter(|q| q.outcome == "open") {
+                    question.outcome = "withdrawn";
+                }
+            }
+            chain.push(asked);
             at = record
                 .continues_task_instance_id
                 .and_then(|earlier| machine.record(earlier))
@@ -641,69 +649,4 @@ pub(crate) mod fuzzing {
 }
 
 #[cfg(test)]
-mod tests {
-    use trellis_core::machine::{Event, EventBody};
-    use trellis_core::plan::{Limits, compile_str};
-    use trellis_wire::log::{Started, event_batch_to_proto, started_to_proto};
-
-    use super::*;
-
-    /// A new execution of a one-task plan and its first log message (`ExecutionStarted`).
-    fn first_message() -> (ExecutionId, Vec<u8>) {
-        let id = ExecutionId(uuid::Uuid::now_v7());
-        let spec = "name: p\ntasks:\n  - {id: a, type: noop}\n";
-        let plan = compile_str(spec, &Limits::default()).expect("the plan compiles");
-        let started = Started {
-            spec: spec.to_owned(),
-            run_number: 1,
-            started_at_ms: 1,
-            compiled_plan: trellis_core::plan::encode(&plan),
-            ..Started::default()
-        };
-        let first = v1::EventBatch {
-            events: vec![started_to_proto(id, &started)],
-        };
-        (id, first.encode_to_vec())
-    }
-
-    /// The one replay policy: a gap in the log fails the hub with the execution and the first
-    /// missing sequence, and the projection keeps what it had.
-    #[test]
-    fn a_gap_fails_the_hub_with_the_missing_sequence() {
-        let (id, first) = first_message();
-        let hub = Hub::new(id, 1);
-        hub.ingest(&first, 1, 0);
-        assert_eq!(*hub.readiness.borrow(), Readiness::Ready);
-        let resume = Event {
-            at_ms: 2,
-            body: EventBody::resume(),
-        };
-        hub.ingest(
-            &event_batch_to_proto(id, 3, &[resume]).encode_to_vec(),
-            2,
-            0,
-        );
-        let Readiness::Failed(HubError::Replay(message)) = hub.readiness.borrow().clone() else {
-            panic!("the hub did not fail: {:?}", *hub.readiness.borrow());
-        };
-        assert!(
-            message.contains(&format!("execution {id}, sequence 2: missing")),
-            "{message}"
-        );
-        assert!(hub.plan().is_some(), "the projection keeps what it had");
-    }
-
-    /// What the fuzz target drives: a log that replays is followed, one message that is not an
-    /// event batch fails the hub, whatever came before it.
-    #[test]
-    fn the_fuzzed_reader_follows_a_good_log_and_stops_at_garbage() {
-        let (id, first) = first_message();
-        let resume = Event {
-            at_ms: 2,
-            body: EventBody::resume(),
-        };
-        let second = event_batch_to_proto(id, 2, &[resume]).encode_to_vec();
-        assert!(fuzzing::follow(id, &[&first, &second, &second]));
-        assert!(!fuzzing::follow(id, &[&first, b"\xff\xff garbage"]));
-    }
-}
+mod tests;

@@ -225,7 +225,7 @@ pub struct AskedQuestionView {
     pub question_type: String,
     pub text: String,
     pub options: Vec<String>,
-    /// `open`, `answered` or `expired`.
+    /// `open`, `answered`, `expired`, or `withdrawn` (the asking instance was cancelled).
     pub outcome: &'static str,
     pub answer: Option<String>,
 }
