@@ -10,7 +10,9 @@ mod notify_sql {
     use sqlx::QueryBuilder;
 
     use super::backlog_sql::failed;
-    use super::{Db, DbRow, StoreImpl, chunks, column, question_from_row, text};
+    use super::{
+        Db, DbRow, QUESTION_STILL_ASKED, StoreImpl, chunks, column, question_from_row, text,
+    };
     use crate::store::notify::{
         Attempt, DeliveryRow, Notifications, SinkKind, SinkRow, StoredQuestion,
     };
@@ -302,11 +304,8 @@ mod notify_sql {
             limit: u32,
         ) -> Result<Vec<QuestionRow>, Error> {
             sqlx::query(&format!(
-                "SELECT {QUESTION_COLUMNS} FROM questions q WHERE status = 'pending' \
+                "SELECT {QUESTION_COLUMNS} FROM questions q WHERE {QUESTION_STILL_ASKED} \
                  AND asked_at_unix_ms > $1 AND asked_at_unix_ms <= $2 \
-                 AND NOT EXISTS (SELECT 1 FROM task_instances t \
-                   WHERE t.execution_id = q.execution_id \
-                   AND t.task_instance_id = q.task_instance_id AND t.state = 'cancelled') \
                  ORDER BY asked_at_unix_ms, question_id LIMIT $3"
             ))
             .bind(after_ms)

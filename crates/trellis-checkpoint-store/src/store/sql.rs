@@ -660,17 +660,12 @@ impl Store for StoreImpl {
     }
 
     async fn open_questions(&self, execution_id: ExecutionId) -> Result<Vec<QuestionRow>, Error> {
-        // A question is withdrawn, with no event of its own, when the instance that asked it is
-        // cancelled (its group settled without it, or the execution ended).
-        let rows = sqlx::query(
+        let rows = sqlx::query(&format!(
             "SELECT question_id, execution_id, task_instance_id, task_id, attempt, \
              question_type, text, options, default_answer, timeout_action, expires_at_unix_ms, \
              asked_at_unix_ms, priority FROM questions q \
-             WHERE execution_id = $1 AND status = 'pending' AND NOT EXISTS ( \
-               SELECT 1 FROM task_instances t WHERE t.execution_id = q.execution_id \
-               AND t.task_instance_id = q.task_instance_id AND t.state = 'cancelled') \
-             ORDER BY question_id",
-        )
+             WHERE execution_id = $1 AND {QUESTION_STILL_ASKED} ORDER BY question_id"
+        ))
         .bind(execution_id.0)
         .fetch_all(self.pool())
         .await
@@ -778,5 +773,11 @@ async fn fetch_metadata(
     .map_err(db_err(format!("failed to read checkpoint {checkpoint_id}")))?;
     row.as_ref().map(checkpoint_metadata_from_row).transpose()
 }
+
+/// Where a `questions q` row still waits for an answer: pending, and the instance that asked it
+/// not cancelled (cancelling it withdraws the question, with no event of its own).
+const QUESTION_STILL_ASKED: &str = "q.status = 'pending' AND NOT EXISTS (SELECT 1 \
+    FROM task_instances t WHERE t.execution_id = q.execution_id \
+    AND t.task_instance_id = q.task_instance_id AND t.state = 'cancelled')";
 
 include!("sql_write.rs");

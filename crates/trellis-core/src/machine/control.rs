@@ -294,10 +294,7 @@ impl Execution {
         self.failed_slots = 0;
         // Questions of the ended run died with their instances (`terminate` closed them; a
         // snapshot of an older version may still hold them open).
-        for open in self.questions.values_mut() {
-            open.answered = true;
-        }
-        self.open_questions = 0;
+        self.close_all_questions();
         self.expiries.clear();
         let plan = Arc::clone(&self.plan);
         let n = self.slots.len();
@@ -378,6 +375,14 @@ impl Execution {
         }
     }
 
+    /// Closes every question (the execution ended), leaving the execution's state as it is.
+    fn close_all_questions(&mut self) {
+        for open in self.questions.values_mut() {
+            open.answered = true;
+        }
+        self.open_questions = 0;
+    }
+
     fn close_question(&mut self, question: QuestionId) {
         if let Some(open) = self.questions.get_mut(&question) {
             open.answered = true;
@@ -456,10 +461,7 @@ impl Execution {
             }
         }
         // Its questions die with the instances that asked them.
-        for open in self.questions.values_mut() {
-            open.answered = true;
-        }
-        self.open_questions = 0;
+        self.close_all_questions();
         self.deadlines.clear();
         self.expiries.clear();
         self.holds = Default::default();
