@@ -43,6 +43,16 @@ macro_rules! uuid_newtype {
             pub const fn as_uuid(&self) -> &Uuid {
                 &self.0
             }
+
+            /// Returns the Unix time in milliseconds a UUIDv7 was made at; `None` for any
+            /// other kind of UUID.
+            pub fn unix_ms(&self) -> Option<u64> {
+                if self.0.get_version_num() != 7 {
+                    return None;
+                }
+                let (secs, nanos) = self.0.get_timestamp()?.to_unix();
+                Some(secs * 1000 + u64::from(nanos) / 1_000_000)
+            }
         }
 
         impl fmt::Display for $name {
@@ -153,6 +163,14 @@ mod tests {
         let early = ExecutionId::v7(1_000, [9; 10]);
         let late = ExecutionId::v7(2_000, [0; 10]);
         assert!(early < late);
+    }
+
+    #[test]
+    fn a_v7_id_says_when_it_was_made() {
+        let id = ExecutionId::derived(1_700_000_123_456, 7);
+        assert_eq!(id.unix_ms(), Some(1_700_000_123_456));
+        assert_eq!(ExecutionId::from(Uuid::from_u128(0x1234)).unix_ms(), None);
+        assert_eq!(ExecutionId::nil().unix_ms(), None);
     }
 
     #[test]
