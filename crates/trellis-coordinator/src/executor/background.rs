@@ -1,11 +1,13 @@
 //! Work the executor runs beside its loop and reports back as inputs: recovering a shard's
-//! executions, loading one execution, storing a checkpoint, consuming a shard's results, and
-//! receiving worker heartbeats.
+//! executions, loading one execution, storing a checkpoint, writing the index entries of reserved
+//! ids, consuming a shard's results, and receiving worker heartbeats.
 
 use std::time::Duration;
 
 use async_nats::jetstream;
+use bytes::Bytes;
 use futures::StreamExt;
+use futures::future::join_all;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
@@ -102,6 +104,26 @@ impl Executor {
         });
     }
 
+    /// Writes the index entries of reserved ids, trying each again until it is stored, and
+    /// reports them ([`Input::Reserved`]): until then no start takes them.
+    pub(super) fn spawn_reserve(&self, reserve: Vec<(String, ExecutionId)>) {
+        let index = self.index.clone();
+        let tx = self.tx.clone();
+        let shutdown = self.shutdown.clone();
+        tokio::spawn(async move {
+            let (keys, ids): (Vec<String>, Vec<ExecutionId>) = reserve.into_iter().unzip();
+            join_all(keys.iter().map(|key| {
+                retry_until(&shutdown, || {
+                    index.put(key.as_str(), Bytes::from_static(b"1"))
+                })
+            }))
+            .await;
+            if !shutdown.is_cancelled() {
+                let _ = tx.send(Inbound::Input(Input::Reserved(ids))).await;
+            }
+        });
+    }
+
     /// Hands a checkpoint to the checkpoint-store (checksum and RPC off the loop), prunes after
     /// a full one, and reports the answer.
     pub(super) fn spawn_checkpoint(&self, job: CheckpointJob) {
@@ -173,9 +195,7 @@ impl Executor {
             return;
         }
         let n = jobs.len();
-        let stored =
-            futures::future::join_all(jobs.into_iter().map(|job| store.create(job.checkpoint)))
-                .await;
+        let stored = join_all(jobs.into_iter().map(|job| store.create(job.checkpoint))).await;
         let failed = stored.iter().filter(|result| result.is_err()).count();
         tracing::info!(checkpoints = n, failed, "handover checkpoints stored");
     }

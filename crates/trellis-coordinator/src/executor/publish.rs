@@ -53,6 +53,7 @@ impl Executor {
             load,
             consume,
             fences,
+            reserve,
         } = effects;
         if !assignments.is_empty() {
             hops::mark("coordinator.dispatched");
@@ -148,6 +149,9 @@ impl Executor {
         }
         for (id, epoch) in fences {
             self.spawn_fence(id, epoch);
+        }
+        if !reserve.is_empty() {
+            self.spawn_reserve(reserve);
         }
     }
 

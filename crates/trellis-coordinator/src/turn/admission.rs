@@ -283,14 +283,21 @@ impl Coordinator {
                 trellis_bus::MAX_PAYLOAD
             )));
         }
-        // An id whose shard this coordinator owns (the key's shard, with a key): expected tries =
-        // shards / owned shards (shards, with a key).
-        let (id, shard) = loop {
-            let id = self.ids.execution(now);
-            let shard = self.shard_of(id);
-            if target.map_or(self.owned.contains(&shard), |target| shard == target) {
-                break (id, shard);
-            }
+        // A reserved id of the shard, whose index entry is stored (`reserve`); else an id whose
+        // shard this coordinator owns (the key's shard, with a key), its entry written before the
+        // first append: expected tries = shards / owned shards (shards, with a key).
+        let reserved = self
+            .reservations
+            .take(target, self.owned.iter().copied(), now);
+        let (id, shard) = match reserved {
+            Some(taken) => taken,
+            None => loop {
+                let id = self.ids.execution(now);
+                let shard = self.shard_of(id);
+                if target.map_or(self.owned.contains(&shard), |target| shard == target) {
+                    break (id, shard);
+                }
+            },
         };
         let labels: std::collections::BTreeMap<String, String> = options
             .labels
@@ -323,7 +330,8 @@ impl Coordinator {
         let mut live = Live::new(machine, labels, now, shard, tenancy);
         live.seq = 1;
         live.pending.push(started);
-        live.index_put = true;
+        live.index_put = reserved.is_none();
+        live.indexed = reserved.is_some();
         // Its first checkpoint is due an interval from now, like any other's: one of a log of
         // one message would save no replay, yet cost a full snapshot in this loop (tens of
         // milliseconds for 20,000 tasks) and a write to the checkpoint-store per execution.

@@ -56,6 +56,9 @@ pub enum Input {
     },
     /// The fences bucket holds `epoch` for the execution ([`Effects::fences`]).
     Fenced { id: ExecutionId, epoch: u64 },
+    /// The index holds the entries of these reserved ids ([`Effects::reserve`]): starts may
+    /// take them.
+    Reserved(Vec<ExecutionId>),
     /// The checkpoint-store answered a checkpoint.
     CheckpointDone {
         id: ExecutionId,
@@ -276,7 +279,8 @@ pub struct Writes {
 pub struct Append {
     pub id: ExecutionId,
     /// The index key to write before the first message (a new execution or run), so a
-    /// coordinator taking the shard over finds every execution that has a log.
+    /// coordinator taking the shard over finds every execution that has a log. `None` for a
+    /// start that took a reserved id: its entry is stored already.
     pub index_put: Option<String>,
     /// The stream sequence of the last message on the execution's subject: JetStream refuses
     /// the first message unless it follows it (`Nats-Expected-Last-Subject-Sequence`).
@@ -314,7 +318,8 @@ pub struct Effects {
     pub breakers: Vec<Publish>,
     /// New events per execution, for its observers.
     pub observed: Vec<Observed>,
-    /// Index keys of executions that finished: their last event is stored.
+    /// Index keys of executions that finished (their last event is stored), of reservations
+    /// given up, and of reservations a crashed coordinator left behind.
     pub index_deletes: Vec<String>,
     /// Executions dropped from memory (their append was refused): their observers end.
     pub forget: Vec<ExecutionId>,
@@ -336,6 +341,10 @@ pub struct Effects {
     /// answered by [`Input::Fenced`] once stored: executions just taken over with attempts
     /// running.
     pub fences: Vec<(ExecutionId, u64)>,
+    /// Index entries of ids reserved for later starts (`turn::reserve`), with the ids: written
+    /// in the background, answered by [`Input::Reserved`] once all are stored. None belongs to
+    /// an execution yet, so they wait for nothing and nothing waits for them.
+    pub reserve: Vec<(String, ExecutionId)>,
 }
 
 /// A turn's tasks of an execution go to their queue's fast lane (`trellis.tasks.~.<queue>`,

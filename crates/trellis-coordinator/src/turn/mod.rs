@@ -33,6 +33,7 @@ mod flush;
 mod live;
 pub mod pauses;
 mod requests;
+mod reserve;
 mod results;
 mod shards;
 mod takeover;
@@ -55,6 +56,7 @@ pub use contract::{
     Input, Observation, Observed, Publish, Recoveries, Recovery, Request, Writes,
 };
 pub use error::{Error, ErrorKind};
+pub use reserve::{ORPHAN_AFTER_MS, RECHECK_UNBORN_MS, RESERVED_PER_SHARD, USE_WITHIN_MS};
 pub use shards::{LogMessage, Recovered, index_key};
 
 use crate::metrics::Metrics;
@@ -189,6 +191,14 @@ pub struct Coordinator {
     inheriting: BTreeSet<ExecutionId>,
     /// The circuit breakers of queues and task types.
     breakers: breakers::Breakers,
+    /// Ids whose index entry is written ahead of the starts that take them.
+    reservations: reserve::Reservations,
+    /// Indexed executions an index scan is loading: one without a log may be a reservation
+    /// nobody will use (`reserve`).
+    scanned: BTreeSet<ExecutionId>,
+    /// Indexed executions found without a log, with when: index scans look at each again at
+    /// most every `reserve::RECHECK_UNBORN_MS`, until it has a log or is deleted as orphaned.
+    unborn: Map<ExecutionId, u64>,
 }
 
 /// What a turn collects before it returns.
@@ -211,6 +221,9 @@ struct Pending {
     handover: Vec<CheckpointJob>,
     /// Circuit breaker transitions to publish.
     breakers: Vec<Publish>,
+    /// Index keys to delete that belong to no finished execution: reservations given up, and
+    /// orphaned ones.
+    index_deletes: Vec<String>,
 }
 
 impl Coordinator {
@@ -257,6 +270,9 @@ impl Coordinator {
             pauses: Arc::default(),
             inheriting: BTreeSet::new(),
             breakers: breakers::Breakers::new(config.breakers),
+            reservations: reserve::Reservations::default(),
+            scanned: BTreeSet::new(),
+            unborn: Map::default(),
         }
     }
 
@@ -299,6 +315,10 @@ impl Coordinator {
         let mut effects = self.side_effects(outcomes, now);
         effects.handover = std::mem::take(&mut self.pending.handover);
         effects.breakers = std::mem::take(&mut self.pending.breakers);
+        effects.reserve = self.reserve(now);
+        effects
+            .index_deletes
+            .append(&mut self.pending.index_deletes);
         effects.checkpoints = self.checkpoints(now);
         effects.replies = self.write_replies();
         self.metrics
@@ -366,6 +386,7 @@ impl Coordinator {
                 }
             }
             Input::Fenced { id, epoch } => self.fenced(id, epoch, now),
+            Input::Reserved(ids) => self.reserved(ids, now),
             Input::Tick => {
                 self.lapse_inherited(now);
                 for (id, live) in &mut self.executions {

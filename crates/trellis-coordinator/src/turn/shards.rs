@@ -114,7 +114,12 @@ impl Coordinator {
             self.refused.insert(*id);
         }
         self.dirty.retain(|id| !gone.contains(id));
+        for id in self.reservations.drop_shard(shard) {
+            self.pending.index_deletes.push(index_key(shard, id));
+        }
         let shards = self.config.shards;
+        self.unborn
+            .retain(|id, _| subjects::shard_of(&id.to_string(), shards) != shard);
         self.attention
             .retain(|id, _| subjects::shard_of(&id.to_string(), shards) != shard);
         self.by_key
@@ -157,6 +162,7 @@ impl Coordinator {
         tracing::info!(shard, "shard owned");
         for id in missing {
             self.fail_waiting(id);
+            self.indexed_without_log(shard, id, now);
         }
         self.hold_broken(broken);
         // Requests that arrived while the shard was recovered. Those for another shard still
@@ -179,11 +185,20 @@ impl Coordinator {
             .collect();
         let ids: Vec<ExecutionId> = recovered.iter().map(|r| r.machine.id()).collect();
         self.adopt(recovered, now);
+        for broken in &broken {
+            self.scanned.remove(&broken.id);
+        }
         for id in missing {
             self.fail_waiting(id);
+            let shard = self.shard_of(id);
+            if self.scanned.remove(&id) && self.owned.contains(&shard) {
+                self.indexed_without_log(shard, id, now);
+            }
         }
         self.hold_broken(broken);
         for id in ids {
+            self.scanned.remove(&id);
+            self.unborn.remove(&id);
             if self.attention.remove(&id).is_some() {
                 tracing::info!(%id, "the log of an execution that needed attention replays again");
             }
@@ -201,7 +216,10 @@ impl Coordinator {
             return;
         }
         for id in ids {
-            if self.shard_of(id) != shard || self.loading.contains_key(&id) {
+            if self.shard_of(id) != shard
+                || self.loading.contains_key(&id)
+                || self.reservations.holds(shard, id)
+            {
                 continue;
             }
             // Indexed means unfinished: an execution held here as finished was started again
@@ -219,8 +237,14 @@ impl Coordinator {
             if !self.executions.contains_key(&id)
                 && !self.missing.contains(&id)
                 && !self.attention.contains_key(&id)
+                && self.recheck(id, self.now)
             {
-                tracing::info!(%id, shard, "indexed execution not in memory; loading it");
+                if self.unborn.contains_key(&id) {
+                    tracing::debug!(%id, shard, "indexed without a log when last read; reading it again");
+                } else {
+                    tracing::info!(%id, shard, "indexed execution not in memory; loading it");
+                }
+                self.scanned.insert(id);
                 self.loading.insert(id, Vec::new());
                 self.pending.load.push(id);
             }

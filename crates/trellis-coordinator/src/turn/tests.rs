@@ -1,7 +1,7 @@
 //! Checks of the turn that need no execution.
 
 /// The turn's sources, as compiled.
-const SOURCES: [(&str, &str); 13] = [
+const SOURCES: [(&str, &str); 14] = [
     ("mod.rs", include_str!("mod.rs")),
     ("contract.rs", include_str!("contract.rs")),
     ("tests.rs", include_str!("tests.rs")),
@@ -12,6 +12,7 @@ const SOURCES: [(&str, &str); 13] = [
     ("flush.rs", include_str!("flush.rs")),
     ("live.rs", include_str!("live.rs")),
     ("requests.rs", include_str!("requests.rs")),
+    ("reserve.rs", include_str!("reserve.rs")),
     ("results.rs", include_str!("results.rs")),
     ("shards.rs", include_str!("shards.rs")),
     ("workers.rs", include_str!("workers.rs")),
@@ -567,3 +568,4 @@ mod window {
 
 mod observe;
 mod plan_cache;
+mod reserve;

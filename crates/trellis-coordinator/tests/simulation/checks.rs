@@ -259,7 +259,7 @@ impl Checker {
                 }
             }
         }
-        if let Some(key) = nats.index.iter().next() {
+        if let Some(key) = nats.indexed_with_log().next() {
             return Err(format!(
                 "{key} is still in the index after its execution finished"
             ));

@@ -82,14 +82,16 @@ fn seeds_keep_every_invariant() {
     let failures = run_seeds(seeds, None);
     eprintln!(
         "simulation: {n_seeds} seeds in {:.1} s, {} appends fenced, {} checkpoints stored, \
-         {} recoveries from a checkpoint, {} shards handed over, {} results and {} assignments sent in batches",
+         {} recoveries from a checkpoint, {} shards handed over, {} results and {} assignments sent in batches, \
+         {} starts on a reserved id",
         started.elapsed().as_secs_f64(),
         world::FENCED.load(std::sync::atomic::Ordering::Relaxed),
         world::CHECKPOINTS.load(std::sync::atomic::Ordering::Relaxed),
         world::RESTORED.load(std::sync::atomic::Ordering::Relaxed),
         world::HANDOVERS.load(std::sync::atomic::Ordering::Relaxed),
         world::BATCHED.load(std::sync::atomic::Ordering::Relaxed),
-        world::ASSIGNMENTS_BATCHED.load(std::sync::atomic::Ordering::Relaxed)
+        world::ASSIGNMENTS_BATCHED.load(std::sync::atomic::Ordering::Relaxed),
+        world::RESERVED_STARTS.load(std::sync::atomic::Ordering::Relaxed)
     );
     if let Some((seed, why)) = failures.first() {
         panic!(

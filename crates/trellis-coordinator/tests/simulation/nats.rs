@@ -340,4 +340,14 @@ impl Nats {
             ..Self::default()
         }
     }
+
+    /// The index keys of executions with a log; the others are ids reserved for starts that have
+    /// not come (`turn::reserve`).
+    pub fn indexed_with_log(&self) -> impl Iterator<Item = &String> + '_ {
+        self.index.iter().filter(|key| {
+            key.split_once('.')
+                .and_then(|(_, id)| id.parse::<ExecutionId>().ok())
+                .is_none_or(|id| !self.events.log(id).is_empty())
+        })
+    }
 }

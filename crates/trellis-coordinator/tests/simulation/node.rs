@@ -277,6 +277,8 @@ impl World {
             }
             if let Some(key) = &append.index_put {
                 self.nats.index.insert(key.clone());
+            } else if append.expected_stream_seq == 0 {
+                RESERVED_STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
             let mut expected = append.expected_stream_seq;
             let mut outcome = None;
@@ -347,6 +349,7 @@ impl World {
             load,
             consume,
             fences,
+            reserve,
         } = effects;
         for message in assignments {
             if self.crash_here() {
@@ -393,6 +396,15 @@ impl World {
             self.nats.fences.insert(id.to_string(), epoch);
             let delay = self.rng.between(1, 30);
             self.schedule(idx, delay, Input::Fenced { id, epoch });
+        }
+        if !reserve.is_empty() {
+            let mut ids = Vec::with_capacity(reserve.len());
+            for (key, id) in reserve {
+                self.nats.index.insert(key);
+                ids.push(id);
+            }
+            let delay = self.rng.between(1, 30);
+            self.schedule(idx, delay, Input::Reserved(ids));
         }
         if self.crash_here() {
             self.crash(idx);

@@ -117,6 +117,8 @@ pub static CHECKPOINTS: std::sync::atomic::AtomicU64 = std::sync::atomic::Atomic
 pub static BATCHED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 /// Assignments coordinators sent in batches, over every seed run.
 pub static ASSIGNMENTS_BATCHED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// New executions whose first append went out on a reserved id (no index write before it).
+pub static RESERVED_STARTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// True when `TRELLIS_SIM_VERBOSE` asks for a trace of the run.
 pub(crate) fn verbose() -> bool {
@@ -393,7 +395,7 @@ impl World {
                     .get(&id)
                     .is_some_and(|r| r.machine.state().is_terminal())
             })
-            && self.nats.index.is_empty()
+            && self.nats.indexed_with_log().next().is_none()
     }
 
     pub(crate) fn inject_faults(&mut self) {

@@ -1,0 +1,317 @@
+//! Reserved execution ids: index entries written ahead of the starts that will use them, so a
+//! start's first append need not wait for its index entry (one JetStream round trip less on
+//! every start) while every execution is still in the index before its first event.
+//!
+//! Each owned shard keeps a few ids whose index entry is stored. A start takes one (its shard's,
+//! with an idempotency key; any owned shard's, in turn, without) and appends at once; with none
+//! left it writes its entry first, as before. Refills go out after a turn's effects, in the
+//! background ([`super::Effects::reserve`], answered by [`super::Input::Reserved`]).
+//!
+//! A reserved id that nobody used is an index entry without a log. Its holder deletes it when
+//! it drops the shard and when it is older than [`USE_WITHIN_MS`] (it is then never used); a
+//! coordinator that crashed leaves its reservations behind, and the next owner deletes an
+//! indexed id without a log once the id is older than [`ORPHAN_AFTER_MS`] (its index scans read
+//! such an id again at most every [`RECHECK_UNBORN_MS`] meanwhile). A start decides on a
+//! reserved id at most [`USE_WITHIN_MS`] after it was made and appends at once, so an id that old
+//! has no first append to come unless its coordinator froze for most of an hour between deciding
+//! and appending.
+
+use std::collections::VecDeque;
+
+use trellis_core::ids::ExecutionId;
+use trellis_proto::subjects;
+
+use super::shards::index_key;
+use super::{Coordinator, Map};
+
+/// Ids a shard keeps reserved; a refill tops the shard up once it holds half as many.
+pub const RESERVED_PER_SHARD: usize = 16;
+/// A reserved id is used within this long after it was made, or deleted.
+pub const USE_WITHIN_MS: u64 = 5 * 60 * 1000;
+/// An indexed id without a log, older than this, is a reservation nobody will use: the owner of
+/// its shard deletes it.
+pub const ORPHAN_AFTER_MS: u64 = 60 * 60 * 1000;
+
+/// An indexed id found without a log is read again by index scans at most this often: a
+/// crashed coordinator's reservations are not read every scan for the hour until they are
+/// deleted.
+pub const RECHECK_UNBORN_MS: u64 = 60 * 1000;
+
+/// Most ids drawn for one refill, so a refill ends even if the hash of ids were to avoid a shard.
+const MAX_DRAWS: usize = 64 * RESERVED_PER_SHARD;
+
+impl Coordinator {
+    /// Gives up the reservations too old to use, and returns the owned shards' refills: index
+    /// keys to write, each with its id ([`super::Input::Reserved`] answers them).
+    pub(super) fn reserve(&mut self, now: u64) -> Vec<(String, ExecutionId)> {
+        for (shard, id) in self.reservations.expire(now) {
+            self.pending.index_deletes.push(index_key(shard, id));
+        }
+        let mut wanted: Map<u32, usize> = self
+            .owned
+            .iter()
+            .map(|shard| (*shard, self.reservations.wanted(*shard)))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        let mut refill = Vec::new();
+        let mut draws = 0;
+        while !wanted.is_empty() && draws < MAX_DRAWS {
+            draws += 1;
+            let id = self.ids.execution(now);
+            let shard = self.shard_of(id);
+            let Some(n) = wanted.get_mut(&shard) else {
+                continue;
+            };
+            *n -= 1;
+            if *n == 0 {
+                wanted.remove(&shard);
+            }
+            self.reservations.writing(shard, id);
+            refill.push((index_key(shard, id), id));
+        }
+        refill
+    }
+
+    /// Index entries of reserved ids are stored: starts may take them. Those of shards dropped
+    /// meanwhile are deleted.
+    pub(super) fn reserved(&mut self, ids: Vec<ExecutionId>, now: u64) {
+        let shards = self.config.shards;
+        let unwanted =
+            self.reservations
+                .stored(ids, |id| subjects::shard_of(&id.to_string(), shards), now);
+        for (shard, id) in unwanted {
+            self.pending.index_deletes.push(index_key(shard, id));
+        }
+    }
+
+    /// An indexed id was read without a log: its entry is deleted once it is old enough to be a
+    /// reservation nobody will use (made longer than [`ORPHAN_AFTER_MS`] ago); a younger one may
+    /// still get its first event, and scans look at it again later.
+    pub(super) fn indexed_without_log(&mut self, shard: u32, id: ExecutionId, now: u64) {
+        let orphaned = id
+            .unix_ms()
+            .is_some_and(|at| now >= at.saturating_add(ORPHAN_AFTER_MS));
+        if orphaned {
+            tracing::info!(%id, shard, "indexed without a log for an hour: a reservation left behind; deleting it");
+            self.unborn.remove(&id);
+            self.pending.index_deletes.push(index_key(shard, id));
+        } else {
+            self.unborn.insert(id, now);
+        }
+    }
+
+    /// Whether an index scan should read `id` again now: not if it was found without a log
+    /// within [`RECHECK_UNBORN_MS`].
+    pub(super) fn recheck(&self, id: ExecutionId, now: u64) -> bool {
+        self.unborn
+            .get(&id)
+            .is_none_or(|at| now >= at + RECHECK_UNBORN_MS)
+    }
+}
+
+/// The reserved ids of the owned shards.
+#[derive(Debug, Default)]
+pub(super) struct Reservations {
+    /// Ids whose index entry is stored, per shard, oldest first, with when each was made.
+    ready: Map<u32, VecDeque<(ExecutionId, u64)>>,
+    /// Ids whose index entry is being written, per shard.
+    writing: Map<u32, Vec<ExecutionId>>,
+    /// Ids found too old by a start, for [`Reservations::expire`] to hand back.
+    expired: Vec<(u32, ExecutionId)>,
+    /// The shard the next start without an idempotency key looks at first.
+    next: u32,
+}
+
+impl Reservations {
+    /// Takes a reserved id of `shard`, or of any of `owned` (in turn) when `shard` is `None`;
+    /// returns it and its shard.
+    pub(super) fn take(
+        &mut self,
+        shard: Option<u32>,
+        owned: impl Iterator<Item = u32> + Clone,
+        now: u64,
+    ) -> Option<(ExecutionId, u32)> {
+        if let Some(shard) = shard {
+            return self.take_of(shard, now).map(|id| (id, shard));
+        }
+        let next = self.next;
+        let order = owned
+            .clone()
+            .filter(move |shard| *shard >= next)
+            .chain(owned.filter(move |shard| *shard < next));
+        for shard in order.collect::<Vec<_>>() {
+            if let Some(id) = self.take_of(shard, now) {
+                self.next = shard.wrapping_add(1);
+                return Some((id, shard));
+            }
+        }
+        None
+    }
+
+    fn take_of(&mut self, shard: u32, now: u64) -> Option<ExecutionId> {
+        let ready = self.ready.get_mut(&shard)?;
+        while let Some((id, at)) = ready.pop_front() {
+            if now < at + USE_WITHIN_MS {
+                return Some(id);
+            }
+            self.expired.push((shard, id));
+        }
+        None
+    }
+
+    /// Removes the ids older than [`USE_WITHIN_MS`]; returns them, to be deleted from the index.
+    pub(super) fn expire(&mut self, now: u64) -> Vec<(u32, ExecutionId)> {
+        let mut gone = std::mem::take(&mut self.expired);
+        for (shard, ready) in &mut self.ready {
+            while let Some(&(id, at)) = ready.front() {
+                if now < at + USE_WITHIN_MS {
+                    break;
+                }
+                ready.pop_front();
+                gone.push((*shard, id));
+            }
+        }
+        gone
+    }
+
+    /// How many ids `shard` needs reserved now: none while it holds more than half of
+    /// [`RESERVED_PER_SHARD`], else enough to fill it.
+    pub(super) fn wanted(&self, shard: u32) -> usize {
+        let held = self.ready.get(&shard).map_or(0, VecDeque::len)
+            + self.writing.get(&shard).map_or(0, Vec::len);
+        if held > RESERVED_PER_SHARD / 2 {
+            0
+        } else {
+            RESERVED_PER_SHARD - held
+        }
+    }
+
+    /// Notes an id whose index entry is being written.
+    pub(super) fn writing(&mut self, shard: u32, id: ExecutionId) {
+        self.writing.entry(shard).or_default().push(id);
+    }
+
+    /// Takes ids whose index entries are stored; returns those of shards no longer reserving
+    /// (dropped while the entries were written), to be deleted from the index.
+    pub(super) fn stored(
+        &mut self,
+        ids: Vec<ExecutionId>,
+        shard_of: impl Fn(ExecutionId) -> u32,
+        now: u64,
+    ) -> Vec<(u32, ExecutionId)> {
+        let mut unwanted = Vec::new();
+        for id in ids {
+            let shard = shard_of(id);
+            let Some(writing) = self.writing.get_mut(&shard) else {
+                unwanted.push((shard, id));
+                continue;
+            };
+            let Some(at) = writing.iter().position(|w| *w == id) else {
+                unwanted.push((shard, id));
+                continue;
+            };
+            writing.swap_remove(at);
+            // When it was made is the time in the id, which the refill's turn chose.
+            let made = id.unix_ms().unwrap_or(now);
+            self.ready.entry(shard).or_default().push_back((id, made));
+        }
+        unwanted
+    }
+
+    /// Forgets a shard's reservations; returns the ids stored, to be deleted from the index (ids
+    /// still being written are deleted when [`Reservations::stored`] reports them).
+    pub(super) fn drop_shard(&mut self, shard: u32) -> Vec<ExecutionId> {
+        self.writing.remove(&shard);
+        self.ready
+            .remove(&shard)
+            .map(|ready| ready.into_iter().map(|(id, _)| id).collect())
+            .unwrap_or_default()
+    }
+
+    /// Whether `id` is one of this coordinator's reservations (stored or being written).
+    pub(super) fn holds(&self, shard: u32, id: ExecutionId) -> bool {
+        self.ready
+            .get(&shard)
+            .is_some_and(|ready| ready.iter().any(|(r, _)| *r == id))
+            || self
+                .writing
+                .get(&shard)
+                .is_some_and(|writing| writing.contains(&id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(at: u64, n: u128) -> ExecutionId {
+        ExecutionId::derived(at, n)
+    }
+
+    #[test]
+    fn a_shard_is_refilled_once_half_is_used() {
+        let mut r = Reservations::default();
+        assert_eq!(r.wanted(0), RESERVED_PER_SHARD);
+        let ids: Vec<ExecutionId> = (0..RESERVED_PER_SHARD as u128).map(|n| id(10, n)).collect();
+        for id in &ids {
+            r.writing(0, *id);
+        }
+        assert_eq!(r.wanted(0), 0, "being written counts as held");
+        assert!(r.stored(ids.clone(), |_| 0, 10).is_empty());
+        for _ in 0..RESERVED_PER_SHARD / 2 - 1 {
+            assert!(r.take(Some(0), [0].into_iter(), 20).is_some());
+        }
+        assert_eq!(r.wanted(0), 0);
+        assert!(r.take(Some(0), [0].into_iter(), 20).is_some());
+        assert_eq!(r.wanted(0), RESERVED_PER_SHARD / 2);
+    }
+
+    #[test]
+    fn ids_are_taken_oldest_first_and_shards_in_turn() {
+        let mut r = Reservations::default();
+        let (a, b, c) = (id(10, 1), id(11, 2), id(12, 3));
+        r.writing(0, a);
+        r.writing(0, b);
+        r.writing(1, c);
+        let shard_of = |x: ExecutionId| u32::from(x == c);
+        assert!(r.stored(vec![a, b, c], shard_of, 12).is_empty());
+        let owned = [0, 1];
+        assert_eq!(r.take(None, owned.into_iter(), 20), Some((a, 0)));
+        assert_eq!(r.take(None, owned.into_iter(), 20), Some((c, 1)));
+        assert_eq!(r.take(None, owned.into_iter(), 20), Some((b, 0)));
+        assert_eq!(r.take(None, owned.into_iter(), 20), None);
+    }
+
+    #[test]
+    fn an_old_reservation_is_never_used_and_is_expired() {
+        let mut r = Reservations::default();
+        let old = id(1_000, 1);
+        r.writing(0, old);
+        r.stored(vec![old], |_| 0, 1_000);
+        let late = 1_000 + USE_WITHIN_MS;
+        assert!(r.holds(0, old));
+        assert_eq!(r.expire(late), vec![(0, old)]);
+        assert!(!r.holds(0, old));
+        r.writing(0, old);
+        r.stored(vec![old], |_| 0, 1_000);
+        assert_eq!(r.take(Some(0), [0].into_iter(), late), None);
+        assert_eq!(
+            r.expire(late),
+            vec![(0, old)],
+            "a start that found it too old hands it back"
+        );
+    }
+
+    #[test]
+    fn a_dropped_shard_gives_its_ids_back_for_deleting() {
+        let mut r = Reservations::default();
+        let (a, b) = (id(10, 1), id(10, 2));
+        r.writing(3, a);
+        r.writing(3, b);
+        r.stored(vec![a], |_| 3, 10);
+        assert_eq!(r.drop_shard(3), vec![a]);
+        // The one still being written is unwanted once stored.
+        assert_eq!(r.stored(vec![b], |_| 3, 11), vec![(3, b)]);
+        assert!(!r.holds(3, a) && !r.holds(3, b));
+    }
+}
