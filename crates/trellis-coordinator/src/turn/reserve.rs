@@ -2,10 +2,11 @@
 //! start's first append need not wait for its index entry (one JetStream round trip less on
 //! every start) while every execution is still in the index before its first event.
 //!
-//! Each owned shard keeps a few ids whose index entry is stored. A start takes one (its shard's,
-//! with an idempotency key; any owned shard's, in turn, without) and appends at once; with none
-//! left it writes its entry first, as before. Refills go out after a turn's effects, in the
-//! background ([`super::Effects::reserve`], answered by [`super::Input::Reserved`]).
+//! Each owned shard keeps a few ids whose index entry is stored. A start takes the oldest (its
+//! shard's, with an idempotency key; any owned shard's, in turn, without) and appends at once;
+//! with none left it writes its entry first, as before. Refills go out after a turn's effects, in
+//! the background ([`super::Effects::reserve`], answered by [`super::Input::Reserved`]), for
+//! shards just acquired or that starts drew on since their last refill.
 //!
 //! A reserved id that nobody used is an index entry without a log. Its holder deletes it when
 //! it drops the shard and when it is older than [`USE_WITHIN_MS`] (it is then never used); a
@@ -26,8 +27,10 @@ use super::{Coordinator, Map};
 
 /// Ids a shard keeps reserved; a refill tops the shard up once it holds half as many.
 pub const RESERVED_PER_SHARD: usize = 16;
-/// A reserved id is used within this long after it was made, or deleted.
-pub const USE_WITHIN_MS: u64 = 5 * 60 * 1000;
+/// A reserved id is used within this long after it was made, or deleted. Ids are UUIDv7, so
+/// lists ordered by id ("newest first") place an execution by when its id was made: up to this
+/// long before its start.
+pub const USE_WITHIN_MS: u64 = 10 * 1000;
 /// An indexed id without a log, older than this, is a reservation nobody will use: the owner of
 /// its shard deletes it.
 pub const ORPHAN_AFTER_MS: u64 = 60 * 60 * 1000;
@@ -118,6 +121,10 @@ pub(super) struct Reservations {
     writing: Map<u32, Vec<ExecutionId>>,
     /// Ids found too old by a start, for [`Reservations::expire`] to hand back.
     expired: Vec<(u32, ExecutionId)>,
+    /// Shards a start took an id of (or found none in) since their last refill, and shards just
+    /// acquired: only these are refilled, so an idle shard does not write and delete entries
+    /// every [`USE_WITHIN_MS`].
+    demand: std::collections::BTreeSet<u32>,
     /// The shard the next start without an idempotency key looks at first.
     next: u32,
 }
@@ -132,6 +139,7 @@ impl Reservations {
         now: u64,
     ) -> Option<(ExecutionId, u32)> {
         if let Some(shard) = shard {
+            self.demand.insert(shard);
             return self.take_of(shard, now).map(|id| (id, shard));
         }
         let next = self.next;
@@ -139,13 +147,21 @@ impl Reservations {
             .clone()
             .filter(move |shard| *shard >= next)
             .chain(owned.filter(move |shard| *shard < next));
-        for shard in order.collect::<Vec<_>>() {
-            if let Some(id) = self.take_of(shard, now) {
+        let order: Vec<u32> = order.collect();
+        for shard in &order {
+            if let Some(id) = self.take_of(*shard, now) {
+                self.demand.insert(*shard);
                 self.next = shard.wrapping_add(1);
-                return Some((id, shard));
+                return Some((id, *shard));
             }
         }
+        self.demand.extend(order);
         None
+    }
+
+    /// A shard was acquired: it is refilled at once, so its first starts find ids.
+    pub(super) fn acquired(&mut self, shard: u32) {
+        self.demand.insert(shard);
     }
 
     fn take_of(&mut self, shard: u32, now: u64) -> Option<ExecutionId> {
@@ -174,9 +190,12 @@ impl Reservations {
         gone
     }
 
-    /// How many ids `shard` needs reserved now: none while it holds more than half of
-    /// [`RESERVED_PER_SHARD`], else enough to fill it.
+    /// How many ids `shard` needs reserved now: none while no start wanted one since its last
+    /// refill or while it holds more than half of [`RESERVED_PER_SHARD`], else enough to fill it.
     pub(super) fn wanted(&self, shard: u32) -> usize {
+        if !self.demand.contains(&shard) {
+            return 0;
+        }
         let held = self.ready.get(&shard).map_or(0, VecDeque::len)
             + self.writing.get(&shard).map_or(0, Vec::len);
         if held > RESERVED_PER_SHARD / 2 {
@@ -188,6 +207,7 @@ impl Reservations {
 
     /// Notes an id whose index entry is being written.
     pub(super) fn writing(&mut self, shard: u32, id: ExecutionId) {
+        self.demand.remove(&shard);
         self.writing.entry(shard).or_default().push(id);
     }
 
@@ -213,7 +233,10 @@ impl Reservations {
             writing.swap_remove(at);
             // When it was made is the time in the id, which the refill's turn chose.
             let made = id.unix_ms().unwrap_or(now);
-            self.ready.entry(shard).or_default().push_back((id, made));
+            let ready = self.ready.entry(shard).or_default();
+            ready.push_back((id, made));
+            // Taken in id order, so a coordinator's starts get ids in the order they came.
+            ready.make_contiguous().sort_unstable();
         }
         unwanted
     }
@@ -222,6 +245,7 @@ impl Reservations {
     /// still being written are deleted when [`Reservations::stored`] reports them).
     pub(super) fn drop_shard(&mut self, shard: u32) -> Vec<ExecutionId> {
         self.writing.remove(&shard);
+        self.demand.remove(&shard);
         self.ready
             .remove(&shard)
             .map(|ready| ready.into_iter().map(|(id, _)| id).collect())
@@ -251,6 +275,8 @@ mod tests {
     #[test]
     fn a_shard_is_refilled_once_half_is_used() {
         let mut r = Reservations::default();
+        assert_eq!(r.wanted(0), 0, "no start wanted one yet");
+        r.acquired(0);
         assert_eq!(r.wanted(0), RESERVED_PER_SHARD);
         let ids: Vec<ExecutionId> = (0..RESERVED_PER_SHARD as u128).map(|n| id(10, n)).collect();
         for id in &ids {

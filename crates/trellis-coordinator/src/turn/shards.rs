@@ -157,6 +157,7 @@ impl Coordinator {
             return;
         }
         self.owned.insert(shard);
+        self.reservations.acquired(shard);
         self.adopt(recovered, now);
         self.pending.consume.push(shard);
         tracing::info!(shard, "shard owned");

@@ -24,6 +24,13 @@ fn owned_with_refill(coordinator: &mut Coordinator, now: u64) -> Vec<(String, Ex
     turn(coordinator, vec![recovered], now).reserve
 }
 
+/// The ids of a refill in the order starts take them: by id.
+fn sorted(refill: &[(String, ExecutionId)]) -> Vec<ExecutionId> {
+    let mut ids: Vec<ExecutionId> = refill.iter().map(|(_, id)| *id).collect();
+    ids.sort_unstable();
+    ids
+}
+
 /// The id and index entry of the one new execution of a turn's writes.
 fn started(coordinator: &mut Coordinator, now: u64) -> (ExecutionId, Option<String>) {
     let writes = coordinator.turn(vec![start(1)], now);
@@ -47,7 +54,7 @@ fn a_start_takes_a_reserved_id_once_its_entry_is_stored() {
     assert_eq!(index_put, Some(index_key(0, id)), "nothing is stored yet");
     assert!(refill.iter().all(|(_, reserved)| *reserved != id));
 
-    let ids: Vec<ExecutionId> = refill.iter().map(|(_, id)| *id).collect();
+    let ids = sorted(&refill);
     turn(
         &mut coordinator,
         vec![Input::Reserved(ids.clone())],
@@ -68,7 +75,7 @@ fn a_start_takes_a_reserved_id_once_its_entry_is_stored() {
 fn a_shard_is_refilled_once_half_its_reservations_are_used() {
     let mut coordinator = coordinator(0);
     let refill = owned_with_refill(&mut coordinator, NOW);
-    let ids: Vec<ExecutionId> = refill.iter().map(|(_, id)| *id).collect();
+    let ids = sorted(&refill);
     let effects = turn(&mut coordinator, vec![Input::Reserved(ids)], NOW + 1);
     assert!(effects.reserve.is_empty(), "the shard is full");
     let mut refilled: Vec<usize> = (0..RESERVED_PER_SHARD / 2)
@@ -87,13 +94,13 @@ fn a_shard_is_refilled_once_half_its_reservations_are_used() {
     );
 }
 
-/// A reservation older than `USE_WITHIN_MS` is never used: it is deleted, and a start writes
-/// its own entry (or takes a younger one).
+/// A reservation older than `USE_WITHIN_MS` is never used: it is deleted, an idle shard is not
+/// refilled, and the next start writes its own entry and asks for a refill.
 #[test]
 fn an_old_reservation_is_deleted_not_used() {
     let mut coordinator = coordinator(0);
     let refill = owned_with_refill(&mut coordinator, NOW);
-    let ids: Vec<ExecutionId> = refill.iter().map(|(_, id)| *id).collect();
+    let ids = sorted(&refill);
     turn(
         &mut coordinator,
         vec![Input::Reserved(ids.clone())],
@@ -102,15 +109,22 @@ fn an_old_reservation_is_deleted_not_used() {
     let late = NOW + USE_WITHIN_MS;
     let effects = turn(&mut coordinator, Vec::new(), late);
     let keys: Vec<String> = ids.iter().map(|id| index_key(0, *id)).collect();
-    assert_eq!(effects.index_deletes, keys, "every one, oldest first");
+    assert_eq!(effects.index_deletes, keys, "every one, in id order");
+    assert!(
+        effects.reserve.is_empty(),
+        "no start wanted one: none asked for"
+    );
+    let writes = coordinator.turn(vec![start(1)], late + 1);
+    let [append] = <[_; 1]>::try_from(writes.appends).expect("one append");
+    assert!(!ids.contains(&append.id));
+    assert_eq!(append.index_put, Some(index_key(0, append.id)));
+    let outcome = crate::turn::Appended::Stored { stream_seq: 1 };
+    let effects = coordinator.appended(vec![(append.id, outcome)], late + 1);
     assert_eq!(
         effects.reserve.len(),
         RESERVED_PER_SHARD,
-        "and new ones asked for"
+        "a start found none: refilled"
     );
-    let (id, index_put) = started(&mut coordinator, late + 1);
-    assert!(!ids.contains(&id));
-    assert_eq!(index_put, Some(index_key(0, id)));
 }
 
 /// A shard given up deletes its reservations: those stored at once, those still being written
@@ -119,7 +133,7 @@ fn an_old_reservation_is_deleted_not_used() {
 fn a_lost_shard_deletes_its_reservations() {
     let mut coordinator = coordinator(0);
     let refill = owned_with_refill(&mut coordinator, NOW);
-    let ids: Vec<ExecutionId> = refill.iter().map(|(_, id)| *id).collect();
+    let ids = sorted(&refill);
     let (stored, writing) = ids.split_at(4);
     turn(
         &mut coordinator,
@@ -148,7 +162,7 @@ fn a_lost_shard_deletes_its_reservations() {
 fn an_index_scan_does_not_load_the_coordinator_s_own_reservations() {
     let mut coordinator = coordinator(0);
     let refill = owned_with_refill(&mut coordinator, NOW);
-    let ids: Vec<ExecutionId> = refill.iter().map(|(_, id)| *id).collect();
+    let ids = sorted(&refill);
     let (stored, writing) = ids.split_at(4);
     turn(
         &mut coordinator,
