@@ -44,6 +44,18 @@ macro_rules! uuid_newtype {
                 &self.0
             }
 
+            /// Returns the next UUIDv7 above this one, for ids that must rise: the same
+            /// millisecond with its random bits plus one, or the next millisecond when those are
+            /// all ones (or this is no UUIDv7).
+            pub fn successor(&self) -> Self {
+                const RAND_B: u128 = (1 << 62) - 1;
+                let value = self.0.as_u128();
+                if self.0.get_version_num() == 7 && value & RAND_B != RAND_B {
+                    return Self(Uuid::from_u128(value + 1));
+                }
+                Self::v7(self.unix_ms().map_or(0, |ms| ms + 1), [0; 10])
+            }
+
             /// Returns the Unix time in milliseconds a UUIDv7 was made at; `None` for any
             /// other kind of UUID.
             pub fn unix_ms(&self) -> Option<u64> {
@@ -171,6 +183,20 @@ mod tests {
         assert_eq!(id.unix_ms(), Some(1_700_000_123_456));
         assert_eq!(ExecutionId::from(Uuid::from_u128(0x1234)).unix_ms(), None);
         assert_eq!(ExecutionId::nil().unix_ms(), None);
+    }
+
+    #[test]
+    fn a_successor_is_the_next_v7_id_above() {
+        let id = ExecutionId::derived(1_700_000_000_000, 7);
+        let next = id.successor();
+        assert!(next > id);
+        assert_eq!(next.0.get_version_num(), 7);
+        assert_eq!(next.unix_ms(), id.unix_ms());
+        // Random bits all ones: the next millisecond.
+        let full = ExecutionId(Uuid::from_u128(id.0.as_u128() | ((1 << 62) - 1)));
+        let carried = full.successor();
+        assert!(carried > full);
+        assert_eq!(carried.unix_ms(), Some(1_700_000_000_001));
     }
 
     #[test]

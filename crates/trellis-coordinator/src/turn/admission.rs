@@ -295,6 +295,7 @@ impl Coordinator {
                 let id = self.ids.execution(now);
                 let shard = self.shard_of(id);
                 if target.map_or(self.owned.contains(&shard), |target| shard == target) {
+                    self.reservations.gave_fresh(id);
                     break (id, shard);
                 }
             },

@@ -130,6 +130,9 @@ struct Waiting {
 struct Ids {
     seed: u64,
     counter: u64,
+    /// The last execution id made: each one rises above it, so ids made later sort later
+    /// (reserved ids and fresh ones alike; see `reserve`).
+    last_execution: Option<ExecutionId>,
 }
 
 impl Ids {
@@ -139,7 +142,13 @@ impl Ids {
     }
 
     fn execution(&mut self, now: u64) -> ExecutionId {
-        ExecutionId::derived(now, self.next_entropy(now))
+        let id = ExecutionId::derived(now, self.next_entropy(now));
+        let id = match self.last_execution {
+            Some(last) if id <= last => last.successor(),
+            _ => id,
+        };
+        self.last_execution = Some(id);
+        id
     }
 
     fn checkpoint(&mut self, now: u64) -> String {
@@ -243,6 +252,7 @@ impl Coordinator {
             ids: Ids {
                 seed: config.seed,
                 counter: 0,
+                last_execution: None,
             },
             config: Config {
                 shards: config.shards.max(1),

@@ -2,9 +2,12 @@
 //! start's first append need not wait for its index entry (one JetStream round trip less on
 //! every start) while every execution is still in the index before its first event.
 //!
-//! Each owned shard keeps a few ids whose index entry is stored. A start takes the oldest (its
-//! shard's, with an idempotency key; any owned shard's, in turn, without) and appends at once;
-//! with none left it writes its entry first, as before. Refills go out after a turn's effects, in
+//! Each owned shard keeps a few ids whose index entry is stored. A start takes the lowest (its
+//! shard's, with an idempotency key; of any owned shard, without) and appends at once; with none
+//! it takes a fresh id and writes its entry first, as before. Lists order executions by id, so a
+//! coordinator's starts get rising ids: the coordinator makes its ids rising, never gives a
+//! reserved id below the last one given (it is deleted instead), and asks for no refill in a turn
+//! that gave a fresh id (a burst of starts would leave it below the next fresh one). Refills go out after a turn's effects, in
 //! the background ([`super::Effects::reserve`], answered by [`super::Input::Reserved`]), for
 //! shards just acquired or that starts drew on since their last refill.
 //!
@@ -56,6 +59,7 @@ impl Coordinator {
             .map(|shard| (*shard, self.reservations.wanted(*shard)))
             .filter(|(_, n)| *n > 0)
             .collect();
+        self.reservations.turn_ended();
         let mut refill = Vec::new();
         let mut draws = 0;
         while !wanted.is_empty() && draws < MAX_DRAWS {
@@ -125,38 +129,54 @@ pub(super) struct Reservations {
     /// acquired: only these are refilled, so an idle shard does not write and delete entries
     /// every [`USE_WITHIN_MS`].
     demand: std::collections::BTreeSet<u32>,
-    /// The shard the next start without an idempotency key looks at first.
-    next: u32,
+    /// The last id a start was given, reserved or fresh: a reserved id not above it is never
+    /// used, so a coordinator's starts get rising ids.
+    last_given: Option<ExecutionId>,
+    /// A start took a fresh id this turn: no refill until the next.
+    fresh_this_turn: bool,
 }
 
 impl Reservations {
-    /// Takes a reserved id of `shard`, or of any of `owned` (in turn) when `shard` is `None`;
-    /// returns it and its shard.
+    /// Takes the lowest usable reserved id of `shard`, or of any of `owned` when `shard` is
+    /// `None`; returns it and its shard.
     pub(super) fn take(
         &mut self,
         shard: Option<u32>,
         owned: impl Iterator<Item = u32> + Clone,
         now: u64,
     ) -> Option<(ExecutionId, u32)> {
-        if let Some(shard) = shard {
-            self.demand.insert(shard);
-            return self.take_of(shard, now).map(|id| (id, shard));
-        }
-        let next = self.next;
-        let order = owned
-            .clone()
-            .filter(move |shard| *shard >= next)
-            .chain(owned.filter(move |shard| *shard < next));
-        let order: Vec<u32> = order.collect();
-        for shard in &order {
-            if let Some(id) = self.take_of(*shard, now) {
-                self.demand.insert(*shard);
-                self.next = shard.wrapping_add(1);
-                return Some((id, *shard));
+        let shards: Vec<u32> = match shard {
+            Some(shard) => vec![shard],
+            None => owned.collect(),
+        };
+        // The lowest usable id of the shards: a coordinator's starts get ids in the order they
+        // came, so lists by id keep that order.
+        let mut lowest: Option<(ExecutionId, u32)> = None;
+        for shard in &shards {
+            self.demand.insert(*shard);
+            if let Some(id) = self.front(*shard, now)
+                && lowest.is_none_or(|(low, _)| id < low)
+            {
+                lowest = Some((id, *shard));
             }
         }
-        self.demand.extend(order);
-        None
+        let (id, shard) = lowest?;
+        self.ready.get_mut(&shard).and_then(VecDeque::pop_front);
+        self.last_given = Some(id);
+        Some((id, shard))
+    }
+
+    /// A start took a fresh id (none was reserved): reserved ids below it are not used, and
+    /// this turn asks for no refill (one written now would be older than the next fresh id
+    /// of a burst).
+    pub(super) fn gave_fresh(&mut self, id: ExecutionId) {
+        self.last_given = Some(self.last_given.map_or(id, |last| last.max(id)));
+        self.fresh_this_turn = true;
+    }
+
+    /// The turn's refills are decided: the next turn may refill again.
+    pub(super) fn turn_ended(&mut self) {
+        self.fresh_this_turn = false;
     }
 
     /// A shard was acquired: it is refilled at once, so its first starts find ids.
@@ -164,18 +184,22 @@ impl Reservations {
         self.demand.insert(shard);
     }
 
-    fn take_of(&mut self, shard: u32, now: u64) -> Option<ExecutionId> {
+    /// The first id of `shard` a start may take: those too old, or not above the last id given,
+    /// are set aside for [`Reservations::expire`] to hand back.
+    fn front(&mut self, shard: u32, now: u64) -> Option<ExecutionId> {
         let ready = self.ready.get_mut(&shard)?;
-        while let Some((id, at)) = ready.pop_front() {
-            if now < at + USE_WITHIN_MS {
+        while let Some(&(id, at)) = ready.front() {
+            if now < at + USE_WITHIN_MS && self.last_given.is_none_or(|last| id > last) {
                 return Some(id);
             }
+            ready.pop_front();
             self.expired.push((shard, id));
         }
         None
     }
 
-    /// Removes the ids older than [`USE_WITHIN_MS`]; returns them, to be deleted from the index.
+    /// Ends the turn's bookkeeping: removes the ids older than [`USE_WITHIN_MS`] and returns them
+    /// with those set aside, to be deleted from the index.
     pub(super) fn expire(&mut self, now: u64) -> Vec<(u32, ExecutionId)> {
         let mut gone = std::mem::take(&mut self.expired);
         for (shard, ready) in &mut self.ready {
@@ -193,7 +217,7 @@ impl Reservations {
     /// How many ids `shard` needs reserved now: none while no start wanted one since its last
     /// refill or while it holds more than half of [`RESERVED_PER_SHARD`], else enough to fill it.
     pub(super) fn wanted(&self, shard: u32) -> usize {
-        if !self.demand.contains(&shard) {
+        if !self.demand.contains(&shard) || self.fresh_this_turn {
             return 0;
         }
         let held = self.ready.get(&shard).map_or(0, VecDeque::len)
@@ -293,19 +317,38 @@ mod tests {
     }
 
     #[test]
-    fn ids_are_taken_oldest_first_and_shards_in_turn() {
+    fn ids_are_taken_lowest_first_across_shards() {
         let mut r = Reservations::default();
-        let (a, b, c) = (id(10, 1), id(11, 2), id(12, 3));
+        let (a, b, c) = (id(10, 1), id(12, 2), id(11, 3));
         r.writing(0, a);
         r.writing(0, b);
         r.writing(1, c);
         let shard_of = |x: ExecutionId| u32::from(x == c);
-        assert!(r.stored(vec![a, b, c], shard_of, 12).is_empty());
+        assert!(r.stored(vec![b, a, c], shard_of, 12).is_empty());
         let owned = [0, 1];
         assert_eq!(r.take(None, owned.into_iter(), 20), Some((a, 0)));
         assert_eq!(r.take(None, owned.into_iter(), 20), Some((c, 1)));
         assert_eq!(r.take(None, owned.into_iter(), 20), Some((b, 0)));
         assert_eq!(r.take(None, owned.into_iter(), 20), None);
+    }
+
+    /// After a fresh id, reserved ids below it are set aside, not given: a coordinator's starts
+    /// get rising ids. The turn that gave it asks for no refill.
+    #[test]
+    fn a_reserved_id_below_a_fresh_one_is_never_given() {
+        let mut r = Reservations::default();
+        let (low, high) = (id(10, 1), id(30, 2));
+        r.writing(0, low);
+        r.writing(0, high);
+        r.stored(vec![low, high], |_| 0, 30);
+        r.acquired(0);
+        let fresh = id(20, 3);
+        r.gave_fresh(fresh);
+        assert_eq!(r.wanted(0), 0, "no refill in the turn of a fresh id");
+        assert_eq!(r.take(Some(0), [0].into_iter(), 40), Some((high, 0)));
+        assert_eq!(r.expire(40), vec![(0, low)], "handed back for deleting");
+        r.turn_ended();
+        assert_eq!(r.wanted(0), RESERVED_PER_SHARD, "the next turn refills");
     }
 
     #[test]

@@ -31,6 +31,20 @@ fn sorted(refill: &[(String, ExecutionId)]) -> Vec<ExecutionId> {
     ids
 }
 
+/// Owns shard 0 with its refill asked for at `NOW`, the first `stored` of its ids (in id order)
+/// reported stored at `NOW + 1`; returns all of them in id order.
+fn reserved(coordinator: &mut Coordinator, stored: usize) -> Vec<ExecutionId> {
+    let ids = sorted(&owned_with_refill(coordinator, NOW));
+    let report = Input::Reserved(ids[..stored].to_vec());
+    turn(coordinator, vec![report], NOW + 1);
+    ids
+}
+
+/// The index keys of ids of shard 0.
+fn keys(ids: &[ExecutionId]) -> Vec<String> {
+    ids.iter().map(|id| index_key(0, *id)).collect()
+}
+
 /// The id and index entry of the one new execution of a turn's writes.
 fn started(coordinator: &mut Coordinator, now: u64) -> (ExecutionId, Option<String>) {
     let writes = coordinator.turn(vec![start(1)], now);
@@ -40,8 +54,8 @@ fn started(coordinator: &mut Coordinator, now: u64) -> (ExecutionId, Option<Stri
     (append.id, append.index_put)
 }
 
-/// An owned shard asks for its reservations at once; until they are stored a start writes its
-/// own index entry first, after that it takes the oldest reserved id and writes none.
+/// An owned shard asks for its reservations at once; once they are stored a start takes the
+/// lowest reserved id and writes no entry, and the next start the next id.
 #[test]
 fn a_start_takes_a_reserved_id_once_its_entry_is_stored() {
     let mut coordinator = coordinator(0);
@@ -50,34 +64,65 @@ fn a_start_takes_a_reserved_id_once_its_entry_is_stored() {
     for (key, id) in &refill {
         assert_eq!(*key, index_key(0, *id), "each key names its id");
     }
-    let (id, index_put) = started(&mut coordinator, NOW + 1);
-    assert_eq!(index_put, Some(index_key(0, id)), "nothing is stored yet");
-    assert!(refill.iter().all(|(_, reserved)| *reserved != id));
-
     let ids = sorted(&refill);
+    turn(
+        &mut coordinator,
+        vec![Input::Reserved(ids.clone())],
+        NOW + 1,
+    );
+    let (id, index_put) = started(&mut coordinator, NOW + 2);
+    assert_eq!((id, index_put), (ids[0], None), "already indexed");
+    let (id, _) = started(&mut coordinator, NOW + 3);
+    assert_eq!(id, ids[1]);
+}
+
+/// Until the reservations are stored a start writes its own entry first, with a fresh id; the
+/// reserved ids below it are then never given (a coordinator's starts get rising ids, so lists
+/// by id keep their order) but deleted, and the next starts get rising ids again.
+#[test]
+fn a_start_before_its_shard_s_reservations_are_stored_writes_its_entry() {
+    let mut coordinator = coordinator(0);
+    let refill = owned_with_refill(&mut coordinator, NOW);
+    let (fresh, index_put) = started(&mut coordinator, NOW + 1);
+    assert_eq!(
+        index_put,
+        Some(index_key(0, fresh)),
+        "nothing is stored yet"
+    );
+    let ids = sorted(&refill);
+    assert!(
+        ids.iter().all(|id| *id < fresh),
+        "reserved earlier, so lower"
+    );
     turn(
         &mut coordinator,
         vec![Input::Reserved(ids.clone())],
         NOW + 2,
     );
-    let (id, index_put) = started(&mut coordinator, NOW + 3);
-    assert_eq!(
-        (id, index_put),
-        (ids[0], None),
-        "the oldest, already indexed"
+    let writes = coordinator.turn(vec![start(1)], NOW + 3);
+    let [append] = <[_; 1]>::try_from(writes.appends).expect("one append");
+    assert!(append.id > fresh, "a rising id");
+    let outcome = crate::turn::Appended::Stored { stream_seq: 1 };
+    let effects = coordinator.appended(vec![(append.id, outcome)], NOW + 3);
+    assert_eq!(effects.index_deletes, keys(&ids), "the ones below, deleted");
+    assert!(
+        effects.reserve.is_empty(),
+        "no refill in a turn of a fresh id"
     );
-    let (id, _) = started(&mut coordinator, NOW + 4);
-    assert_eq!(id, ids[1]);
+    let effects = turn(&mut coordinator, Vec::new(), NOW + 4);
+    assert_eq!(
+        effects.reserve.len(),
+        RESERVED_PER_SHARD,
+        "the next turn refills"
+    );
+    assert!(effects.reserve.iter().all(|(_, id)| *id > append.id));
 }
 
 /// Half the reservations used, a refill tops the shard up; not before.
 #[test]
 fn a_shard_is_refilled_once_half_its_reservations_are_used() {
     let mut coordinator = coordinator(0);
-    let refill = owned_with_refill(&mut coordinator, NOW);
-    let ids = sorted(&refill);
-    let effects = turn(&mut coordinator, vec![Input::Reserved(ids)], NOW + 1);
-    assert!(effects.reserve.is_empty(), "the shard is full");
+    reserved(&mut coordinator, RESERVED_PER_SHARD);
     let mut refilled: Vec<usize> = (0..RESERVED_PER_SHARD / 2)
         .map(|n| {
             turn(&mut coordinator, vec![start(1)], NOW + 2 + n as u64)
@@ -95,21 +140,14 @@ fn a_shard_is_refilled_once_half_its_reservations_are_used() {
 }
 
 /// A reservation older than `USE_WITHIN_MS` is never used: it is deleted, an idle shard is not
-/// refilled, and the next start writes its own entry and asks for a refill.
+/// refilled, and the next start writes its own entry and a refill follows.
 #[test]
 fn an_old_reservation_is_deleted_not_used() {
     let mut coordinator = coordinator(0);
-    let refill = owned_with_refill(&mut coordinator, NOW);
-    let ids = sorted(&refill);
-    turn(
-        &mut coordinator,
-        vec![Input::Reserved(ids.clone())],
-        NOW + 1,
-    );
+    let ids = reserved(&mut coordinator, RESERVED_PER_SHARD);
     let late = NOW + USE_WITHIN_MS;
     let effects = turn(&mut coordinator, Vec::new(), late);
-    let keys: Vec<String> = ids.iter().map(|id| index_key(0, *id)).collect();
-    assert_eq!(effects.index_deletes, keys, "every one, in id order");
+    assert_eq!(effects.index_deletes, keys(&ids), "every one, in id order");
     assert!(
         effects.reserve.is_empty(),
         "no start wanted one: none asked for"
@@ -119,11 +157,12 @@ fn an_old_reservation_is_deleted_not_used() {
     assert!(!ids.contains(&append.id));
     assert_eq!(append.index_put, Some(index_key(0, append.id)));
     let outcome = crate::turn::Appended::Stored { stream_seq: 1 };
-    let effects = coordinator.appended(vec![(append.id, outcome)], late + 1);
+    coordinator.appended(vec![(append.id, outcome)], late + 1);
+    let effects = turn(&mut coordinator, Vec::new(), late + 2);
     assert_eq!(
         effects.reserve.len(),
         RESERVED_PER_SHARD,
-        "a start found none: refilled"
+        "a start found none: refilled a turn later"
     );
 }
 
@@ -132,17 +171,10 @@ fn an_old_reservation_is_deleted_not_used() {
 #[test]
 fn a_lost_shard_deletes_its_reservations() {
     let mut coordinator = coordinator(0);
-    let refill = owned_with_refill(&mut coordinator, NOW);
-    let ids = sorted(&refill);
+    let ids = reserved(&mut coordinator, 4);
     let (stored, writing) = ids.split_at(4);
-    turn(
-        &mut coordinator,
-        vec![Input::Reserved(stored.to_vec())],
-        NOW + 1,
-    );
     let effects = turn(&mut coordinator, vec![Input::LeaseLost(0)], NOW + 2);
-    let keys: Vec<String> = stored.iter().map(|id| index_key(0, *id)).collect();
-    assert_eq!(effects.index_deletes, keys);
+    assert_eq!(effects.index_deletes, keys(stored));
     assert!(
         effects.reserve.is_empty(),
         "no refill for a shard not owned"
@@ -152,8 +184,7 @@ fn a_lost_shard_deletes_its_reservations() {
         vec![Input::Reserved(writing.to_vec())],
         NOW + 3,
     );
-    let keys: Vec<String> = writing.iter().map(|id| index_key(0, *id)).collect();
-    assert_eq!(effects.index_deletes, keys);
+    assert_eq!(effects.index_deletes, keys(writing));
 }
 
 /// An index scan passes this coordinator's own reservations by: they have no log yet and are no
@@ -161,14 +192,8 @@ fn a_lost_shard_deletes_its_reservations() {
 #[test]
 fn an_index_scan_does_not_load_the_coordinator_s_own_reservations() {
     let mut coordinator = coordinator(0);
-    let refill = owned_with_refill(&mut coordinator, NOW);
-    let ids = sorted(&refill);
+    let ids = reserved(&mut coordinator, 4);
     let (stored, writing) = ids.split_at(4);
-    turn(
-        &mut coordinator,
-        vec![Input::Reserved(stored.to_vec())],
-        NOW + 1,
-    );
     let stranger = ExecutionId::derived(NOW, 99);
     let mut listed = ids.clone();
     listed.push(stranger);
