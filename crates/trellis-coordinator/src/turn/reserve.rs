@@ -119,7 +119,7 @@ impl Coordinator {
 /// The reserved ids of the owned shards.
 #[derive(Debug, Default)]
 pub(super) struct Reservations {
-    /// Ids whose index entry is stored, per shard, oldest first, with when each was made.
+    /// Ids whose index entry is stored, per shard, in id order, with when each was made.
     ready: Map<u32, VecDeque<(ExecutionId, u64)>>,
     /// Ids whose index entry is being written, per shard.
     writing: Map<u32, Vec<ExecutionId>>,
@@ -142,7 +142,7 @@ impl Reservations {
     pub(super) fn take(
         &mut self,
         shard: Option<u32>,
-        owned: impl Iterator<Item = u32> + Clone,
+        owned: impl Iterator<Item = u32>,
         now: u64,
     ) -> Option<(ExecutionId, u32)> {
         let shards: Vec<u32> = match shard {
