@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::kv;
 use bytes::Bytes;
 use futures::future::join_all;
 use tokio_util::sync::CancellationToken;
@@ -129,27 +130,11 @@ impl Executor {
     /// Writes the index entries of new executions (and runs) before their first event, so a
     /// coordinator taking the shard over finds every execution that has a log.
     async fn put_index(&self, appends: &[Append]) {
-        let keys: Vec<&String> = appends
+        let keys: Vec<&str> = appends
             .iter()
-            .filter_map(|append| append.index_put.as_ref())
+            .filter_map(|append| append.index_put.as_deref())
             .collect();
-        if keys.is_empty() {
-            return;
-        }
-        let results = join_all(
-            keys.iter()
-                .map(|key| self.index.put(key.as_str(), Bytes::from_static(b"1"))),
-        )
-        .await;
-        for (key, result) in keys.into_iter().zip(results) {
-            if let Err(err) = result {
-                tracing::warn!(%key, %err, "index write failed; retrying");
-                retry_until(&self.shutdown, || {
-                    self.index.put(key.as_str(), Bytes::from_static(b"1"))
-                })
-                .await;
-            }
-        }
+        put_index_entries(&self.index, &self.shutdown, &keys).await;
     }
 
     /// A duplicate ack means JetStream already held a message with this id: ours, stored by an
@@ -235,6 +220,29 @@ fn append_headers(
         propagation::inject_nats(&propagation::context_of(&span), &mut headers);
     }
     headers
+}
+
+/// Writes index entries, all at once, then each one that failed again until it is stored or the
+/// coordinator stops.
+pub(super) async fn put_index_entries(
+    index: &kv::Store,
+    shutdown: &CancellationToken,
+    keys: &[&str],
+) {
+    if keys.is_empty() {
+        return;
+    }
+    let results = join_all(
+        keys.iter()
+            .map(|key| index.put(*key, Bytes::from_static(b"1"))),
+    )
+    .await;
+    for (key, result) in keys.iter().zip(results) {
+        if let Err(err) = result {
+            tracing::warn!(%key, %err, "index write failed; retrying");
+            retry_until(shutdown, || index.put(*key, Bytes::from_static(b"1"))).await;
+        }
+    }
 }
 
 /// Runs `attempt` until it succeeds or the coordinator stops, backing off between tries.

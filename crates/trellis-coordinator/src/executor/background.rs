@@ -5,7 +5,6 @@
 use std::time::Duration;
 
 use async_nats::jetstream;
-use bytes::Bytes;
 use futures::StreamExt;
 use futures::future::join_all;
 use tokio::sync::mpsc;
@@ -15,7 +14,7 @@ use trellis_core::ids::ExecutionId;
 use trellis_proto::subjects;
 use trellis_telemetry::{hops, propagation};
 
-use super::append::{MAX_BACKOFF, retry_until};
+use super::append::{MAX_BACKOFF, put_index_entries, retry_until};
 use super::{Executor, Inbound};
 use crate::checkpoints::StoreClient;
 use crate::recovery;
@@ -112,12 +111,8 @@ impl Executor {
         let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
             let (keys, ids): (Vec<String>, Vec<ExecutionId>) = reserve.into_iter().unzip();
-            join_all(keys.iter().map(|key| {
-                retry_until(&shutdown, || {
-                    index.put(key.as_str(), Bytes::from_static(b"1"))
-                })
-            }))
-            .await;
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            put_index_entries(&index, &shutdown, &keys).await;
             if !shutdown.is_cancelled() {
                 let _ = tx.send(Inbound::Input(Input::Reserved(ids))).await;
             }

@@ -396,7 +396,7 @@ impl Coordinator {
                 }
             }
             Input::Fenced { id, epoch } => self.fenced(id, epoch, now),
-            Input::Reserved(ids) => self.reserved(ids, now),
+            Input::Reserved(ids) => self.reserved(ids),
             Input::Tick => {
                 self.lapse_inherited(now);
                 for (id, live) in &mut self.executions {

@@ -81,11 +81,11 @@ impl Coordinator {
 
     /// Index entries of reserved ids are stored: starts may take them. Those of shards dropped
     /// meanwhile are deleted.
-    pub(super) fn reserved(&mut self, ids: Vec<ExecutionId>, now: u64) {
+    pub(super) fn reserved(&mut self, ids: Vec<ExecutionId>) {
         let shards = self.config.shards;
-        let unwanted =
-            self.reservations
-                .stored(ids, |id| subjects::shard_of(&id.to_string(), shards), now);
+        let unwanted = self
+            .reservations
+            .stored(ids, |id| subjects::shard_of(&id.to_string(), shards));
         for (shard, id) in unwanted {
             self.pending.index_deletes.push(index_key(shard, id));
         }
@@ -116,11 +116,17 @@ impl Coordinator {
     }
 }
 
+/// Whether a reserved id is young enough to use: made less than [`USE_WITHIN_MS`] ago (its
+/// UUIDv7 time is its refill's turn).
+fn usable(id: ExecutionId, now: u64) -> bool {
+    id.unix_ms().is_some_and(|at| now < at + USE_WITHIN_MS)
+}
+
 /// The reserved ids of the owned shards.
 #[derive(Debug, Default)]
 pub(super) struct Reservations {
-    /// Ids whose index entry is stored, per shard, in id order, with when each was made.
-    ready: Map<u32, VecDeque<(ExecutionId, u64)>>,
+    /// Ids whose index entry is stored, per shard, in id order (a UUIDv7 says when it was made).
+    ready: Map<u32, VecDeque<ExecutionId>>,
     /// Ids whose index entry is being written, per shard.
     writing: Map<u32, Vec<ExecutionId>>,
     /// Ids found too old by a start, for [`Reservations::expire`] to hand back.
@@ -145,19 +151,16 @@ impl Reservations {
         owned: impl Iterator<Item = u32>,
         now: u64,
     ) -> Option<(ExecutionId, u32)> {
-        let shards: Vec<u32> = match shard {
-            Some(shard) => vec![shard],
-            None => owned.collect(),
-        };
+        let shards = shard.into_iter().chain(owned.filter(|_| shard.is_none()));
         // The lowest usable id of the shards: a coordinator's starts get ids in the order they
         // came, so lists by id keep that order.
         let mut lowest: Option<(ExecutionId, u32)> = None;
-        for shard in &shards {
-            self.demand.insert(*shard);
-            if let Some(id) = self.front(*shard, now)
+        for shard in shards {
+            self.demand.insert(shard);
+            if let Some(id) = self.front(shard, now)
                 && lowest.is_none_or(|(low, _)| id < low)
             {
-                lowest = Some((id, *shard));
+                lowest = Some((id, shard));
             }
         }
         let (id, shard) = lowest?;
@@ -188,8 +191,8 @@ impl Reservations {
     /// are set aside for [`Reservations::expire`] to hand back.
     fn front(&mut self, shard: u32, now: u64) -> Option<ExecutionId> {
         let ready = self.ready.get_mut(&shard)?;
-        while let Some(&(id, at)) = ready.front() {
-            if now < at + USE_WITHIN_MS && self.last_given.is_none_or(|last| id > last) {
+        while let Some(&id) = ready.front() {
+            if usable(id, now) && self.last_given.is_none_or(|last| id > last) {
                 return Some(id);
             }
             ready.pop_front();
@@ -203,10 +206,7 @@ impl Reservations {
     pub(super) fn expire(&mut self, now: u64) -> Vec<(u32, ExecutionId)> {
         let mut gone = std::mem::take(&mut self.expired);
         for (shard, ready) in &mut self.ready {
-            while let Some(&(id, at)) = ready.front() {
-                if now < at + USE_WITHIN_MS {
-                    break;
-                }
+            while let Some(&id) = ready.front().filter(|id| !usable(**id, now)) {
                 ready.pop_front();
                 gone.push((*shard, id));
             }
@@ -241,7 +241,6 @@ impl Reservations {
         &mut self,
         ids: Vec<ExecutionId>,
         shard_of: impl Fn(ExecutionId) -> u32,
-        now: u64,
     ) -> Vec<(u32, ExecutionId)> {
         let mut unwanted = Vec::new();
         for id in ids {
@@ -255,12 +254,9 @@ impl Reservations {
                 continue;
             };
             writing.swap_remove(at);
-            // When it was made is the time in the id, which the refill's turn chose.
-            let made = id.unix_ms().unwrap_or(now);
+            // Kept in id order, so a coordinator's starts get ids in the order they came.
             let ready = self.ready.entry(shard).or_default();
-            ready.push_back((id, made));
-            // Taken in id order, so a coordinator's starts get ids in the order they came.
-            ready.make_contiguous().sort_unstable();
+            ready.insert(ready.partition_point(|r| *r < id), id);
         }
         unwanted
     }
@@ -270,17 +266,14 @@ impl Reservations {
     pub(super) fn drop_shard(&mut self, shard: u32) -> Vec<ExecutionId> {
         self.writing.remove(&shard);
         self.demand.remove(&shard);
-        self.ready
-            .remove(&shard)
-            .map(|ready| ready.into_iter().map(|(id, _)| id).collect())
-            .unwrap_or_default()
+        self.ready.remove(&shard).map(Vec::from).unwrap_or_default()
     }
 
     /// Whether `id` is one of this coordinator's reservations (stored or being written).
     pub(super) fn holds(&self, shard: u32, id: ExecutionId) -> bool {
         self.ready
             .get(&shard)
-            .is_some_and(|ready| ready.iter().any(|(r, _)| *r == id))
+            .is_some_and(|ready| ready.contains(&id))
             || self
                 .writing
                 .get(&shard)
@@ -307,7 +300,7 @@ mod tests {
             r.writing(0, *id);
         }
         assert_eq!(r.wanted(0), 0, "being written counts as held");
-        assert!(r.stored(ids.clone(), |_| 0, 10).is_empty());
+        assert!(r.stored(ids.clone(), |_| 0).is_empty());
         for _ in 0..RESERVED_PER_SHARD / 2 - 1 {
             assert!(r.take(Some(0), [0].into_iter(), 20).is_some());
         }
@@ -324,7 +317,7 @@ mod tests {
         r.writing(0, b);
         r.writing(1, c);
         let shard_of = |x: ExecutionId| u32::from(x == c);
-        assert!(r.stored(vec![b, a, c], shard_of, 12).is_empty());
+        assert!(r.stored(vec![b, a, c], shard_of).is_empty());
         let owned = [0, 1];
         assert_eq!(r.take(None, owned.into_iter(), 20), Some((a, 0)));
         assert_eq!(r.take(None, owned.into_iter(), 20), Some((c, 1)));
@@ -340,7 +333,7 @@ mod tests {
         let (low, high) = (id(10, 1), id(30, 2));
         r.writing(0, low);
         r.writing(0, high);
-        r.stored(vec![low, high], |_| 0, 30);
+        r.stored(vec![low, high], |_| 0);
         r.acquired(0);
         let fresh = id(20, 3);
         r.gave_fresh(fresh);
@@ -356,13 +349,13 @@ mod tests {
         let mut r = Reservations::default();
         let old = id(1_000, 1);
         r.writing(0, old);
-        r.stored(vec![old], |_| 0, 1_000);
+        r.stored(vec![old], |_| 0);
         let late = 1_000 + USE_WITHIN_MS;
         assert!(r.holds(0, old));
         assert_eq!(r.expire(late), vec![(0, old)]);
         assert!(!r.holds(0, old));
         r.writing(0, old);
-        r.stored(vec![old], |_| 0, 1_000);
+        r.stored(vec![old], |_| 0);
         assert_eq!(r.take(Some(0), [0].into_iter(), late), None);
         assert_eq!(
             r.expire(late),
@@ -377,10 +370,10 @@ mod tests {
         let (a, b) = (id(10, 1), id(10, 2));
         r.writing(3, a);
         r.writing(3, b);
-        r.stored(vec![a], |_| 3, 10);
+        r.stored(vec![a], |_| 3);
         assert_eq!(r.drop_shard(3), vec![a]);
         // The one still being written is unwanted once stored.
-        assert_eq!(r.stored(vec![b], |_| 3, 11), vec![(3, b)]);
+        assert_eq!(r.stored(vec![b], |_| 3), vec![(3, b)]);
         assert!(!r.holds(3, a) && !r.holds(3, b));
     }
 }
