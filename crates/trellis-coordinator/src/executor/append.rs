@@ -227,20 +227,21 @@ fn append_headers(
 pub(super) async fn put_index_entries(
     index: &kv::Store,
     shutdown: &CancellationToken,
-    keys: &[&str],
+    keys: &[impl AsRef<str>],
 ) {
     if keys.is_empty() {
         return;
     }
     let results = join_all(
         keys.iter()
-            .map(|key| index.put(*key, Bytes::from_static(b"1"))),
+            .map(|key| index.put(key.as_ref(), Bytes::from_static(b"1"))),
     )
     .await;
     for (key, result) in keys.iter().zip(results) {
         if let Err(err) = result {
+            let key = key.as_ref();
             tracing::warn!(%key, %err, "index write failed; retrying");
-            retry_until(shutdown, || index.put(*key, Bytes::from_static(b"1"))).await;
+            retry_until(shutdown, || index.put(key, Bytes::from_static(b"1"))).await;
         }
     }
 }

@@ -111,7 +111,6 @@ impl Executor {
         let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
             let (keys, ids): (Vec<String>, Vec<ExecutionId>) = reserve.into_iter().unzip();
-            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
             put_index_entries(&index, &shutdown, &keys).await;
             if !shutdown.is_cancelled() {
                 let _ = tx.send(Inbound::Input(Input::Reserved(ids))).await;

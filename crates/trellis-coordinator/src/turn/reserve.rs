@@ -7,9 +7,10 @@
 //! it takes a fresh id and writes its entry first, as before. Lists order executions by id, so a
 //! coordinator's starts get rising ids: the coordinator makes its ids rising, never gives a
 //! reserved id below the last one given (it is deleted instead), and asks for no refill in a turn
-//! that gave a fresh id (a burst of starts would leave it below the next fresh one). Refills go out after a turn's effects, in
-//! the background ([`super::Effects::reserve`], answered by [`super::Input::Reserved`]), for
-//! shards just acquired or that starts drew on since their last refill.
+//! that gave a fresh id (a burst of starts would leave it below the next fresh one). Refills go
+//! out after a turn's effects, in the background ([`super::Effects::reserve`], answered by
+//! [`super::Input::Reserved`]), for shards just acquired or that starts drew on since their last
+//! refill.
 //!
 //! A reserved id that nobody used is an index entry without a log. Its holder deletes it when
 //! it drops the shard and when it is older than [`USE_WITHIN_MS`] (it is then never used); a
@@ -23,7 +24,6 @@
 use std::collections::VecDeque;
 
 use trellis_core::ids::ExecutionId;
-use trellis_proto::subjects;
 
 use super::shards::index_key;
 use super::{Coordinator, Map};
@@ -82,10 +82,9 @@ impl Coordinator {
     /// Index entries of reserved ids are stored: starts may take them. Those of shards dropped
     /// meanwhile are deleted.
     pub(super) fn reserved(&mut self, ids: Vec<ExecutionId>) {
-        let shards = self.config.shards;
-        let unwanted = self
-            .reservations
-            .stored(ids, |id| subjects::shard_of(&id.to_string(), shards));
+        let ids: Vec<(u32, ExecutionId)> =
+            ids.into_iter().map(|id| (self.shard_of(id), id)).collect();
+        let unwanted = self.reservations.stored(ids);
         for (shard, id) in unwanted {
             self.pending.index_deletes.push(index_key(shard, id));
         }
@@ -235,16 +234,11 @@ impl Reservations {
         self.writing.entry(shard).or_default().push(id);
     }
 
-    /// Takes ids whose index entries are stored; returns those of shards no longer reserving
+    /// Takes ids whose index entries are stored, each with its shard; returns those of shards no longer reserving
     /// (dropped while the entries were written), to be deleted from the index.
-    pub(super) fn stored(
-        &mut self,
-        ids: Vec<ExecutionId>,
-        shard_of: impl Fn(ExecutionId) -> u32,
-    ) -> Vec<(u32, ExecutionId)> {
+    pub(super) fn stored(&mut self, ids: Vec<(u32, ExecutionId)>) -> Vec<(u32, ExecutionId)> {
         let mut unwanted = Vec::new();
-        for id in ids {
-            let shard = shard_of(id);
+        for (shard, id) in ids {
             let Some(writing) = self.writing.get_mut(&shard) else {
                 unwanted.push((shard, id));
                 continue;
@@ -289,6 +283,15 @@ mod tests {
         ExecutionId::derived(at, n)
     }
 
+    /// Notes the entries of `ids` of `shard` written, then stored in that order; returns what
+    /// [`Reservations::stored`] hands back.
+    fn store(r: &mut Reservations, shard: u32, ids: &[ExecutionId]) -> Vec<(u32, ExecutionId)> {
+        for id in ids {
+            r.writing(shard, *id);
+        }
+        r.stored(ids.iter().map(|id| (shard, *id)).collect())
+    }
+
     #[test]
     fn a_shard_is_refilled_once_half_is_used() {
         let mut r = Reservations::default();
@@ -300,7 +303,7 @@ mod tests {
             r.writing(0, *id);
         }
         assert_eq!(r.wanted(0), 0, "being written counts as held");
-        assert!(r.stored(ids.clone(), |_| 0).is_empty());
+        assert!(r.stored(ids.iter().map(|id| (0, *id)).collect()).is_empty());
         for _ in 0..RESERVED_PER_SHARD / 2 - 1 {
             assert!(r.take(Some(0), [0].into_iter(), 20).is_some());
         }
@@ -316,8 +319,7 @@ mod tests {
         r.writing(0, a);
         r.writing(0, b);
         r.writing(1, c);
-        let shard_of = |x: ExecutionId| u32::from(x == c);
-        assert!(r.stored(vec![b, a, c], shard_of).is_empty());
+        assert!(r.stored(vec![(0, b), (0, a), (1, c)]).is_empty());
         let owned = [0, 1];
         assert_eq!(r.take(None, owned.into_iter(), 20), Some((a, 0)));
         assert_eq!(r.take(None, owned.into_iter(), 20), Some((c, 1)));
@@ -331,9 +333,7 @@ mod tests {
     fn a_reserved_id_below_a_fresh_one_is_never_given() {
         let mut r = Reservations::default();
         let (low, high) = (id(10, 1), id(30, 2));
-        r.writing(0, low);
-        r.writing(0, high);
-        r.stored(vec![low, high], |_| 0);
+        store(&mut r, 0, &[low, high]);
         r.acquired(0);
         let fresh = id(20, 3);
         r.gave_fresh(fresh);
@@ -348,14 +348,12 @@ mod tests {
     fn an_old_reservation_is_never_used_and_is_expired() {
         let mut r = Reservations::default();
         let old = id(1_000, 1);
-        r.writing(0, old);
-        r.stored(vec![old], |_| 0);
+        store(&mut r, 0, &[old]);
         let late = 1_000 + USE_WITHIN_MS;
         assert!(r.holds(0, old));
         assert_eq!(r.expire(late), vec![(0, old)]);
         assert!(!r.holds(0, old));
-        r.writing(0, old);
-        r.stored(vec![old], |_| 0);
+        store(&mut r, 0, &[old]);
         assert_eq!(r.take(Some(0), [0].into_iter(), late), None);
         assert_eq!(
             r.expire(late),
@@ -370,10 +368,10 @@ mod tests {
         let (a, b) = (id(10, 1), id(10, 2));
         r.writing(3, a);
         r.writing(3, b);
-        r.stored(vec![a], |_| 3);
+        r.stored(vec![(3, a)]);
         assert_eq!(r.drop_shard(3), vec![a]);
         // The one still being written is unwanted once stored.
-        assert_eq!(r.stored(vec![b], |_| 3), vec![(3, b)]);
+        assert_eq!(r.stored(vec![(3, b)]), vec![(3, b)]);
         assert!(!r.holds(3, a) && !r.holds(3, b));
     }
 }

@@ -5,8 +5,8 @@ use trellis_core::ids::ExecutionId;
 
 use super::window::{coordinator, own_shard_0, start, turn};
 use crate::turn::{
-    Coordinator, Input, ORPHAN_AFTER_MS, RECHECK_UNBORN_MS, RESERVED_PER_SHARD, USE_WITHIN_MS,
-    index_key,
+    Coordinator, Effects, Input, ORPHAN_AFTER_MS, RECHECK_UNBORN_MS, RESERVED_PER_SHARD,
+    USE_WITHIN_MS, index_key,
 };
 
 /// A clock's time, as the executor gives it.
@@ -45,13 +45,14 @@ fn keys(ids: &[ExecutionId]) -> Vec<String> {
     ids.iter().map(|id| index_key(0, *id)).collect()
 }
 
-/// The id and index entry of the one new execution of a turn's writes.
-fn started(coordinator: &mut Coordinator, now: u64) -> (ExecutionId, Option<String>) {
+/// Starts one execution at `now` and stores its first append: its id, its index entry and the
+/// effects of the append.
+fn started(coordinator: &mut Coordinator, now: u64) -> (ExecutionId, Option<String>, Effects) {
     let writes = coordinator.turn(vec![start(1)], now);
     let [append] = <[_; 1]>::try_from(writes.appends).expect("one append");
     let outcome = crate::turn::Appended::Stored { stream_seq: 1 };
-    coordinator.appended(vec![(append.id, outcome)], now);
-    (append.id, append.index_put)
+    let effects = coordinator.appended(vec![(append.id, outcome)], now);
+    (append.id, append.index_put, effects)
 }
 
 /// An owned shard asks for its reservations at once; once they are stored a start takes the
@@ -70,9 +71,9 @@ fn a_start_takes_a_reserved_id_once_its_entry_is_stored() {
         vec![Input::Reserved(ids.clone())],
         NOW + 1,
     );
-    let (id, index_put) = started(&mut coordinator, NOW + 2);
+    let (id, index_put, _) = started(&mut coordinator, NOW + 2);
     assert_eq!((id, index_put), (ids[0], None), "already indexed");
-    let (id, _) = started(&mut coordinator, NOW + 3);
+    let (id, _, _) = started(&mut coordinator, NOW + 3);
     assert_eq!(id, ids[1]);
 }
 
@@ -83,7 +84,7 @@ fn a_start_takes_a_reserved_id_once_its_entry_is_stored() {
 fn a_start_before_its_shard_s_reservations_are_stored_writes_its_entry() {
     let mut coordinator = coordinator(0);
     let refill = owned_with_refill(&mut coordinator, NOW);
-    let (fresh, index_put) = started(&mut coordinator, NOW + 1);
+    let (fresh, index_put, _) = started(&mut coordinator, NOW + 1);
     assert_eq!(
         index_put,
         Some(index_key(0, fresh)),
@@ -99,11 +100,8 @@ fn a_start_before_its_shard_s_reservations_are_stored_writes_its_entry() {
         vec![Input::Reserved(ids.clone())],
         NOW + 2,
     );
-    let writes = coordinator.turn(vec![start(1)], NOW + 3);
-    let [append] = <[_; 1]>::try_from(writes.appends).expect("one append");
-    assert!(append.id > fresh, "a rising id");
-    let outcome = crate::turn::Appended::Stored { stream_seq: 1 };
-    let effects = coordinator.appended(vec![(append.id, outcome)], NOW + 3);
+    let (next, _, effects) = started(&mut coordinator, NOW + 3);
+    assert!(next > fresh, "a rising id");
     assert_eq!(effects.index_deletes, keys(&ids), "the ones below, deleted");
     assert!(
         effects.reserve.is_empty(),
@@ -115,7 +113,7 @@ fn a_start_before_its_shard_s_reservations_are_stored_writes_its_entry() {
         RESERVED_PER_SHARD,
         "the next turn refills"
     );
-    assert!(effects.reserve.iter().all(|(_, id)| *id > append.id));
+    assert!(effects.reserve.iter().all(|(_, id)| *id > next));
 }
 
 /// Half the reservations used, a refill tops the shard up; not before.
@@ -152,12 +150,9 @@ fn an_old_reservation_is_deleted_not_used() {
         effects.reserve.is_empty(),
         "no start wanted one: none asked for"
     );
-    let writes = coordinator.turn(vec![start(1)], late + 1);
-    let [append] = <[_; 1]>::try_from(writes.appends).expect("one append");
-    assert!(!ids.contains(&append.id));
-    assert_eq!(append.index_put, Some(index_key(0, append.id)));
-    let outcome = crate::turn::Appended::Stored { stream_seq: 1 };
-    coordinator.appended(vec![(append.id, outcome)], late + 1);
+    let (id, index_put, _) = started(&mut coordinator, late + 1);
+    assert!(!ids.contains(&id));
+    assert_eq!(index_put, Some(index_key(0, id)));
     let effects = turn(&mut coordinator, Vec::new(), late + 2);
     assert_eq!(
         effects.reserve.len(),
