@@ -546,13 +546,13 @@ impl Coordinator for CoordinatorService {
                         })
                         .await
                         .map_err(status)?;
+                    let mut older = Vec::new();
                     if let Some((from, until)) = observation.backfill.take() {
                         // The coordinator holds the log after its checkpoint only; older events come
                         // from JetStream.
-                        let older = backfill(&self.events, id, from, until).await?;
-                        observation.history.splice(0..0, older);
+                        older = backfill(&self.events, id, from, until).await?;
                     }
-                    let stream: EventStream = Box::pin(async_stream(observation, live));
+                    let stream: EventStream = Box::pin(async_stream(observation, older, live));
                     Ok(stream)
                 })
             },

@@ -42,15 +42,17 @@ pub(super) async fn backfill(
     Ok(older)
 }
 
-/// History first, then live batches; the stream ends once the execution is over.
+/// `older` (events read from JetStream, before what memory holds), then the history, then live
+/// batches; the stream ends once the execution is over.
 ///
-/// The stream reads the execution's channel itself, with no task between them: each batch
-/// reaches the caller one hop after the loop sends it.
+/// The history's batches are decoded here, one at a time as the caller takes them, not in the
+/// coordinator's turn. The stream reads the execution's channel itself, with no task between
+/// them: each live batch reaches the caller one hop after the loop sends it.
 pub(super) fn async_stream(
     observation: turn::Observation,
+    older: Vec<v1::Event>,
     live: tokio::sync::broadcast::Receiver<std::sync::Arc<Flushed>>,
 ) -> impl Stream<Item = Result<v1::ObserveExecutionResponse, Status>> {
-    use futures::StreamExt as _;
     let turn::Observation {
         execution,
         history,
@@ -58,48 +60,82 @@ pub(super) fn async_stream(
         progress,
         ..
     } = observation;
-    let last = history.last().map_or(0, |e| e.sequence);
-    let mut items: Vec<_> = history
-        .into_iter()
-        .map(|event| v1::ObserveExecutionResponse {
-            event: Some(event),
-            progress: None,
-        })
-        .collect();
-    // A finished execution's last event carries its final progress, as the live stream's last
-    // batch does.
-    if let Some(item) = items.last_mut() {
-        item.progress = progress;
-    }
-    let history = futures::stream::iter(items.into_iter().map(Ok));
-    let following = Following {
+    let (from, batches) = history.into_batches();
+    let mut following = Following {
         execution,
         live,
-        last_sent: last,
+        from,
+        batches,
+        last_sent: 0,
         ready: std::collections::VecDeque::new(),
+        progress: progress.filter(|_| terminal),
         over: terminal,
     };
-    history.chain(futures::stream::unfold(following, Following::next))
+    following.queue(older);
+    futures::stream::unfold(following, Following::next)
 }
 
-/// The live part of an observation: the batches the loop sends after the history.
+/// What an observation has left to send: the history's batches not yet decoded, then the live
+/// batches the loop sends.
 struct Following {
     execution: ExecutionId,
     live: tokio::sync::broadcast::Receiver<std::sync::Arc<Flushed>>,
-    /// The last sequence sent, the history's at first: live batches repeat what it holds, and
-    /// their sequences only grow.
+    /// The first sequence the history's batches are read from.
+    from: u64,
+    /// The history's batches not yet decoded.
+    batches: std::vec::IntoIter<bytes::Bytes>,
+    /// The last sequence queued: live batches repeat what the history held, and their
+    /// sequences only grow.
     last_sent: u64,
-    /// Items of the last batch not yet yielded.
+    /// Items decoded or received and not yet yielded.
     ready: std::collections::VecDeque<v1::ObserveExecutionResponse>,
-    /// The execution ended, or the stream failed: what is ready is the rest.
+    /// A finished execution's final progress, sent with the history's last event.
+    progress: Option<v1::Progress>,
+    /// The execution ended, or the stream failed: once the history is sent, what is ready is
+    /// the rest.
     over: bool,
 }
 
 impl Following {
+    /// Queues the events after the last one queued, in order; once the history's last batch is
+    /// queued, the last event carries a finished execution's final progress.
+    fn queue(&mut self, events: Vec<v1::Event>) {
+        for event in events {
+            if event.sequence <= self.last_sent {
+                continue;
+            }
+            self.last_sent = event.sequence;
+            self.ready.push_back(v1::ObserveExecutionResponse {
+                event: Some(event),
+                progress: None,
+            });
+        }
+        if self.batches.len() == 0
+            && let Some(last) = self.ready.back_mut()
+            && let Some(progress) = self.progress.take()
+        {
+            last.progress = Some(progress);
+        }
+    }
+
     async fn next(mut self) -> Option<(Result<v1::ObserveExecutionResponse, Status>, Self)> {
         loop {
             if let Some(item) = self.ready.pop_front() {
                 return Some((Ok(item), self));
+            }
+            if let Some(batch) = self.batches.next() {
+                match turn::History::decode(self.from, batch) {
+                    Ok(events) => self.queue(events),
+                    Err(err) => {
+                        // The bytes were encoded by this process; failing to decode them is a bug.
+                        self.over = true;
+                        self.batches = Vec::new().into_iter();
+                        let message =
+                            format!("event log of {} held in memory: {err}", self.execution);
+                        return Some((Err(Status::internal(message)), self));
+                    }
+                }
+                continue;
             }
             if self.over {
                 return None;
@@ -174,18 +210,36 @@ mod tests {
         })
     }
 
-    fn observation(history: &[u64], terminal: bool) -> turn::Observation {
+    /// An encoded `EventBatch` of events of these sequences.
+    fn batch(sequences: &[u64]) -> bytes::Bytes {
+        use prost::Message as _;
+        v1::EventBatch {
+            events: sequences.iter().map(|&sequence| event(sequence)).collect(),
+        }
+        .encode_to_vec()
+        .into()
+    }
+
+    /// The observation from sequence `from` of a log held as these batches.
+    fn observation_of(batches: &[&[u64]], from: u64, terminal: bool) -> turn::Observation {
+        let last = batches.iter().flat_map(|b| b.iter()).copied().max();
         turn::Observation {
             execution: ExecutionId(uuid::Uuid::nil()),
             backfill: None,
-            history: history.iter().map(|&sequence| event(sequence)).collect(),
+            history: turn::History::new(from, batches.iter().map(|b| batch(b)).collect()),
             terminal,
             progress: terminal.then(|| v1::Progress {
                 state: v1::ExecutionState::Completed as i32,
-                sequence: history.last().copied().unwrap_or(0),
+                sequence: last.unwrap_or(0),
                 ..Default::default()
             }),
         }
+    }
+
+    /// The observation of a log of one batch per sequence, from its start.
+    fn observation(history: &[u64], terminal: bool) -> turn::Observation {
+        let batches: Vec<&[u64]> = history.iter().map(std::slice::from_ref).collect();
+        observation_of(&batches, 1, terminal)
     }
 
     /// The sequences a stream yields until it ends, and the message of the error it ends with.
@@ -210,7 +264,8 @@ mod tests {
         tx.send(flushed(&[2, 3], false)).expect("a receiver");
         tx.send(flushed(&[4], true)).expect("a receiver");
         tx.send(flushed(&[5], false)).expect("a receiver");
-        let (sequences, error) = read(async_stream(observation(&[1, 2], false), rx)).await;
+        let (sequences, error) =
+            read(async_stream(observation(&[1, 2], false), Vec::new(), rx)).await;
         assert_eq!(sequences, [1, 2, 3, 4]);
         assert_eq!(error, None);
     }
@@ -220,7 +275,8 @@ mod tests {
     async fn a_finished_execution_ends_with_its_history() {
         let (tx, rx) = broadcast::channel(8);
         tx.send(flushed(&[3], false)).expect("a receiver");
-        let (sequences, error) = read(async_stream(observation(&[1, 2], true), rx)).await;
+        let (sequences, error) =
+            read(async_stream(observation(&[1, 2], true), Vec::new(), rx)).await;
         assert_eq!(sequences, [1, 2]);
         assert_eq!(error, None);
     }
@@ -229,7 +285,7 @@ mod tests {
     #[tokio::test]
     async fn a_finished_execution_s_last_event_says_how_it_ended() {
         let (_tx, rx) = broadcast::channel(8);
-        let items: Vec<_> = async_stream(observation(&[1, 2, 3], true), rx)
+        let items: Vec<_> = async_stream(observation(&[1, 2, 3], true), Vec::new(), rx)
             .collect::<Vec<_>>()
             .await
             .into_iter()
@@ -254,7 +310,7 @@ mod tests {
         let (tx, rx) = broadcast::channel(8);
         tx.send(flushed(&[2, 3], false)).expect("a receiver");
         drop(tx);
-        let (sequences, error) = read(async_stream(observation(&[1], false), rx)).await;
+        let (sequences, error) = read(async_stream(observation(&[1], false), Vec::new(), rx)).await;
         assert_eq!(sequences, [1, 2, 3]);
         let error = error.expect("an error");
         assert!(error.contains("observe again from sequence 4"), "{error}");
@@ -266,9 +322,62 @@ mod tests {
         let (tx, rx) = broadcast::channel(1);
         tx.send(flushed(&[2], false)).expect("a receiver");
         tx.send(flushed(&[3], false)).expect("a receiver");
-        let (sequences, error) = read(async_stream(observation(&[1], false), rx)).await;
+        let (sequences, error) = read(async_stream(observation(&[1], false), Vec::new(), rx)).await;
         assert_eq!(sequences, [1]);
         let error = error.expect("an error");
         assert!(error.contains("fell 1 batches behind"), "{error}");
+    }
+
+    /// The history is read from `from` on, though its first batch begins before it.
+    #[tokio::test]
+    async fn the_history_starts_at_the_sequence_asked_for_inside_a_batch() {
+        let (_tx, rx) = broadcast::channel(8);
+        let observation = observation_of(&[&[1, 2, 3], &[4, 5]], 2, true);
+        let (sequences, error) = read(async_stream(observation, Vec::new(), rx)).await;
+        assert_eq!(sequences, [2, 3, 4, 5]);
+        assert_eq!(error, None);
+    }
+
+    /// Events read from JetStream come first; the last of the history, not of them, carries
+    /// the final progress.
+    #[tokio::test]
+    async fn older_events_come_before_the_history() {
+        let (_tx, rx) = broadcast::channel(8);
+        let observation = observation_of(&[&[3, 4], &[5]], 3, true);
+        let items: Vec<_> = async_stream(observation, vec![event(1), event(2)], rx)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect::<Result<_, _>>()
+            .expect("no error");
+        let carried: Vec<(u64, bool)> = items
+            .iter()
+            .map(|item| {
+                (
+                    item.event.as_ref().map_or(0, |e| e.sequence),
+                    item.progress.is_some(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            carried,
+            [(1, false), (2, false), (3, false), (4, false), (5, true)]
+        );
+    }
+
+    /// A batch of the history that does not decode ends the stream with an error after what
+    /// came before it.
+    #[tokio::test]
+    async fn a_batch_that_does_not_decode_ends_the_stream() {
+        let (_tx, rx) = broadcast::channel(8);
+        let mut observation = observation_of(&[&[1, 2]], 1, false);
+        let (from, batches) = observation.history.into_batches();
+        let mut batches: Vec<bytes::Bytes> = batches.collect();
+        batches.push(bytes::Bytes::from_static(b"\xff\xff\xff"));
+        observation.history = turn::History::new(from, batches);
+        let (sequences, error) = read(async_stream(observation, Vec::new(), rx)).await;
+        assert_eq!(sequences, [1, 2]);
+        let error = error.expect("an error");
+        assert!(error.contains("held in memory"), "{error}");
     }
 }

@@ -246,13 +246,58 @@ pub struct Observation {
     /// Events before the ones held in memory (an execution restored from a checkpoint keeps only
     /// the log after it): `(from, until)` sequences, inclusive, to read from the log first.
     pub backfill: Option<(u64, u64)>,
-    pub history: Vec<v1::Event>,
+    pub history: History,
     /// The execution is over and every event is in `history`: nothing will follow.
     pub terminal: bool,
     /// With `terminal`: the execution's final progress, which the stream sends with the history's
     /// last event, as a live stream sends it with the last batch; the caller learns how the
     /// execution ended without asking again.
     pub progress: Option<v1::Progress>,
+}
+
+/// The events an observer starts from, as the execution's log holds them in memory: encoded
+/// `EventBatch`es, shared, not copied. Whoever reads them decodes them (the observer's stream,
+/// batch by batch as it sends), so observing an execution of many events costs the turn a
+/// reference per batch, not their decoding: a large history does not hold every other
+/// execution's turn up.
+#[derive(Clone, Debug, Default)]
+pub struct History {
+    /// The first sequence wanted: the first batch may begin before it.
+    from: u64,
+    batches: Vec<Bytes>,
+}
+
+impl History {
+    /// The events from sequence `from` on of `batches`, encoded `EventBatch`es in log order.
+    pub fn new(from: u64, batches: Vec<Bytes>) -> History {
+        History { from, batches }
+    }
+
+    /// The batches left to decode, each decoded on its own with [`History::decode`].
+    pub fn into_batches(self) -> (u64, std::vec::IntoIter<Bytes>) {
+        (self.from, self.batches.into_iter())
+    }
+
+    /// The events of one batch at or after `from`, in order.
+    pub fn decode(from: u64, batch: Bytes) -> Result<Vec<v1::Event>, prost::DecodeError> {
+        use prost::Message as _;
+        let batch = v1::EventBatch::decode(batch)?;
+        Ok(batch
+            .events
+            .into_iter()
+            .filter(|event| event.sequence >= from)
+            .collect())
+    }
+
+    /// Every event, decoded at once.
+    pub fn events(self) -> Result<Vec<v1::Event>, prost::DecodeError> {
+        let (from, batches) = self.into_batches();
+        let mut events = Vec::new();
+        for batch in batches {
+            events.extend(History::decode(from, batch)?);
+        }
+        Ok(events)
+    }
 }
 
 /// What a turn asks for before any side effect: the log writes, and what needs nothing durable.

@@ -11,6 +11,7 @@ use trellis_proto::v1;
 use trellis_telemetry::propagation::{self, Context};
 use trellis_wire::{common, log, read};
 
+use super::History;
 use super::breakers::{self, Breakers};
 use super::checkpoint::CheckpointState;
 use super::pauses::FleetPauses;
@@ -380,24 +381,17 @@ impl Live {
         }
     }
 
-    /// Decodes the log held in memory from sequence `from` on.
-    pub(super) fn history(&self, from: u64) -> Vec<v1::Event> {
-        use prost::Message as _;
+    /// The log held in memory from sequence `from` on, still encoded.
+    pub(super) fn history(&self, from: u64) -> History {
         // The batch holding `from` is the last one starting at or before it.
         let start = self
             .log
             .partition_point(|(first, _)| *first <= from)
             .saturating_sub(1);
-        let mut events = Vec::new();
-        for (_, bytes) in &self.log[start..] {
-            match v1::EventBatch::decode(bytes.clone()) {
-                Ok(batch) => {
-                    events.extend(batch.events.into_iter().filter(|e| e.sequence >= from));
-                }
-                // The bytes were encoded by this process; failing to decode them is a bug.
-                Err(err) => tracing::error!(%err, "cannot decode an event batch of the log"),
-            }
-        }
-        events
+        let batches = self.log[start..]
+            .iter()
+            .map(|(_, bytes)| bytes.clone())
+            .collect();
+        History::new(from, batches)
     }
 }

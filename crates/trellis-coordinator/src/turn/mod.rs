@@ -53,7 +53,7 @@ pub use checkpoint::{CheckpointJob, FULL_EVERY, KEEP_FULL};
 pub use consumed::Consumed;
 pub use contract::{
     Ack, Action, Answer, Append, Appended, Assign, Broken, Delivery, Effects, FAST_LANE_SHARE,
-    Input, Observation, Observed, Publish, Recoveries, Recovery, Request, Writes,
+    History, Input, Observation, Observed, Publish, Recoveries, Recovery, Request, Writes,
 };
 pub use error::{Error, ErrorKind};
 pub use reserve::{ORPHAN_AFTER_MS, RECHECK_UNBORN_MS, RESERVED_PER_SHARD, USE_WITHIN_MS};

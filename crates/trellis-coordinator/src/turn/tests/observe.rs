@@ -10,12 +10,22 @@ use crate::turn::{Action, Answer, Coordinator, Input, Observation, Request};
 
 /// The observation the turn answers for execution `id`, observed from its first event.
 fn observe(coordinator: &mut Coordinator, id: ExecutionId, now: u64) -> Observation {
+    observe_from(coordinator, id, 1, now)
+}
+
+/// The observation the turn answers for execution `id`, observed from sequence `from`.
+fn observe_from(
+    coordinator: &mut Coordinator,
+    id: ExecutionId,
+    from: u64,
+    now: u64,
+) -> Observation {
     let input = Input::Request {
         reply: 9,
         request: Request::On {
             id,
             scope: Scope::All,
-            action: Action::Observe { from: 1 },
+            action: Action::Observe { from },
         },
     };
     let writes = coordinator.turn(vec![input], now);
@@ -52,10 +62,46 @@ fn a_finished_execution_is_observed_with_its_final_progress() {
     assert!(finished.terminal, "over");
     let progress = finished.progress.expect("the final progress");
     assert_eq!(progress.state, v1::ExecutionState::Completed as i32);
-    let last = finished.history.last().expect("a history").sequence;
+    let history = finished.history.events().expect("the history decodes");
+    let last = history.last().expect("a history").sequence;
     assert_eq!(
         progress.sequence, last,
         "the progress right after the last event"
     );
     assert_eq!(progress.done, 1, "its one task done");
+}
+
+/// Observed from a later sequence, the history holds the events from it on only, though the
+/// log's batch holding it begins earlier.
+#[test]
+fn an_observation_from_a_later_sequence_starts_there() {
+    let mut coordinator = coordinator(0);
+    own_shard_0(&mut coordinator);
+    let assigned = dispatched(turn(&mut coordinator, vec![start(1)], 3));
+    let [task] = assigned.as_slice() else {
+        panic!("one task dispatched: {assigned:?}");
+    };
+    let assignment = v1::TaskAssignment::decode(&task.payload[..]).expect("an assignment");
+    let id: ExecutionId = assignment.execution_id.parse().expect("an execution id");
+    turn(
+        &mut coordinator,
+        vec![Input::Results(vec![completed(&task.payload, 5)])],
+        5,
+    );
+    let whole = observe_from(&mut coordinator, id, 1, 6)
+        .history
+        .events()
+        .expect("the history decodes");
+    let sequences: Vec<u64> = whole.iter().map(|event| event.sequence).collect();
+    assert!(
+        sequences.len() >= 3,
+        "a start, a dispatch and an end: {sequences:?}"
+    );
+    assert_eq!(sequences[0], 1, "from the first event");
+    let later = observe_from(&mut coordinator, id, 2, 7)
+        .history
+        .events()
+        .expect("the history decodes");
+    let later: Vec<u64> = later.iter().map(|event| event.sequence).collect();
+    assert_eq!(later, sequences[1..], "the same events, from the second on");
 }
