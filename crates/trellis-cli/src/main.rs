@@ -11,8 +11,9 @@ mod client;
 mod commands;
 mod local;
 
-/// mimalloc hands memory back to the system once freed: a coordinator (or `trellis dev`) shrinks
-/// again after finished executions leave its memory.
+/// mimalloc hands memory back to the system once it has stayed freed a while
+/// (`trellis_coordinator::allocator`): a coordinator (or `trellis dev`) shrinks again after
+/// finished executions leave its memory.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod render;
@@ -103,6 +104,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    trellis_coordinator::allocator::tune();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

@@ -9,6 +9,7 @@
 //! acknowledged after both; all of it in batches, so throughput does not pay a round trip per
 //! task.
 
+pub mod allocator;
 pub mod checkpoints;
 mod cli;
 mod cluster;
