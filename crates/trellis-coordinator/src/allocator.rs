@@ -62,7 +62,11 @@ mod tests {
     fn tune_sets_mimalloc_s_purge_delay() {
         if let Ok(set) = std::env::var("MIMALLOC_PURGE_DELAY") {
             tune();
-            assert_eq!(purge_delay_ms().to_string(), set, "the environment's delay stays");
+            assert_eq!(
+                purge_delay_ms().to_string(),
+                set,
+                "the environment's delay stays"
+            );
             return;
         }
         assert_eq!(purge_delay_ms(), 1000, "mimalloc's default purge delay");

@@ -35,19 +35,26 @@ fn observe_from(
     }
 }
 
+/// Starts a one-task execution on `coordinator` (taking shard 0 first): its id and its task's
+/// assignment.
+fn one_task(coordinator: &mut Coordinator) -> (ExecutionId, Vec<u8>) {
+    own_shard_0(coordinator);
+    let assigned = dispatched(turn(coordinator, vec![start(1)], 3));
+    let [task] = assigned.as_slice() else {
+        panic!("one task dispatched: {assigned:?}");
+    };
+    let assignment = v1::TaskAssignment::decode(&task.payload[..]).expect("an assignment");
+    let id = assignment.execution_id.parse().expect("an execution id");
+    (id, task.payload.to_vec())
+}
+
 /// A running execution's observation carries no progress (its live batches will); a finished
 /// one's carries the final progress with the whole history, so its observer learns how it
 /// ended from the stream alone.
 #[test]
 fn a_finished_execution_is_observed_with_its_final_progress() {
     let mut coordinator = coordinator(0);
-    own_shard_0(&mut coordinator);
-    let assigned = dispatched(turn(&mut coordinator, vec![start(1)], 3));
-    let [task] = assigned.as_slice() else {
-        panic!("one task dispatched: {assigned:?}");
-    };
-    let assignment = v1::TaskAssignment::decode(&task.payload[..]).expect("an assignment");
-    let id: ExecutionId = assignment.execution_id.parse().expect("an execution id");
+    let (id, task) = one_task(&mut coordinator);
 
     let running = observe(&mut coordinator, id, 4);
     assert!(!running.terminal, "still running");
@@ -55,7 +62,7 @@ fn a_finished_execution_is_observed_with_its_final_progress() {
 
     turn(
         &mut coordinator,
-        vec![Input::Results(vec![completed(&task.payload, 5)])],
+        vec![Input::Results(vec![completed(&task, 5)])],
         5,
     );
     let finished = observe(&mut coordinator, id, 6);
@@ -76,16 +83,10 @@ fn a_finished_execution_is_observed_with_its_final_progress() {
 #[test]
 fn an_observation_from_a_later_sequence_starts_there() {
     let mut coordinator = coordinator(0);
-    own_shard_0(&mut coordinator);
-    let assigned = dispatched(turn(&mut coordinator, vec![start(1)], 3));
-    let [task] = assigned.as_slice() else {
-        panic!("one task dispatched: {assigned:?}");
-    };
-    let assignment = v1::TaskAssignment::decode(&task.payload[..]).expect("an assignment");
-    let id: ExecutionId = assignment.execution_id.parse().expect("an execution id");
+    let (id, task) = one_task(&mut coordinator);
     turn(
         &mut coordinator,
-        vec![Input::Results(vec![completed(&task.payload, 5)])],
+        vec![Input::Results(vec![completed(&task, 5)])],
         5,
     );
     let whole = observe_from(&mut coordinator, id, 1, 6)
