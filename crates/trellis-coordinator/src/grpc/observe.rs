@@ -17,7 +17,6 @@ pub(super) async fn backfill(
     from: u64,
     until: u64,
 ) -> Result<Vec<v1::Event>, Status> {
-    use prost::Message as _;
     let last = crate::recovery::last_stream_seq(events, id)
         .await
         .map_err(|err| Status::unavailable(err.to_string()))?
@@ -30,14 +29,9 @@ pub(super) async fn backfill(
         if message.first_seq > until {
             break;
         }
-        let batch = v1::EventBatch::decode(message.payload)
+        let batch = turn::History::decode(from, message.payload)
             .map_err(|err| Status::data_loss(format!("event log of {id}: {err}")))?;
-        older.extend(
-            batch
-                .events
-                .into_iter()
-                .filter(|e| e.sequence >= from && e.sequence <= until),
-        );
+        older.extend(batch.into_iter().filter(|e| e.sequence <= until));
     }
     Ok(older)
 }

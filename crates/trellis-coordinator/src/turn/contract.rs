@@ -289,7 +289,8 @@ impl History {
             .collect())
     }
 
-    /// Every event, decoded at once.
+    /// Every event, decoded at once (what a test looks at; the stream decodes batch by batch).
+    #[cfg(test)]
     pub fn events(self) -> Result<Vec<v1::Event>, prost::DecodeError> {
         let (from, batches) = self.into_batches();
         let mut events = Vec::new();

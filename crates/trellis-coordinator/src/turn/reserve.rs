@@ -234,8 +234,8 @@ impl Reservations {
         self.writing.entry(shard).or_default().push(id);
     }
 
-    /// Takes ids whose index entries are stored, each with its shard; returns those of shards no longer reserving
-    /// (dropped while the entries were written), to be deleted from the index.
+    /// Takes ids whose index entries are stored, each with its shard; returns those of shards no
+    /// longer reserving (dropped while the entries were written), to be deleted from the index.
     pub(super) fn stored(&mut self, ids: Vec<(u32, ExecutionId)>) -> Vec<(u32, ExecutionId)> {
         let mut unwanted = Vec::new();
         for (shard, id) in ids {
