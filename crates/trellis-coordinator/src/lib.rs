@@ -228,6 +228,7 @@ pub async fn run(
                 cooldown_ms: u64::try_from(config.breaker_cooldown.as_millis()).unwrap_or(u64::MAX),
             },
             dispatch_window: config.dispatch_window,
+            build_off_the_loop: turn::BUILT_OFF_THE_LOOP,
         },
         &config.telemetry.registry,
     );

@@ -43,6 +43,7 @@ mod logs;
 mod observe;
 mod outputs;
 mod pauses;
+mod start;
 
 use list::{merge, page};
 use observe::{async_stream, backfill};
@@ -179,24 +180,6 @@ impl CoordinatorService {
         }
     }
 
-    /// Compiles a start's plan outside the coordinator's turn (a small one compiled before comes
-    /// from the cache); a large one on a blocking thread, so it holds up neither the turn nor
-    /// the other calls.
-    async fn prepare(
-        &self,
-        source: v1::start_execution_request::PlanSource,
-    ) -> Result<turn::Prepared, Status> {
-        let prepared = if turn::is_large(&source) {
-            let limits = self.plans.limits().clone();
-            tokio::task::spawn_blocking(move || turn::prepare(source, &limits))
-                .await
-                .map_err(|err| Status::internal(format!("compiling the plan stopped: {err}")))?
-        } else {
-            self.plans.prepare(source)
-        };
-        prepared.map_err(status)
-    }
-
     /// Asks for `action` on execution `id`, as `scope`, here.
     async fn on(&self, scope: Scope, id: ExecutionId, action: Action) -> Result<Answer, Status> {
         self.executor
@@ -325,18 +308,7 @@ impl Coordinator for CoordinatorService {
                 )
                 .unwrap_or_default();
                 let plan = self.prepare(source).await?;
-                let answer = self
-                    .executor
-                    .ask(turn::Request::Start {
-                        plan: Box::new(plan),
-                        options,
-                        principal,
-                        traceparent,
-                    })
-                    .await
-                    .map_err(status)?;
-                let (id, created) =
-                    expect!(answer, Answer::Started { id, created } => (id, created))?;
+                let (id, created) = self.start(plan, options, principal, traceparent).await?;
                 Ok(v1::StartExecutionResponse {
                     execution_id: id.to_string(),
                     created,

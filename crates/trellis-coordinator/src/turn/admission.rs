@@ -21,6 +21,12 @@ use super::{Coordinator, Error};
 /// other events).
 const STARTED_HEADROOM: usize = 256 * 1024;
 
+/// A start of a plan of at least this many tasks has its execution's starting state built off
+/// the loop ([`Started::Build`]): building it takes about a quarter of a microsecond per task
+/// (`machine/start_20k`), which for a large plan is milliseconds every other execution of the
+/// coordinator would wait, and more than the extra pass through the loop costs.
+pub const BUILT_OFF_THE_LOOP: usize = 1_000;
+
 /// A start's plan, compiled, with the text the log records of it. Made by [`prepare`] before the
 /// request reaches the turn: compiling is the one step of admission whose cost grows with the
 /// plan (a 20,000-task spec takes about 100 ms), and in the turn it would hold up every other
@@ -35,6 +41,10 @@ pub struct Prepared {
     format: v1::PlanFormat,
     /// The canonical encoding of `plan` as compiled (before a quota's cap).
     encoded: Vec<u8>,
+    /// The execution's starting state, built by [`Prepared::build`] for the id and time the turn
+    /// gave ([`Started::Build`]); `None` until then, and for a plan small enough to build in
+    /// the turn.
+    built: Option<Box<Execution>>,
 }
 
 impl Prepared {
@@ -43,6 +53,34 @@ impl Prepared {
     pub(super) fn plan(&self) -> &Arc<Plan> {
         &self.plan
     }
+
+    /// Builds the execution's starting state for the id and start time the turn chose
+    /// ([`Answer::Build`](super::Answer::Build)), so the turn that starts it only takes it over.
+    /// Pure, and as slow as the plan is large: call it outside the turn.
+    pub fn build(&mut self, id: ExecutionId, at_ms: u64) {
+        self.built = Some(Box::new(Execution::start(
+            id,
+            Arc::clone(&self.plan),
+            1,
+            at_ms,
+        )));
+    }
+}
+
+/// What [`Coordinator::start`] did with a start.
+#[derive(Debug)]
+pub(super) enum Started {
+    /// A new execution: its `ExecutionStarted` is pending.
+    Created(ExecutionId),
+    /// The execution started before under the same idempotency key.
+    Existing(ExecutionId),
+    /// A large plan: its id and start time are chosen (the id held for it), and the caller builds
+    /// its starting state off the loop ([`Prepared::build`]) and asks again.
+    Build {
+        id: ExecutionId,
+        at_ms: u64,
+        prepared: Box<Prepared>,
+    },
 }
 
 /// Compiles a start's plan within `limits`. An error lists every problem, each led by the
@@ -88,6 +126,7 @@ pub fn prepare(source: PlanSource, limits: &Limits) -> Result<Prepared, Error> {
         text,
         format,
         encoded,
+        built: None,
     })
 }
 
@@ -182,8 +221,9 @@ impl Coordinator {
             .unwrap_or(Quota::UNLIMITED)
     }
 
-    /// Starts an execution of a plan [`prepare`]d outside the turn; returns its id, and whether
-    /// it is new (not found by its idempotency key).
+    /// Starts an execution of a plan [`prepare`]d outside the turn. A plan of at least
+    /// [`BUILT_OFF_THE_LOOP`] tasks (`Config::build_off_the_loop`) comes twice: first it is admitted and given its id and start
+    /// time ([`Started::Build`]), then, its starting state built, it starts as any other.
     pub(super) fn start(
         &mut self,
         prepared: Prepared,
@@ -191,7 +231,33 @@ impl Coordinator {
         principal: &Principal,
         traceparent: String,
         now: u64,
-    ) -> Result<(ExecutionId, bool), Error> {
+    ) -> Result<Started, Error> {
+        // The id a first pass held for this start, handed back unless the start takes it below.
+        let lent = prepared
+            .built
+            .as_ref()
+            .and_then(|built| self.reservations.returned(built.id()));
+        let started = self.admit(prepared, options, principal, traceparent, lent, now);
+        if let Some((id, shard, indexed)) = lent {
+            let taken = matches!(&started, Ok(Started::Created(created)) if *created == id);
+            if !taken {
+                self.reservations.unused(shard, id, indexed);
+            }
+        }
+        started
+    }
+
+    /// [`Coordinator::start`], given the id held for a start built off the loop (`lent`: the id,
+    /// its shard, whether its index entry is stored).
+    fn admit(
+        &mut self,
+        prepared: Prepared,
+        options: v1::ExecutionOptions,
+        principal: &Principal,
+        traceparent: String,
+        lent: Option<(ExecutionId, u32, bool)>,
+        now: u64,
+    ) -> Result<Started, Error> {
         let namespace = principal
             .namespace_for(&options.namespace)
             .map_err(|why| Error::denied(format!("namespace: {why}")))?;
@@ -233,7 +299,7 @@ impl Coordinator {
                 .by_key
                 .get(&(namespace.clone(), options.idempotency_key.clone()))
         {
-            return Ok((*id, false));
+            return Ok(Started::Existing(*id));
         }
         let quota = self.quota(&namespace);
         let Prepared {
@@ -241,7 +307,12 @@ impl Coordinator {
             text,
             format,
             encoded,
+            built,
         } = prepared;
+        // A first pass of a large plan; a second one (`built`) that cannot use what was built
+        // (its shard was lost meanwhile, say) builds in the turn instead of going round again.
+        let large = self.config.build_off_the_loop;
+        let build_first = built.is_none() && large > 0 && plan.tasks.len() >= large;
         let violations = quota.check_plan(&plan);
         if !violations.is_empty() {
             let lines: Vec<String> = violations.iter().map(ToString::to_string).collect();
@@ -283,30 +354,51 @@ impl Coordinator {
                 trellis_bus::MAX_PAYLOAD
             )));
         }
-        // A reserved id of the shard, whose index entry is stored (`reserve`); else an id whose
-        // shard this coordinator owns (the key's shard, with a key), its entry written before the
-        // first append: expected tries = shards / owned shards (shards, with a key).
-        let reserved = self
-            .reservations
-            .take(target, self.owned.iter().copied(), now);
-        let (id, shard) = match reserved {
-            Some(taken) => taken,
-            None => loop {
-                let id = self.ids.execution(now);
-                let shard = self.shard_of(id);
-                if target.map_or(self.owned.contains(&shard), |target| shard == target) {
-                    self.reservations.gave_fresh(id);
-                    break (id, shard);
-                }
-            },
+        // The starting state built off the loop, if it was built for this very start: the id
+        // held for it, of a shard still owned (the key's, with a key), and the plan it runs
+        // (not one a quota's cap changed since).
+        let built = built.filter(|built| {
+            lent.is_some_and(|(id, shard, _)| {
+                built.id() == id
+                    && self.owned.contains(&shard)
+                    && target.is_none_or(|target| target == shard)
+            }) && Arc::ptr_eq(built.plan(), &plan)
+        });
+        let (id, shard, indexed) = match (&built, lent) {
+            (Some(_), Some(held)) => held,
+            _ => self.choose_id(target, now),
         };
+        if build_first && max_concurrency_cap.is_none() {
+            // Admitted: the caller builds the starting state and comes again. The id is held
+            // for it meanwhile (`Reservations::lend`), and an index scan does not take it for
+            // an execution to load.
+            self.reservations.lend(id, shard, indexed, now);
+            let prepared = Prepared {
+                // Uncapped: no quota's cap changes it.
+                plan,
+                text,
+                format,
+                encoded: compiled_plan,
+                built: None,
+            };
+            return Ok(Started::Build {
+                id,
+                at_ms: now,
+                prepared: Box::new(prepared),
+            });
+        }
         let labels: std::collections::BTreeMap<String, String> = options
             .labels
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         let plan_name = plan.name.clone();
-        let machine = Execution::start(id, plan, 1, now);
+        let machine = match built {
+            Some(built) => *built,
+            None => Execution::start(id, plan, 1, now),
+        };
+        // The time the state was built for: what every replay builds it with.
+        let (started_at_ms, _) = machine.times_ms();
         let started = log::started_to_proto(
             id,
             &log::Started {
@@ -314,7 +406,7 @@ impl Coordinator {
                 run_number: 1,
                 spec: text,
                 format,
-                started_at_ms: now,
+                started_at_ms,
                 idempotency_key: options.idempotency_key.clone(),
                 labels: labels.clone(),
                 namespace: namespace.to_string(),
@@ -331,8 +423,8 @@ impl Coordinator {
         let mut live = Live::new(machine, labels, now, shard, tenancy);
         live.seq = 1;
         live.pending.push(started);
-        live.index_put = reserved.is_none();
-        live.indexed = reserved.is_some();
+        live.index_put = !indexed;
+        live.indexed = indexed;
         // Its first checkpoint is due an interval from now, like any other's: one of a log of
         // one message would save no replay, yet cost a full snapshot in this loop (tens of
         // milliseconds for 20,000 tasks) and a write to the checkpoint-store per execution.
@@ -347,6 +439,27 @@ impl Coordinator {
             .get_or_create(&[("namespace", namespace.to_string())])
             .inc();
         tracing::info!(%id, shard, %namespace, caller = %principal.name, "execution started");
-        Ok((id, true))
+        Ok(Started::Created(id))
+    }
+
+    /// An id for a start: a reserved id of the shard, whose index entry is stored (`reserve`);
+    /// else a fresh id whose shard this coordinator owns (`target`, with an idempotency key),
+    /// its entry written before the first append (expected tries: shards / owned shards, or
+    /// shards with a key). Returns the id, its shard and whether its index entry is stored.
+    fn choose_id(&mut self, target: Option<u32>, now: u64) -> (ExecutionId, u32, bool) {
+        if let Some((id, shard)) = self
+            .reservations
+            .take(target, self.owned.iter().copied(), now)
+        {
+            return (id, shard, true);
+        }
+        loop {
+            let id = self.ids.execution(now);
+            let shard = self.shard_of(id);
+            if target.map_or(self.owned.contains(&shard), |target| shard == target) {
+                self.reservations.gave_fresh(id);
+                return (id, shard, false);
+            }
+        }
     }
 }

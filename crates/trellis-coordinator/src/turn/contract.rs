@@ -220,6 +220,14 @@ pub enum Answer {
         id: ExecutionId,
         created: bool,
     },
+    /// A start of a large plan is admitted and given its id and start time; the caller builds
+    /// its starting state off the loop ([`super::Prepared::build`]) and sends the start again
+    /// with it. Asked of the turn once per start: the second pass starts it (or refuses it).
+    Build {
+        id: ExecutionId,
+        at_ms: u64,
+        plan: Box<super::Prepared>,
+    },
     /// The execution's state after a pause, resume or cancel (a `v1::ExecutionState`).
     State(i32),
     /// The run a retry started.

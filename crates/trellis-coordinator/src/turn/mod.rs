@@ -47,7 +47,7 @@ use trellis_core::ids::{ExecutionId, mix};
 use trellis_grpc::access::{self, AccessPolicy};
 use trellis_proto::subjects;
 
-pub use admission::{PlanCache, Prepared, is_large, prepare};
+pub use admission::{BUILT_OFF_THE_LOOP, PlanCache, Prepared, is_large, prepare};
 pub use breakers::BreakerConfig;
 pub use checkpoint::{CheckpointJob, FULL_EVERY, KEEP_FULL};
 pub use consumed::Consumed;
@@ -107,6 +107,9 @@ pub struct Config {
     /// in the workers' queue in the order they were dispatched: without a window, an execution
     /// of 20,000 ready tasks puts all of them ahead of the next execution's first one.
     pub dispatch_window: u32,
+    /// A start of a plan of at least this many tasks has its starting state built off the loop
+    /// (0: never), [`BUILT_OFF_THE_LOOP`] unless a test wants otherwise.
+    pub build_off_the_loop: usize,
 }
 
 /// The default [`Config::dispatch_window`]: enough in flight to keep two workers of 256 slots

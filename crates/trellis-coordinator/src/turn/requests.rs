@@ -8,6 +8,7 @@ use trellis_core::ids::{ExecutionId, QuestionId, TaskInstanceId};
 use trellis_core::machine::{Applied, Event, EventBody, ExecutionState, Ignored};
 use trellis_wire::read;
 
+use super::admission::Started;
 use super::{Action, Answer, Coordinator, Error, Observation, ReplyTo, Request, Waiting};
 
 impl Coordinator {
@@ -32,12 +33,29 @@ impl Coordinator {
                 principal,
                 traceparent,
             } => {
-                let result = self.start(*plan, options, &principal, traceparent, now);
-                match result {
-                    Ok((id, created)) => {
+                match self.start(*plan, options, &principal, traceparent, now) {
+                    Ok(Started::Created(id)) => {
                         self.mark(id);
                         // The caller learns the id once `ExecutionStarted` is durable.
-                        self.reply_after(reply, Some(id), Ok(Answer::Started { id, created }));
+                        let created = Answer::Started { id, created: true };
+                        self.reply_after(reply, Some(id), Ok(created));
+                    }
+                    Ok(Started::Existing(id)) => {
+                        self.mark(id);
+                        let existing = Answer::Started { id, created: false };
+                        self.reply_after(reply, Some(id), Ok(existing));
+                    }
+                    Ok(Started::Build {
+                        id,
+                        at_ms,
+                        prepared,
+                    }) => {
+                        let build = Answer::Build {
+                            id,
+                            at_ms,
+                            plan: prepared,
+                        };
+                        self.reply_now(reply, Ok(build));
                     }
                     Err(err) => self.reply_now(reply, Err(err)),
                 }

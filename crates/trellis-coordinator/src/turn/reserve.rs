@@ -139,6 +139,18 @@ pub(super) struct Reservations {
     last_given: Option<ExecutionId>,
     /// A start took a fresh id this turn: no refill until the next.
     fresh_this_turn: bool,
+    /// Ids given to starts whose state is being built off the loop (`turn::Started::Build`),
+    /// until they come back: each with its shard, whether its index entry is stored, and when
+    /// it was given.
+    lent: Map<ExecutionId, Lent>,
+}
+
+/// An id given to a start being built off the loop.
+#[derive(Clone, Copy, Debug)]
+struct Lent {
+    shard: u32,
+    indexed: bool,
+    at_ms: u64,
 }
 
 impl Reservations {
@@ -200,10 +212,51 @@ impl Reservations {
         None
     }
 
+    /// Holds `id` (of `shard`; `indexed`: its entry is stored) for a start whose state is built
+    /// off the loop, until [`Reservations::returned`] or, unclaimed, [`USE_WITHIN_MS`].
+    pub(super) fn lend(&mut self, id: ExecutionId, shard: u32, indexed: bool, now: u64) {
+        let lent = Lent {
+            shard,
+            indexed,
+            at_ms: now,
+        };
+        self.lent.insert(id, lent);
+    }
+
+    /// The start built for `id` came back: its shard and whether its index entry is stored, if
+    /// the id is still held for it (not given up as too old, or its shard dropped).
+    pub(super) fn returned(&mut self, id: ExecutionId) -> Option<(ExecutionId, u32, bool)> {
+        self.lent
+            .remove(&id)
+            .map(|lent| (id, lent.shard, lent.indexed))
+    }
+
+    /// A start did not use the id held for it (it failed, or found its idempotency key taken):
+    /// a stored entry is deleted.
+    pub(super) fn unused(&mut self, shard: u32, id: ExecutionId, indexed: bool) {
+        if indexed {
+            self.expired.push((shard, id));
+        }
+    }
+
     /// Ends the turn's bookkeeping: removes the ids older than [`USE_WITHIN_MS`] and returns them
     /// with those set aside, to be deleted from the index.
     pub(super) fn expire(&mut self, now: u64) -> Vec<(u32, ExecutionId)> {
         let mut gone = std::mem::take(&mut self.expired);
+        // A start whose build never came back (its caller went away): its id is given up.
+        let unclaimed: Vec<ExecutionId> = self
+            .lent
+            .iter()
+            .filter(|(_, lent)| now >= lent.at_ms + USE_WITHIN_MS)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in unclaimed {
+            if let Some(lent) = self.lent.remove(&id)
+                && lent.indexed
+            {
+                gone.push((lent.shard, id));
+            }
+        }
         for (shard, ready) in &mut self.ready {
             while let Some(&id) = ready.front().filter(|id| !usable(**id, now)) {
                 ready.pop_front();
@@ -260,14 +313,32 @@ impl Reservations {
     pub(super) fn drop_shard(&mut self, shard: u32) -> Vec<ExecutionId> {
         self.writing.remove(&shard);
         self.demand.remove(&shard);
-        self.ready.remove(&shard).map(Vec::from).unwrap_or_default()
+        let mut stored: Vec<ExecutionId> =
+            self.ready.remove(&shard).map(Vec::from).unwrap_or_default();
+        // Held for starts being built: those starts find no id held when they come back.
+        let lent: Vec<(ExecutionId, bool)> = self
+            .lent
+            .iter()
+            .filter(|(_, lent)| lent.shard == shard)
+            .map(|(id, lent)| (*id, lent.indexed))
+            .collect();
+        for (id, indexed) in lent {
+            self.lent.remove(&id);
+            if indexed {
+                stored.push(id);
+            }
+        }
+        stored
     }
 
-    /// Whether `id` is one of this coordinator's reservations (stored or being written).
+    /// Whether `id` is one of this coordinator's reservations (stored, being written, or held
+    /// for a start being built).
     pub(super) fn holds(&self, shard: u32, id: ExecutionId) -> bool {
-        self.ready
-            .get(&shard)
-            .is_some_and(|ready| ready.contains(&id))
+        self.lent.contains_key(&id)
+            || self
+                .ready
+                .get(&shard)
+                .is_some_and(|ready| ready.contains(&id))
             || self
                 .writing
                 .get(&shard)

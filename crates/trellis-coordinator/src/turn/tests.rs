@@ -81,6 +81,7 @@ mod attention {
             keep_finished_ms: 1_000,
             breakers: crate::turn::BreakerConfig::default(),
             dispatch_window: 0,
+            build_off_the_loop: crate::turn::BUILT_OFF_THE_LOOP,
         };
         Coordinator::new(config, &trellis_telemetry::Registry::default())
     }
@@ -246,6 +247,19 @@ mod window {
         )
     }
 
+    /// A coordinator that builds the starting state of plans of `from_tasks` tasks or more off
+    /// the loop.
+    pub(super) fn coordinator_building(
+        access: Option<std::sync::Arc<trellis_grpc::access::AccessPolicy>>,
+        from_tasks: usize,
+    ) -> Coordinator {
+        let config = Config {
+            build_off_the_loop: from_tasks,
+            ..config(access, 0)
+        };
+        Coordinator::new(config, &trellis_telemetry::Registry::default())
+    }
+
     /// One shard, no checkpoint-store, every interval a minute.
     fn config(
         access: Option<std::sync::Arc<trellis_grpc::access::AccessPolicy>>,
@@ -263,6 +277,7 @@ mod window {
             keep_finished_ms: 60_000,
             breakers: crate::turn::BreakerConfig::default(),
             dispatch_window,
+            build_off_the_loop: crate::turn::BUILT_OFF_THE_LOOP,
         }
     }
 
@@ -298,30 +313,33 @@ mod window {
 
     /// Starts a plan of `tasks` noop tasks with `options` (YAML flow mapping entries) as
     /// `principal`.
-    fn start_as(tasks: usize, options: &str, principal: Principal) -> Input {
-        let mut text = format!("name: wide\noptions: {{{options}}}\ntasks:\n");
-        for i in 0..tasks {
-            text.push_str(&format!("- {{id: t{i}, type: noop}}\n"));
-        }
+    pub(super) fn start_as(tasks: usize, options: &str, principal: Principal) -> Input {
         Input::Request {
             reply: 1,
             request: Request::Start {
-                plan: Box::new(
-                    crate::turn::prepare(
-                        v1::start_execution_request::PlanSource::Spec(v1::PlanSpec {
-                            text,
-                            format: v1::PlanFormat::Yaml.into(),
-                            ..Default::default()
-                        }),
-                        &trellis_core::plan::Limits::default(),
-                    )
-                    .expect("the test's plan compiles"),
-                ),
+                plan: Box::new(prepared(tasks, options)),
                 options: v1::ExecutionOptions::default(),
                 principal,
                 traceparent: String::new(),
             },
         }
+    }
+
+    /// A plan of `tasks` noop tasks with `options` (YAML flow mapping entries), compiled.
+    pub(super) fn prepared(tasks: usize, options: &str) -> crate::turn::Prepared {
+        let mut text = format!("name: wide\noptions: {{{options}}}\ntasks:\n");
+        for i in 0..tasks {
+            text.push_str(&format!("- {{id: t{i}, type: noop}}\n"));
+        }
+        crate::turn::prepare(
+            v1::start_execution_request::PlanSource::Spec(v1::PlanSpec {
+                text,
+                format: v1::PlanFormat::Yaml.into(),
+                ..Default::default()
+            }),
+            &trellis_core::plan::Limits::default(),
+        )
+        .expect("the test's plan compiles")
     }
 
     /// The result of an assignment, completed.
@@ -566,6 +584,7 @@ mod window {
     }
 }
 
+mod built;
 mod observe;
 mod plan_cache;
 mod reserve;

@@ -38,6 +38,20 @@ impl World {
                     }
                     self.plans[plan].2 = true;
                 }
+                (
+                    Call::Start { plan },
+                    Ok(Answer::Build {
+                        id,
+                        at_ms,
+                        plan: prepared,
+                    }),
+                ) => {
+                    // As the gRPC handler does: build the starting state for the id and time the
+                    // turn gave, and start again; the node may lose the shard or crash meanwhile.
+                    let mut prepared = prepared;
+                    prepared.build(id, at_ms);
+                    self.call(idx, Call::Start { plan }, start(plan, prepared));
+                }
                 (Call::Answer { id, question }, Ok(Answer::Answered { sequence, .. })) => {
                     if !logged_up_to(&self.nats, id, sequence) {
                         return Err(format!(
@@ -92,19 +106,9 @@ impl World {
                 format: v1::PlanFormat::Json.into(),
                 ..Default::default()
             });
-            let request = Request::Start {
-                plan: Box::new(
-                    turn::prepare(source, &trellis_core::plan::Limits::default())
-                        .expect("the simulation's plans compile"),
-                ),
-                options: v1::ExecutionOptions {
-                    idempotency_key: format!("plan-{plan}"),
-                    ..Default::default()
-                },
-                principal: Principal::anonymous(),
-                traceparent: String::new(),
-            };
-            self.call(node, Call::Start { plan }, request);
+            let prepared = turn::prepare(source, &trellis_core::plan::Limits::default())
+                .expect("the simulation's plans compile");
+            self.call(node, Call::Start { plan }, start(plan, Box::new(prepared)));
         }
         let open: Vec<(ExecutionId, QuestionId)> = self
             .checker
@@ -164,6 +168,19 @@ impl World {
             reply: node.next_reply,
             request,
         });
+    }
+}
+
+/// The start of plan `plan`, under the idempotency key of the plan.
+fn start(plan: usize, prepared: Box<turn::Prepared>) -> Request {
+    Request::Start {
+        plan: prepared,
+        options: v1::ExecutionOptions {
+            idempotency_key: format!("plan-{plan}"),
+            ..Default::default()
+        },
+        principal: Principal::anonymous(),
+        traceparent: String::new(),
     }
 }
 

@@ -598,6 +598,9 @@ pub(crate) fn coordinator(seed: u64, idx: usize, incarnation: u64) -> Coordinato
             // A small window, so executions keep tasks waiting for it: holding them back must
             // keep every invariant too.
             dispatch_window: 3,
+            // Starts of plans of five tasks or more come twice, their state built between the
+            // passes, while shards move as they do.
+            build_off_the_loop: 5,
         },
         &trellis_telemetry::Registry::default(),
     )

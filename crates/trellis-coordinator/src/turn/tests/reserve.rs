@@ -10,7 +10,7 @@ use crate::turn::{
 };
 
 /// A clock's time, as the executor gives it.
-const NOW: u64 = 1_700_000_000_000;
+pub(super) const NOW: u64 = 1_700_000_000_000;
 
 /// Owns shard 0 at `now` and returns the refill its turn asked for, not yet stored.
 fn owned_with_refill(coordinator: &mut Coordinator, now: u64) -> Vec<(String, ExecutionId)> {
@@ -33,7 +33,7 @@ fn sorted(refill: &[(String, ExecutionId)]) -> Vec<ExecutionId> {
 
 /// Owns shard 0 with its refill asked for at `NOW`, the first `stored` of its ids (in id order)
 /// reported stored at `NOW + 1`; returns all of them in id order.
-fn reserved(coordinator: &mut Coordinator, stored: usize) -> Vec<ExecutionId> {
+pub(super) fn reserved(coordinator: &mut Coordinator, stored: usize) -> Vec<ExecutionId> {
     let ids = sorted(&owned_with_refill(coordinator, NOW));
     let report = Input::Reserved(ids[..stored].to_vec());
     turn(coordinator, vec![report], NOW + 1);
@@ -41,7 +41,7 @@ fn reserved(coordinator: &mut Coordinator, stored: usize) -> Vec<ExecutionId> {
 }
 
 /// The index keys of ids of shard 0.
-fn keys(ids: &[ExecutionId]) -> Vec<String> {
+pub(super) fn keys(ids: &[ExecutionId]) -> Vec<String> {
     ids.iter().map(|id| index_key(0, *id)).collect()
 }
 

@@ -1,0 +1,68 @@
+//! `StartExecution` here: the plan compiled outside the coordinator's turn, and a large plan's
+//! starting state built outside it too, so neither holds up the turn or the other calls.
+
+use tonic::Status;
+use trellis_core::ids::ExecutionId;
+use trellis_grpc::access::Principal;
+use trellis_proto::v1;
+
+use super::{CoordinatorService, status};
+use crate::executor;
+use crate::turn::{self, Answer};
+
+impl CoordinatorService {
+    /// Compiles a start's plan outside the coordinator's turn (a small one compiled before comes
+    /// from the cache); a large one on a blocking thread, so it holds up neither the turn nor
+    /// the other calls.
+    pub(super) async fn prepare(
+        &self,
+        source: v1::start_execution_request::PlanSource,
+    ) -> Result<turn::Prepared, Status> {
+        let prepared = if turn::is_large(&source) {
+            let limits = self.plans.limits().clone();
+            tokio::task::spawn_blocking(move || turn::prepare(source, &limits))
+                .await
+                .map_err(|err| Status::internal(format!("compiling the plan stopped: {err}")))?
+        } else {
+            self.plans.prepare(source)
+        };
+        prepared.map_err(status)
+    }
+
+    /// Starts an execution of `plan` here; returns its id and whether it is new. A large plan
+    /// is admitted first, then its starting state is built on a blocking thread for the id and
+    /// time the turn gave (`Answer::Build`), and the start sent again with it: building holds
+    /// up neither the turn nor the other calls.
+    pub(super) async fn start(
+        &self,
+        plan: turn::Prepared,
+        options: v1::ExecutionOptions,
+        principal: Principal,
+        traceparent: String,
+    ) -> Result<(ExecutionId, bool), Status> {
+        let start = |plan| turn::Request::Start {
+            plan: Box::new(plan),
+            options: options.clone(),
+            principal: principal.clone(),
+            traceparent: traceparent.clone(),
+        };
+        let answer = self.executor.ask(start(plan)).await.map_err(status)?;
+        let answer = match answer {
+            Answer::Build { id, at_ms, plan } => {
+                let plan = tokio::task::spawn_blocking(move || {
+                    let mut plan = *plan;
+                    plan.build(id, at_ms);
+                    plan
+                })
+                .await
+                .map_err(|err| {
+                    Status::internal(format!("building the execution stopped: {err}"))
+                })?;
+                // The turn asks for a build once per start: the second pass starts or refuses.
+                self.executor.ask(start(plan)).await.map_err(status)?
+            }
+            answer => answer,
+        };
+        expect!(answer, Answer::Started { id, created } => (id, created))
+    }
+}
