@@ -284,6 +284,15 @@ mod window {
     /// Runs one turn whose appends are all stored; returns what the coordinator does after.
     pub(super) fn turn(coordinator: &mut Coordinator, inputs: Vec<Input>, now: u64) -> Effects {
         let writes = coordinator.turn(inputs, now);
+        stored(coordinator, &writes, now)
+    }
+
+    /// Stores every append of `writes`; returns what the coordinator does after.
+    pub(super) fn stored(
+        coordinator: &mut Coordinator,
+        writes: &crate::turn::Writes,
+        now: u64,
+    ) -> Effects {
         let stored: Vec<(ExecutionId, Appended)> = writes
             .appends
             .iter()

@@ -9,11 +9,10 @@ use trellis_proto::v1;
 use trellis_wire::replay::Replayer;
 
 use super::reserve::{NOW, keys, reserved};
-use super::window::{coordinator_building, dispatched, prepared, start_as, turn, two_namespaces};
-use crate::turn::{
-    Answer, Appended, Coordinator, Effects, ErrorKind, Input, Prepared, Request, USE_WITHIN_MS,
-    Writes,
+use super::window::{
+    coordinator_building, dispatched, prepared, start_as, stored, turn, two_namespaces,
 };
+use crate::turn::{Answer, Coordinator, ErrorKind, Input, Prepared, Request, USE_WITHIN_MS};
 
 /// Plans of this many tasks or more are built off the loop in these tests.
 const LARGE: usize = 5;
@@ -60,19 +59,6 @@ fn first_pass(coordinator: &mut Coordinator, key: &str, now: u64) -> (ExecutionI
     let mut plan = *plan;
     plan.build(id, at_ms);
     (id, at_ms, plan)
-}
-
-/// Stores every append of `writes`; returns the effects.
-fn stored(coordinator: &mut Coordinator, writes: &Writes, now: u64) -> Effects {
-    let outcomes: Vec<(ExecutionId, Appended)> = writes
-        .appends
-        .iter()
-        .map(|append| {
-            let stream_seq = append.expected_stream_seq + append.messages.len() as u64;
-            (append.id, Appended::Stored { stream_seq })
-        })
-        .collect();
-    coordinator.appended(outcomes, now)
 }
 
 /// The first pass gives an id and a time; the second, later, starts the execution with that id
