@@ -15,6 +15,7 @@ use trellis_proto::v1::start_execution_request::PlanSource;
 use trellis_wire::{log, plan};
 
 use super::live::{Live, Tenancy};
+use super::reserve::Lent;
 use super::{Coordinator, Error};
 
 /// Room kept beside a spec and its compiled plan for the rest of the first log message (its
@@ -70,10 +71,9 @@ impl Prepared {
 /// What [`Coordinator::start`] did with a start.
 #[derive(Debug)]
 pub(super) enum Started {
-    /// A new execution: its `ExecutionStarted` is pending.
-    Created(ExecutionId),
-    /// The execution started before under the same idempotency key.
-    Existing(ExecutionId),
+    /// A new execution, its `ExecutionStarted` pending (`created`), or the one started before
+    /// under the same idempotency key.
+    Started { id: ExecutionId, created: bool },
     /// A large plan: its id and start time are chosen (the id held for it), and the caller builds
     /// its starting state off the loop ([`Prepared::build`]) and asks again.
     Build {
@@ -222,8 +222,9 @@ impl Coordinator {
     }
 
     /// Starts an execution of a plan [`prepare`]d outside the turn. A plan of at least
-    /// [`BUILT_OFF_THE_LOOP`] tasks (`Config::build_off_the_loop`) comes twice: first it is admitted and given its id and start
-    /// time ([`Started::Build`]), then, its starting state built, it starts as any other.
+    /// [`BUILT_OFF_THE_LOOP`] tasks (`Config::build_off_the_loop`) comes twice: first it is
+    /// admitted and given its id and start time ([`Started::Build`]), then, its starting state
+    /// built, it starts as any other.
     pub(super) fn start(
         &mut self,
         prepared: Prepared,
@@ -233,29 +234,29 @@ impl Coordinator {
         now: u64,
     ) -> Result<Started, Error> {
         // The id a first pass held for this start, handed back unless the start takes it below.
-        let lent = prepared
-            .built
-            .as_ref()
-            .and_then(|built| self.reservations.returned(built.id()));
+        let held = prepared.built.as_ref().and_then(|built| {
+            let id = built.id();
+            self.reservations.returned(id).map(|lent| (id, lent))
+        });
+        let lent = held.map(|(_, lent)| lent);
         let started = self.admit(prepared, options, principal, traceparent, lent, now);
-        if let Some((id, shard, indexed)) = lent {
-            let taken = matches!(&started, Ok(Started::Created(created)) if *created == id);
+        if let Some((id, lent)) = held {
+            let taken = matches!(&started, Ok(Started::Started { id: started, created: true }) if *started == id);
             if !taken {
-                self.reservations.unused(shard, id, indexed);
+                self.reservations.unused(id, lent);
             }
         }
         started
     }
 
-    /// [`Coordinator::start`], given the id held for a start built off the loop (`lent`: the id,
-    /// its shard, whether its index entry is stored).
+    /// [`Coordinator::start`], given what holds the id of a start built off the loop (`lent`).
     fn admit(
         &mut self,
         prepared: Prepared,
         options: v1::ExecutionOptions,
         principal: &Principal,
         traceparent: String,
-        lent: Option<(ExecutionId, u32, bool)>,
+        lent: Option<Lent>,
         now: u64,
     ) -> Result<Started, Error> {
         let namespace = principal
@@ -299,7 +300,10 @@ impl Coordinator {
                 .by_key
                 .get(&(namespace.clone(), options.idempotency_key.clone()))
         {
-            return Ok(Started::Existing(*id));
+            return Ok(Started::Started {
+                id: *id,
+                created: false,
+            });
         }
         let quota = self.quota(&namespace);
         let Prepared {
@@ -354,19 +358,15 @@ impl Coordinator {
                 trellis_bus::MAX_PAYLOAD
             )));
         }
-        // The starting state built off the loop, if it was built for this very start: the id
-        // held for it, of a shard still owned (the key's, with a key), and the plan it runs
-        // (not one a quota's cap changed since).
-        let built = built.filter(|built| {
-            lent.is_some_and(|(id, shard, _)| {
-                built.id() == id
-                    && self.owned.contains(&shard)
-                    && target.is_none_or(|target| target == shard)
-            }) && Arc::ptr_eq(built.plan(), &plan)
-        });
-        let (id, shard, indexed) = match (&built, lent) {
-            (Some(_), Some(held)) => held,
-            _ => self.choose_id(target, now),
+        // The starting state built off the loop, if its id is still held for it and it runs the
+        // very plan (not one a quota's cap changed since). A held id's shard is owned (dropping
+        // a shard gives its held ids up) and is this start's target: both passes ask the same.
+        let built = built
+            .zip(lent)
+            .filter(|(built, _)| Arc::ptr_eq(built.plan(), &plan));
+        let (id, shard, indexed) = match &built {
+            Some((built, lent)) => (built.id(), lent.shard, lent.indexed),
+            None => self.choose_id(target, now),
         };
         if build_first && max_concurrency_cap.is_none() {
             // Admitted: the caller builds the starting state and comes again. The id is held
@@ -394,7 +394,7 @@ impl Coordinator {
             .collect();
         let plan_name = plan.name.clone();
         let machine = match built {
-            Some(built) => *built,
+            Some((built, _)) => *built,
             None => Execution::start(id, plan, 1, now),
         };
         // The time the state was built for: what every replay builds it with.
@@ -439,7 +439,7 @@ impl Coordinator {
             .get_or_create(&[("namespace", namespace.to_string())])
             .inc();
         tracing::info!(%id, shard, %namespace, caller = %principal.name, "execution started");
-        Ok(Started::Created(id))
+        Ok(Started::Started { id, created: true })
     }
 
     /// An id for a start: a reserved id of the shard, whose index entry is stored (`reserve`);

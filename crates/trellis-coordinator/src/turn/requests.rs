@@ -34,16 +34,10 @@ impl Coordinator {
                 traceparent,
             } => {
                 match self.start(*plan, options, &principal, traceparent, now) {
-                    Ok(Started::Created(id)) => {
+                    Ok(Started::Started { id, created }) => {
                         self.mark(id);
                         // The caller learns the id once `ExecutionStarted` is durable.
-                        let created = Answer::Started { id, created: true };
-                        self.reply_after(reply, Some(id), Ok(created));
-                    }
-                    Ok(Started::Existing(id)) => {
-                        self.mark(id);
-                        let existing = Answer::Started { id, created: false };
-                        self.reply_after(reply, Some(id), Ok(existing));
+                        self.reply_after(reply, Some(id), Ok(Answer::Started { id, created }));
                     }
                     Ok(Started::Build {
                         id,

@@ -145,11 +145,13 @@ pub(super) struct Reservations {
     lent: Map<ExecutionId, Lent>,
 }
 
-/// An id given to a start being built off the loop.
+/// What holds an id given to a start being built off the loop.
 #[derive(Clone, Copy, Debug)]
-struct Lent {
-    shard: u32,
-    indexed: bool,
+pub(super) struct Lent {
+    /// The id's shard.
+    pub(super) shard: u32,
+    /// Its index entry is stored (a reserved id), so giving it up deletes it.
+    pub(super) indexed: bool,
     at_ms: u64,
 }
 
@@ -223,19 +225,17 @@ impl Reservations {
         self.lent.insert(id, lent);
     }
 
-    /// The start built for `id` came back: its shard and whether its index entry is stored, if
-    /// the id is still held for it (not given up as too old, or its shard dropped).
-    pub(super) fn returned(&mut self, id: ExecutionId) -> Option<(ExecutionId, u32, bool)> {
-        self.lent
-            .remove(&id)
-            .map(|lent| (id, lent.shard, lent.indexed))
+    /// The start built for `id` came back: what held its id, if it is still held (not given up
+    /// as too old, or with its shard).
+    pub(super) fn returned(&mut self, id: ExecutionId) -> Option<Lent> {
+        self.lent.remove(&id)
     }
 
-    /// A start did not use the id held for it (it failed, or found its idempotency key taken):
-    /// a stored entry is deleted.
-    pub(super) fn unused(&mut self, shard: u32, id: ExecutionId, indexed: bool) {
-        if indexed {
-            self.expired.push((shard, id));
+    /// A start did not use the id `lent` held for it (it failed, or found its idempotency key
+    /// taken): a stored entry is deleted.
+    pub(super) fn unused(&mut self, id: ExecutionId, lent: Lent) {
+        if lent.indexed {
+            self.expired.push((lent.shard, id));
         }
     }
 
@@ -244,19 +244,13 @@ impl Reservations {
     pub(super) fn expire(&mut self, now: u64) -> Vec<(u32, ExecutionId)> {
         let mut gone = std::mem::take(&mut self.expired);
         // A start whose build never came back (its caller went away): its id is given up.
-        let unclaimed: Vec<ExecutionId> = self
-            .lent
-            .iter()
-            .filter(|(_, lent)| now >= lent.at_ms + USE_WITHIN_MS)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in unclaimed {
-            if let Some(lent) = self.lent.remove(&id)
-                && lent.indexed
-            {
-                gone.push((lent.shard, id));
+        self.lent.retain(|id, lent| {
+            let unclaimed = now >= lent.at_ms + USE_WITHIN_MS;
+            if unclaimed && lent.indexed {
+                gone.push((lent.shard, *id));
             }
-        }
+            !unclaimed
+        });
         for (shard, ready) in &mut self.ready {
             while let Some(&id) = ready.front().filter(|id| !usable(**id, now)) {
                 ready.pop_front();
@@ -316,18 +310,13 @@ impl Reservations {
         let mut stored: Vec<ExecutionId> =
             self.ready.remove(&shard).map(Vec::from).unwrap_or_default();
         // Held for starts being built: those starts find no id held when they come back.
-        let lent: Vec<(ExecutionId, bool)> = self
-            .lent
-            .iter()
-            .filter(|(_, lent)| lent.shard == shard)
-            .map(|(id, lent)| (*id, lent.indexed))
-            .collect();
-        for (id, indexed) in lent {
-            self.lent.remove(&id);
-            if indexed {
-                stored.push(id);
+        self.lent.retain(|id, lent| {
+            let dropped = lent.shard == shard;
+            if dropped && lent.indexed {
+                stored.push(*id);
             }
-        }
+            !dropped
+        });
         stored
     }
 

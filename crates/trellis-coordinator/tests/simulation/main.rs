@@ -13,6 +13,7 @@ mod nats;
 mod node;
 mod plans;
 mod rng;
+mod runs;
 mod store;
 mod worker;
 mod world;

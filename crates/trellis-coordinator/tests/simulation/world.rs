@@ -16,7 +16,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use prost::Message as _;
 use trellis_coordinator::turn::{Append, Config, Consumed, Coordinator, Input, ReplyTo, Request};
 use trellis_core::ids::{ExecutionId, QuestionId};
-use trellis_core::machine::EventBody;
 use trellis_proto::v1;
 use trellis_wire::log;
 
@@ -303,69 +302,6 @@ impl World {
             );
         }
         eprintln!("leases: {:?}", self.nats.leases.entries);
-    }
-
-    /// No attempt runs on two live workers at once, and no attempt a former owner of the
-    /// execution sent runs beside one of a later owner (a takeover sent nothing again that a
-    /// worker still ran). Two attempts of one owner may overlap only when a worker died between
-    /// storing an attempt's result and acknowledging its message: JetStream delivers that attempt
-    /// again while the next one runs (at-least-once delivery; the coordinator ignores its result).
-    /// Across owners, two overlaps are not a takeover's doing, and pass: a run again of an attempt
-    /// whose result a coordinator had acknowledged before the run began (the redelivery came
-    /// before the later owner's fence was stored), and a run of an attempt the log records as
-    /// timed out (its cancel is sent once, after the append, and a crash in between loses it; a
-    /// timeout ends an attempt whatever its worker does).
-    fn no_double_runs(&self) -> Result<(), String> {
-        let mut running: BTreeMap<&str, Vec<(usize, u32, u64, u64)>> = BTreeMap::new();
-        for worker in self.workers.iter().filter(|worker| worker.up) {
-            for run in &worker.runs {
-                let instance = run.assignment.task_instance_id.as_str();
-                let here = (
-                    worker.idx,
-                    run.assignment.attempt,
-                    run.assignment.fence,
-                    run.started_at,
-                );
-                let others = running.entry(instance).or_default();
-                let clash = others.iter().find(|other| {
-                    other.1 == here.1
-                        || (other.2 != here.2
-                            && !self.ended_apart(&run.assignment.execution_id, instance, other)
-                            && !self.ended_apart(&run.assignment.execution_id, instance, &here))
-                });
-                if let Some(other) = clash {
-                    return Err(format!(
-                        "{}: instance {instance} runs twice at once: (worker, attempt, fence, \
-                         started) {other:?} and {here:?}",
-                        self.now
-                    ));
-                }
-                others.push(here);
-            }
-        }
-        Ok(())
-    }
-
-    /// Whether a run (worker, attempt, fence, started) of `instance` runs an attempt that had
-    /// ended apart from it: its result acknowledged before the run began, or timed out in the log.
-    fn ended_apart(&self, execution: &str, instance: &str, run: &(usize, u32, u64, u64)) -> bool {
-        let acked = self
-            .nats
-            .acked_results
-            .get(&(instance.to_owned(), run.1))
-            .is_some_and(|acked| *acked <= run.3);
-        acked
-            || execution.parse::<ExecutionId>().is_ok_and(|id| {
-                self.nats.events.log(id).iter().any(|record| {
-                    log::decode_event_batch(&record.payload).is_ok_and(|batch| {
-                        batch.entries.iter().any(|entry| {
-                            matches!(entry, log::LogEntry::Event(event)
-                                if matches!(&event.body, EventBody::TaskTimedOut { instance: timed_out, attempt }
-                                    if timed_out.to_string() == instance && *attempt == run.1))
-                        })
-                    })
-                })
-            })
     }
 
     /// Every worker that is up heartbeats to every coordinator process, each interval.
