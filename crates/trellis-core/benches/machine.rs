@@ -7,8 +7,8 @@
 use std::hint::black_box;
 use std::sync::Arc;
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use trellis_core::ids::{ExecutionId, GroupId};
+use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+use trellis_core::ids::{ExecutionId, GroupId, TaskInstanceId};
 use trellis_core::machine::{Event, EventBody, Execution, GroupRule, SubtaskSpec, Usage};
 use trellis_core::plan::{Plan, PlanOptions, Task};
 use trellis_core::record::TaskState;
@@ -135,6 +135,29 @@ fn benches(c: &mut Criterion) {
         })
     });
 
+    // Dropping that execution once every task completed with a small output: what leaving
+    // memory costs a finished execution of the `throughput` scenario's size.
+    c.bench_function("machine/drop_20k_done", |b| {
+        b.iter_batched(
+            || {
+                let mut exec =
+                    Execution::start(ExecutionId::v7(T0, [1; 10]), Arc::clone(&wide), 1, T0);
+                let queued: Vec<_> = exec.instances_in(TaskState::Queued).collect();
+                for (k, instance) in queued.into_iter().enumerate() {
+                    run_attempt(&mut exec, instance, Some(k));
+                }
+                for command in exec.decide(T0 + 2) {
+                    let event = command.into_event(T0 + 2);
+                    exec.apply(&event).expect("the machine's own decision");
+                }
+                assert!(exec.state().is_terminal(), "every task completed");
+                exec
+            },
+            drop,
+            BatchSize::LargeInput,
+        )
+    });
+
     let independent = plan(100_000, false);
     let exec = Execution::start(ExecutionId::v7(T0, [1; 10]), independent, 1, T0);
     c.bench_function("machine/decide_100k_ready", |b| {
@@ -155,30 +178,7 @@ fn benches(c: &mut Criterion) {
     let mut exec = Execution::start(ExecutionId::v7(T0, [1; 10]), Arc::clone(&tasks), 1, T0);
     let queued: Vec<_> = exec.instances_in(TaskState::Queued).collect();
     for (k, instance) in queued.into_iter().enumerate() {
-        let mut apply = |body| {
-            exec.apply(&Event {
-                at_ms: T0 + 1,
-                body,
-            })
-            .expect("valid event")
-        };
-        apply(EventBody::TaskDispatched {
-            instance,
-            attempt: 1,
-        });
-        apply(EventBody::TaskStarted {
-            instance,
-            attempt: 1,
-            worker: "bench-worker".into(),
-        });
-        if k % 2 == 0 {
-            apply(EventBody::TaskCompleted {
-                instance,
-                attempt: 1,
-                output: serde_json::json!({ "k": k }),
-                usage: Usage::default(),
-            });
-        }
+        run_attempt(&mut exec, instance, (k % 2 == 0).then_some(k));
     }
     let bytes = exec.snapshot();
     let mut group = c.benchmark_group("snapshot");
@@ -193,6 +193,35 @@ fn benches(c: &mut Criterion) {
         b.iter(|| Execution::restore(Arc::clone(&tasks), black_box(&bytes)).expect("restores"))
     });
     group.finish();
+}
+
+/// Records `instance`'s first attempt dispatched and started, and completed with the output
+/// `{"k": k}` when `completed` is `Some(k)` (else left running).
+fn run_attempt(exec: &mut Execution, instance: TaskInstanceId, completed: Option<usize>) {
+    let mut apply = |body| {
+        exec.apply(&Event {
+            at_ms: T0 + 1,
+            body,
+        })
+        .expect("valid event")
+    };
+    apply(EventBody::TaskDispatched {
+        instance,
+        attempt: 1,
+    });
+    apply(EventBody::TaskStarted {
+        instance,
+        attempt: 1,
+        worker: "bench-worker".into(),
+    });
+    if let Some(k) = completed {
+        apply(EventBody::TaskCompleted {
+            instance,
+            attempt: 1,
+            output: serde_json::json!({ "k": k }),
+            usage: Usage::default(),
+        });
+    }
 }
 
 criterion_group!(machine, benches);

@@ -54,6 +54,7 @@ impl Executor {
             consume,
             fences,
             reserve,
+            retired,
         } = effects;
         if !assignments.is_empty() {
             hops::mark("coordinator.dispatched");
@@ -152,6 +153,10 @@ impl Executor {
         }
         if !reserve.is_empty() {
             self.spawn_reserve(reserve);
+        }
+        if !retired.is_empty() {
+            // Freeing a large execution's state takes milliseconds the loop would spend.
+            tokio::task::spawn_blocking(move || drop(retired));
         }
     }
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use trellis_core::machine::{PauseMode, PauseScope};
 
 use super::pauses::FleetPauses;
-use super::{CheckpointJob, Error, Recovered, ReplyTo, Token};
+use super::{CheckpointJob, Error, Recovered, ReplyTo, Retired, Token};
 
 /// What a turn takes.
 #[derive(Debug)]
@@ -399,6 +399,9 @@ pub struct Effects {
     /// in the background, answered by [`Input::Reserved`] once all are stored. None belongs to
     /// an execution yet, so they wait for nothing and nothing waits for them.
     pub reserve: Vec<(String, ExecutionId)>,
+    /// The state of large executions that left memory since the last turn, to drop off the
+    /// loop (it is nothing but memory; dropping it anywhere is all there is to do).
+    pub retired: Retired,
 }
 
 /// A turn's tasks of an execution go to their queue's fast lane (`trellis.tasks.~.<queue>`,

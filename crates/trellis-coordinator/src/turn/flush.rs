@@ -96,11 +96,14 @@ impl Coordinator {
                             self.loading.entry(id).or_default();
                             effects.load.push(id);
                         }
+                        self.retire(live);
                     }
                 }
                 Appended::Stopped => {
                     refused.insert(id);
-                    self.executions.remove(&id);
+                    if let Some(live) = self.executions.remove(&id) {
+                        self.retire(live);
+                    }
                     self.by_key.retain(|_, v| *v != id);
                 }
             }
@@ -123,7 +126,9 @@ impl Coordinator {
         for id in unanswered {
             tracing::error!(%id, "an append was not carried out; the execution is reloaded");
             refused.insert(id);
-            self.executions.remove(&id);
+            if let Some(live) = self.executions.remove(&id) {
+                self.retire(live);
+            }
             self.by_key.retain(|_, v| *v != id);
             effects.forget.push(id);
             self.loading.entry(id).or_default();
@@ -167,7 +172,9 @@ impl Coordinator {
             } else {
                 if !refused.contains(&id) && self.executions.contains_key(&id) {
                     tracing::info!(%id, "a result names an attempt this state does not know; reloading");
-                    self.executions.remove(&id);
+                    if let Some(live) = self.executions.remove(&id) {
+                        self.retire(live);
+                    }
                     self.by_key.retain(|_, v| *v != id);
                     effects.forget.push(id);
                     self.loading.entry(id).or_default();

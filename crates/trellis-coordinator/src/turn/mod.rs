@@ -35,6 +35,7 @@ pub mod pauses;
 mod requests;
 mod reserve;
 mod results;
+mod retire;
 mod shards;
 mod takeover;
 mod workers;
@@ -57,6 +58,7 @@ pub use contract::{
 };
 pub use error::{Error, ErrorKind};
 pub use reserve::{ORPHAN_AFTER_MS, RECHECK_UNBORN_MS, RESERVED_PER_SHARD, USE_WITHIN_MS};
+pub use retire::Retired;
 pub use shards::{LogMessage, Recovered, index_key};
 
 use crate::metrics::Metrics;
@@ -236,6 +238,8 @@ struct Pending {
     /// Index keys to delete that belong to no finished execution: reservations given up, and
     /// orphaned ones.
     index_deletes: Vec<String>,
+    /// Large executions that left memory, for the executor to drop (`retire`).
+    retired: Retired,
 }
 
 impl Coordinator {
@@ -327,6 +331,7 @@ impl Coordinator {
         self.now = now;
         let mut effects = self.side_effects(outcomes, now);
         effects.handover = std::mem::take(&mut self.pending.handover);
+        effects.retired = std::mem::take(&mut self.pending.retired);
         effects.breakers = std::mem::take(&mut self.pending.breakers);
         effects.reserve = self.reserve(now);
         effects
@@ -470,7 +475,9 @@ impl Coordinator {
             return;
         }
         for id in &gone {
-            self.executions.remove(id);
+            if let Some(live) = self.executions.remove(id) {
+                self.retire(live);
+            }
         }
         // A burst of executions leaves a table sized for it: give the room back.
         if self.executions.capacity() > 4 * self.executions.len() + 1024 {

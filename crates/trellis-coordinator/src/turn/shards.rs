@@ -109,6 +109,7 @@ impl Coordinator {
                         )),
                     );
                 }
+                self.retire(live);
             }
             // What this turn did to them is not stored: no answer or acknowledgement may say so.
             self.refused.insert(*id);
@@ -231,7 +232,9 @@ impl Coordinator {
                 .is_some_and(|live| live.machine.state().is_terminal() && !live.indexed);
             if outdated && !self.dirty.contains(&id) {
                 tracing::info!(%id, shard, "indexed again while held as finished; reloading it");
-                self.executions.remove(&id);
+                if let Some(live) = self.executions.remove(&id) {
+                    self.retire(live);
+                }
                 self.by_key.retain(|_, v| *v != id);
                 self.pending.writes.forget.push(id);
             }

@@ -350,6 +350,7 @@ impl World {
             consume,
             fences,
             reserve,
+            retired: _,
         } = effects;
         for message in assignments {
             if self.crash_here() {

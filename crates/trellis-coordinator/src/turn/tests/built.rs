@@ -218,3 +218,45 @@ fn a_large_start_a_quota_caps_is_built_in_the_turn() {
         Some(2)
     );
 }
+
+/// A finished execution as large as a plan built off the loop leaves memory through the turn's
+/// effects, for the executor to drop off the loop; a smaller one is dropped in the turn. Both are
+/// gone from the coordinator's memory either way.
+#[test]
+fn a_large_finished_execution_is_dropped_off_the_loop() {
+    let mut coordinator = coordinator_building(None, LARGE);
+    reserved(&mut coordinator, 4);
+    let (large, _, built) = first_pass(&mut coordinator, "", NOW + 2);
+    let writes = coordinator.turn(vec![start(built, "")], NOW + 3);
+    let mut running = dispatched(stored(&mut coordinator, &writes, NOW + 3));
+    let small_start = start(prepared(LARGE - 1, ""), "");
+    running.extend(dispatched(turn(
+        &mut coordinator,
+        vec![small_start],
+        NOW + 4,
+    )));
+    assert_eq!(running.len(), 2 * LARGE - 1, "both executions' tasks run");
+    let results = running
+        .iter()
+        .zip(0..)
+        .map(|(assign, token)| super::window::completed(&assign.payload, token))
+        .collect();
+    let effects = turn(&mut coordinator, vec![Input::Results(results)], NOW + 5);
+    assert!(
+        effects.retired.is_empty(),
+        "nothing leaves memory at its end"
+    );
+    assert_eq!(coordinator.executions.len(), 2);
+    let keep = coordinator.config.keep_finished_ms;
+    let effects = turn(&mut coordinator, vec![Input::Tick], NOW + 5 + keep);
+    assert!(coordinator.executions.is_empty(), "both left memory");
+    assert_eq!(
+        effects.retired.len(),
+        1,
+        "the large one to drop off the loop"
+    );
+    let Some(left) = effects.retired.0.first() else {
+        unreachable!("one retired");
+    };
+    assert_eq!(left.machine.id(), large);
+}
