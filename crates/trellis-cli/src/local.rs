@@ -135,6 +135,70 @@ where
     });
 }
 
+/// How much lower than the rest of the process a background service's threads run: with nice
+/// 10 a thread gets about a tenth of the share of a thread at 0 while both want a core, and any
+/// core nobody else wants.
+const BACKGROUND_NICE: i32 = 10;
+
+/// Runs a background service of the cluster (the checkpoint-store, whose read model's ingest and
+/// SQLite writes use a quarter of the machine under load) on a thread of its own at a lower CPU
+/// priority ([`BACKGROUND_NICE`]), with a runtime of its own. Every thread it starts (SQLite's
+/// connection threads, its blocking pool) inherits the priority, so while the cores are saturated
+/// the executions' own path (coordinator, workers, NATS) runs first and the read model catches up
+/// after; with cores to spare nothing changes. When the service fails, prints why and reports it
+/// to [`Local::stopped`], as [`supervise`] does.
+fn in_background<M, F>(
+    name: &'static str,
+    service: M,
+    stopped: &mpsc::UnboundedSender<String>,
+) -> Result<(), Failure>
+where
+    M: FnOnce() -> F + Send + 'static,
+    F: Future<Output = Result<(), std::io::Error>>,
+{
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::failed(format!("cannot start the {name}'s runtime: {e}")))?;
+    let stopped = stopped.clone();
+    std::thread::Builder::new()
+        .name(format!("trellis-{name}"))
+        .spawn(move || {
+            lower_this_threads_priority(name);
+            if let Err(err) = runtime.block_on(service()) {
+                let reason = format!("the {name} stopped: {err}");
+                eprintln!("trellis: {reason}");
+                // The receiver is gone once the cluster is stopping: nobody is left to tell.
+                let _ = stopped.send(reason);
+            }
+        })
+        .map_err(|e| Failure::failed(format!("cannot start the {name}'s thread: {e}")))?;
+    Ok(())
+}
+
+/// Lowers the calling thread's CPU priority by [`BACKGROUND_NICE`] (Linux, where the nice value
+/// belongs to a thread and the threads it starts inherit it); elsewhere does nothing. A refusal
+/// only costs the priority, so it is said and the service runs on.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+fn lower_this_threads_priority(name: &str) {
+    // SAFETY: `gettid` and `setpriority` take and return plain integers and touch no memory of
+    // ours; the id is this thread's own.
+    let refused = unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, BACKGROUND_NICE) != 0
+    };
+    if refused {
+        let err = std::io::Error::last_os_error();
+        eprintln!(
+            "trellis: cannot lower the {name}'s CPU priority ({err}); it runs at the others'"
+        );
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn lower_this_threads_priority(_name: &str) {}
+
 impl Local {
     /// The store directory of the nats-server started here; `None` for one given by URL.
     pub fn nats_store(&self) -> Option<&std::path::Path> {
@@ -181,8 +245,7 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
     let telemetry = Telemetry::new();
     let (report, stopped) = mpsc::unbounded_channel();
     // The checkpoint-store, on SQLite (the embedded default).
-    let store_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
+    let store_listener = StdListener::bind("127.0.0.1:0")
         .map_err(|e| Failure::failed(format!("cannot listen for the checkpoint-store: {e}")))?;
     let store_addr = store_listener
         .local_addr()
@@ -199,11 +262,18 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
             nats_url.clone(),
         )
     };
-    supervise(
+    let store_shutdown = shutdown.child_token();
+    in_background(
         "checkpoint-store",
-        trellis_checkpoint_store::run(store_config, store_listener, shutdown.child_token()),
+        move || async move {
+            store_listener.set_nonblocking(true)?;
+            let listener = tokio::net::TcpListener::from_std(store_listener)?;
+            trellis_checkpoint_store::run(store_config, listener, store_shutdown)
+                .await
+                .map_err(|err| std::io::Error::other(err.to_string()))
+        },
         &report,
-    );
+    )?;
     let store_url = format!("http://{store_addr}");
     let listener = tokio::net::TcpListener::bind(options.listen)
         .await
