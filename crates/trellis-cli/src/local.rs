@@ -182,11 +182,14 @@ where
 #[cfg(target_os = "linux")]
 #[allow(unsafe_code)]
 fn lower_this_threads_priority(name: &str) {
-    // SAFETY: `gettid` and `setpriority` take and return plain integers and touch no memory of
-    // ours; the id is this thread's own.
+    // SAFETY: `gettid`, `getpriority` and `setpriority` take and return plain integers and touch
+    // no memory of ours; the id is this thread's own, so reading its nice value cannot fail (and
+    // a failure's -1 would only lower it by one less). Nice values end at 19.
     let refused = unsafe {
-        let tid = libc::gettid();
-        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, BACKGROUND_NICE) != 0
+        let tid = libc::gettid() as libc::id_t;
+        let now = libc::getpriority(libc::PRIO_PROCESS, tid);
+        let lowered = now.saturating_add(BACKGROUND_NICE).min(19);
+        libc::setpriority(libc::PRIO_PROCESS, tid, lowered) != 0
     };
     if refused {
         let err = std::io::Error::last_os_error();
@@ -598,6 +601,50 @@ pub fn run_local(command: impl Future<Output = Result<(), Failure>>) -> std::pro
 #[cfg(test)]
 mod tests {
     use super::{NatsVersion, SYNC_ALWAYS_SINCE};
+
+    /// The calling thread's nice value, from `/proc/thread-self/stat` (its 19th field).
+    #[cfg(target_os = "linux")]
+    fn own_nice() -> i32 {
+        let stat = std::fs::read_to_string("/proc/thread-self/stat").expect("a Linux /proc");
+        // The command name may hold spaces: the fields after it start at its closing parenthesis.
+        let after_name = &stat[stat.rfind(')').expect("a command name") + 2..];
+        let nice = after_name.split(' ').nth(16).expect("a nice field");
+        nice.parse().expect("a number")
+    }
+
+    /// A background service runs below the rest of the process, and so does every thread it
+    /// starts (SQLite's connection threads, its blocking pool); the caller's thread stays as it
+    /// was.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_background_service_and_its_threads_run_at_a_lower_priority() {
+        use super::{BACKGROUND_NICE, in_background};
+
+        let caller = own_nice();
+        let (report, _stopped) = tokio::sync::mpsc::unbounded_channel();
+        let (seen_tx, seen_rx) = std::sync::mpsc::channel();
+        in_background(
+            "test-service",
+            move || async move {
+                let started = std::thread::spawn(own_nice).join().expect("the thread ran");
+                let blocking = tokio::task::spawn_blocking(own_nice).await?;
+                let _ = seen_tx.send((own_nice(), started, blocking));
+                Ok(())
+            },
+            &report,
+        )
+        .expect("the service starts");
+        let (service, started, blocking) = seen_rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the service reports");
+        let lowered = (caller + BACKGROUND_NICE).min(19);
+        assert_eq!(
+            (service, started, blocking),
+            (lowered, lowered, lowered),
+            "the service's thread, a thread it starts, its blocking pool"
+        );
+        assert_eq!(own_nice(), caller, "the caller's priority is its own");
+    }
 
     #[test]
     fn nats_server_versions_are_read_and_ordered() {
