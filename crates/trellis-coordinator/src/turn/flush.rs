@@ -101,10 +101,7 @@ impl Coordinator {
                 }
                 Appended::Stopped => {
                     refused.insert(id);
-                    if let Some(live) = self.executions.remove(&id) {
-                        self.retire(live);
-                    }
-                    self.by_key.retain(|_, v| *v != id);
+                    self.unload(id);
                 }
             }
         }
@@ -126,10 +123,7 @@ impl Coordinator {
         for id in unanswered {
             tracing::error!(%id, "an append was not carried out; the execution is reloaded");
             refused.insert(id);
-            if let Some(live) = self.executions.remove(&id) {
-                self.retire(live);
-            }
-            self.by_key.retain(|_, v| *v != id);
+            self.unload(id);
             effects.forget.push(id);
             self.loading.entry(id).or_default();
             effects.load.push(id);
@@ -172,10 +166,7 @@ impl Coordinator {
             } else {
                 if !refused.contains(&id) && self.executions.contains_key(&id) {
                     tracing::info!(%id, "a result names an attempt this state does not know; reloading");
-                    if let Some(live) = self.executions.remove(&id) {
-                        self.retire(live);
-                    }
-                    self.by_key.retain(|_, v| *v != id);
+                    self.unload(id);
                     effects.forget.push(id);
                     self.loading.entry(id).or_default();
                     effects.load.push(id);

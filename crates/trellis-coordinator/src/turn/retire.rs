@@ -5,6 +5,8 @@
 //!
 //! [`Answer::Build`]: super::Answer::Build
 
+use trellis_core::ids::ExecutionId;
+
 use super::Coordinator;
 use super::live::Live;
 
@@ -34,6 +36,15 @@ impl std::fmt::Debug for Retired {
 }
 
 impl Coordinator {
+    /// Drops `id` from memory with its idempotency keys, to be loaded again from its log: its
+    /// state goes through [`Coordinator::retire`].
+    pub(super) fn unload(&mut self, id: ExecutionId) {
+        if let Some(live) = self.executions.remove(&id) {
+            self.retire(live);
+        }
+        self.by_key.retain(|_, v| *v != id);
+    }
+
     /// Lets go of an execution's state: dropped here if it is small, else handed out with the
     /// turn's effects ([`super::Effects::retired`]). An execution counts as large from as many
     /// instances as a plan whose state is built off the loop (`Config::build_off_the_loop`;

@@ -232,10 +232,7 @@ impl Coordinator {
                 .is_some_and(|live| live.machine.state().is_terminal() && !live.indexed);
             if outdated && !self.dirty.contains(&id) {
                 tracing::info!(%id, shard, "indexed again while held as finished; reloading it");
-                if let Some(live) = self.executions.remove(&id) {
-                    self.retire(live);
-                }
-                self.by_key.retain(|_, v| *v != id);
+                self.unload(id);
                 self.pending.writes.forget.push(id);
             }
             if !self.executions.contains_key(&id)
