@@ -208,6 +208,13 @@ impl LogPublisher {
         if running.log.is_empty() {
             return;
         }
+        // Boxed: the publishing is a large future, and most attempts log nothing; inline, every
+        // attempt's future would carry (and every move of it copy) its size.
+        Box::pin(self.publish(running, last)).await;
+    }
+
+    /// Publishes the buffered lines; the caller holds the log's `publishing` lock.
+    async fn publish(&self, running: &Running, last: bool) {
         let subject = subjects::logs(&running.execution_id, &running.task_instance_id);
         let mut acks = Vec::new();
         for batch in running.log.take(running, &self.worker_id) {

@@ -62,10 +62,15 @@ impl OutputStore {
     }
 
     async fn read(&self, reference: &OutputRef, whose: &str) -> Result<Vec<u8>, Outcome> {
-        self.outputs.get(reference).await.map_err(|error| {
-            let retryable = error.is_transient();
-            Outcome::failed(format!("the output of {whose}: {error}"), retryable)
-        })
+        // Boxed, as is the put in `store`: most attempts read and store nothing by reference,
+        // and inline the object store's futures would make every attempt's future (which is
+        // moved as the attempt is spawned) as large as theirs.
+        Box::pin(self.outputs.get(reference))
+            .await
+            .map_err(|error| {
+                let retryable = error.is_transient();
+                Outcome::failed(format!("the output of {whose}: {error}"), retryable)
+            })
     }
 
     /// Returns the outcome to report: a completed output over the inline limit stored by
@@ -103,7 +108,7 @@ impl OutputStore {
             &attempt.task_instance_id,
             attempt.attempt,
         );
-        match self.outputs.put(&object, &bytes).await {
+        match Box::pin(self.outputs.put(&object, &bytes)).await {
             Ok(reference) => {
                 tracing::debug!(object = %reference.location(), size = reference.size, "output stored by reference");
                 Outcome::CompletedJson(Bytes::from(reference.to_output()))

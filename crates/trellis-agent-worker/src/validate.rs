@@ -41,6 +41,18 @@ pub(crate) async fn validate(
         Outcome::CompletedJson(bytes) => bytes.clone(),
         _ => return (outcome, Vec::new()),
     };
+    // Boxed: running checks is a large future (commands, HTTP requests) that most attempts never
+    // reach; inline, every attempt's future would carry (and every move of it copy) its size.
+    Box::pin(run_checks(checks, outcome, output, running)).await
+}
+
+/// Runs the checks on a completed attempt's `output` ([`validate`]).
+async fn run_checks(
+    checks: &[v1::Check],
+    outcome: Outcome,
+    output: Bytes,
+    running: &Running,
+) -> (Outcome, Vec<v1::CheckResult>) {
     let file = OutputFile::write(running, &output).await;
     let mut results = Vec::with_capacity(checks.len());
     for check in checks {
@@ -351,6 +363,16 @@ mod tests {
             })),
             timeout_ms,
         }
+    }
+
+    /// Every attempt awaits `validate`, inside the attempt's future that is moved (copied) as
+    /// it is spawned: what it carries for the checks most attempts never run stays boxed.
+    #[test]
+    fn an_attempt_without_checks_carries_no_room_for_them() {
+        let running = running();
+        let future = validate(&[], Outcome::Completed(json!(1)), &running);
+        let size = size_of_val(&future);
+        assert!(size <= 512, "validate's future takes {size} bytes");
     }
 
     #[tokio::test]

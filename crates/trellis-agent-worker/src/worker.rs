@@ -443,10 +443,10 @@ impl Worker {
                     };
                     if let Err(mpsc::error::SendError(finished)) = finished_tx.send(finished).await
                     {
-                        publish::nak(finished.acker).await;
+                        Box::pin(publish::nak(finished.acker)).await;
                     }
                 }
-                Ending::HandBack => publish::nak(acker).await,
+                Ending::HandBack => Box::pin(publish::nak(acker)).await,
                 Ending::Abandoned => {}
             }
         };
@@ -519,7 +519,8 @@ impl Worker {
         let outputs = self.outputs.clone();
         let attempt = async move {
             if wants_stored_steps(delivered, &assignment) {
-                sink.load_steps(&mut assignment, &attempt_running).await;
+                // Boxed: a delivery again is rare, and the lookup's future large.
+                Box::pin(sink.load_steps(&mut assignment, &attempt_running)).await;
             }
             if let Err(outcome) = outputs.resolve(&mut assignment).await {
                 return outcome;
