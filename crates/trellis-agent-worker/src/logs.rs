@@ -208,8 +208,7 @@ impl LogPublisher {
         if running.log.is_empty() {
             return;
         }
-        // Boxed: the publishing is a large future, and most attempts log nothing; inline, every
-        // attempt's future would carry (and every move of it copy) its size.
+        // Boxed: most attempts log nothing (see `validate`).
         Box::pin(self.publish(running, last)).await;
     }
 

@@ -62,9 +62,7 @@ impl OutputStore {
     }
 
     async fn read(&self, reference: &OutputRef, whose: &str) -> Result<Vec<u8>, Outcome> {
-        // Boxed, as is the put in `store`: most attempts read and store nothing by reference,
-        // and inline the object store's futures would make every attempt's future (which is
-        // moved as the attempt is spawned) as large as theirs.
+        // Boxed, as is the put in `store`: few attempts take either path (see `validate`).
         Box::pin(self.outputs.get(reference))
             .await
             .map_err(|error| {

@@ -412,9 +412,10 @@ where
 }
 
 /// Hands an assignment's task message back for immediate redelivery (once every assignment of
-/// its batch is settled).
+/// its batch is settled). The settling is boxed: an attempt's future awaits this on a rare path,
+/// and would otherwise carry its size on every attempt.
 pub(crate) async fn nak(acker: TaskAck) {
-    if let Err(error) = acker.settle(Settle::Again(None)).await {
+    if let Err(error) = Box::pin(acker.settle(Settle::Again(None))).await {
         tracing::warn!(%error, "failed to hand a task message back");
     }
 }

@@ -443,10 +443,10 @@ impl Worker {
                     };
                     if let Err(mpsc::error::SendError(finished)) = finished_tx.send(finished).await
                     {
-                        Box::pin(publish::nak(finished.acker)).await;
+                        publish::nak(finished.acker).await;
                     }
                 }
-                Ending::HandBack => Box::pin(publish::nak(acker)).await,
+                Ending::HandBack => publish::nak(acker).await,
                 Ending::Abandoned => {}
             }
         };
