@@ -82,7 +82,12 @@ impl Coordinator {
         })?;
         Ok(Self {
             url: url.to_owned(),
-            client: CoordinatorClient::new(channel),
+            // The coordinator's answers may be as large as it sends: an observation's first
+            // event carries the plan's text and compiled form (about 8 MB for 200,000 small
+            // tasks, the most a plan may have), past the 4 MiB tonic lets a client decode.
+            client: CoordinatorClient::new(channel)
+                .max_decoding_message_size(trellis_coordinator::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(trellis_coordinator::MAX_MESSAGE_BYTES),
         })
     }
 

@@ -142,7 +142,11 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
     .await?;
     let client = CoordinatorClient::connect(local.coordinator_url.clone())
         .await
-        .map_err(|e| Failure::failed(format!("cannot reach the local coordinator: {e}")))?;
+        .map_err(|e| Failure::failed(format!("cannot reach the local coordinator: {e}")))?
+        // As the CLI's client (`client::Coordinator`): an observation's first event carries a
+        // large plan whole.
+        .max_decoding_message_size(trellis_coordinator::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(trellis_coordinator::MAX_MESSAGE_BYTES);
     workers_heard(client.clone(), args.workers).await;
     let scenarios: Vec<&str> = if args.scenarios.is_empty() {
         SCENARIOS.to_vec()
