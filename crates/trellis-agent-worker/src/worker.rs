@@ -147,10 +147,19 @@ pub(crate) async fn run(
     metrics.slots.inc_by(config.slots as i64);
     tracing::info!(%worker_id, queues = ?config.queues, slots = config.slots, nats = %config.nats.shown_url(), "worker started");
 
+    // Each lane's results have a publisher of their own: a fast-lane task's result goes out as
+    // soon as it is ready, not after the publish ack of a large execution's results sent just
+    // before it (a send waits for the last one's ack, so results pile up and share a message).
     let (finished_tx, finished_rx) = mpsc::channel(FINISHED_CHANNEL);
+    let (fast_finished_tx, fast_finished_rx) = mpsc::channel(FINISHED_CHANNEL);
     let mut publisher = tokio::spawn(publisher::publisher(
         worker.sink.clone(),
         finished_rx,
+        abandon.clone(),
+    ));
+    let mut fast_publisher = tokio::spawn(publisher::publisher(
+        worker.sink.clone(),
+        fast_finished_rx,
         abandon.clone(),
     ));
     let stop_beats = CancellationToken::new();
@@ -172,12 +181,15 @@ pub(crate) async fn run(
                 lane,
                 streams.tasks.clone(),
                 consumer,
-                finished_tx.clone(),
+                match lane {
+                    Lane::Fast => fast_finished_tx.clone(),
+                    Lane::Normal => finished_tx.clone(),
+                },
                 stop_fetching.clone(),
             ))
         })
         .collect();
-    drop(finished_tx);
+    drop((finished_tx, fast_finished_tx));
     readiness.set(true);
 
     // Stop taking work, let running handlers finish within the grace period, then hand the rest
@@ -185,15 +197,14 @@ pub(crate) async fn run(
     let drained = tokio::select! {
         () = shutdown.cancelled() => false,
         () = drain.cancelled() => true,
-        // Only a panic ends the publisher before every sender is gone.
+        // Only a panic ends a publisher before every sender is gone.
         ended = &mut publisher => {
             readiness.set(false);
-            let why = match ended {
-                Err(error) => error.to_string(),
-                Ok(()) => "it returned".to_owned(),
-            };
-            tracing::error!(%worker_id, %why, "the result publisher stopped; the worker stops");
-            return Err(Error::Publisher(why));
+            return Err(publisher_stopped(&worker_id, ended));
+        }
+        ended = &mut fast_publisher => {
+            readiness.set(false);
+            return Err(publisher_stopped(&worker_id, ended));
         }
     };
     readiness.set(false);
@@ -224,8 +235,9 @@ pub(crate) async fn run(
         worker.hand_back.cancel();
         worker.handlers.wait().await;
     }
-    // Every sender is gone now, so the publisher drains what is left and returns.
+    // Every sender is gone now, so the publishers drain what is left and return.
     let _ = publisher.await;
+    let _ = fast_publisher.await;
     stop_beats.cancel();
     let _ = heartbeats.await;
     let _ = canceller.await;
@@ -623,6 +635,17 @@ impl Worker {
 
 /// Heartbeats every [`HEARTBEAT_INTERVAL`] (and `AckProgress` for running tasks) until `stop`,
 /// then sends a last heartbeat saying the worker terminated.
+/// The error of a worker whose result publisher stopped while tasks could still finish: it
+/// could not report them, so it stops.
+fn publisher_stopped(worker_id: &str, ended: Result<(), tokio::task::JoinError>) -> Error {
+    let why = match ended {
+        Err(error) => error.to_string(),
+        Ok(()) => "it returned".to_owned(),
+    };
+    tracing::error!(%worker_id, %why, "the result publisher stopped; the worker stops");
+    Error::Publisher(why)
+}
+
 async fn heartbeat_loop(worker: Arc<Worker>, config: Config, stop: CancellationToken) {
     let mut cpu = CpuMeter::new();
     let mut interval = tokio::time::interval(HEARTBEAT_INTERVAL);
