@@ -150,18 +150,17 @@ pub(crate) async fn run(
     // Each lane's results have a publisher of their own: a fast-lane task's result goes out as
     // soon as it is ready, not after the publish ack of a large execution's results sent just
     // before it (a send waits for the last one's ack, so results pile up and share a message).
+    let spawn_publisher = |finished_rx| {
+        tokio::spawn(publisher::publisher(
+            worker.sink.clone(),
+            finished_rx,
+            abandon.clone(),
+        ))
+    };
     let (finished_tx, finished_rx) = mpsc::channel(FINISHED_CHANNEL);
     let (fast_finished_tx, fast_finished_rx) = mpsc::channel(FINISHED_CHANNEL);
-    let mut publisher = tokio::spawn(publisher::publisher(
-        worker.sink.clone(),
-        finished_rx,
-        abandon.clone(),
-    ));
-    let mut fast_publisher = tokio::spawn(publisher::publisher(
-        worker.sink.clone(),
-        fast_finished_rx,
-        abandon.clone(),
-    ));
+    let mut publisher = spawn_publisher(finished_rx);
+    let mut fast_publisher = spawn_publisher(fast_finished_rx);
     let stop_beats = CancellationToken::new();
     let heartbeats = tokio::spawn(heartbeat_loop(
         worker.clone(),
@@ -633,8 +632,6 @@ impl Worker {
     }
 }
 
-/// Heartbeats every [`HEARTBEAT_INTERVAL`] (and `AckProgress` for running tasks) until `stop`,
-/// then sends a last heartbeat saying the worker terminated.
 /// The error of a worker whose result publisher stopped while tasks could still finish: it
 /// could not report them, so it stops.
 fn publisher_stopped(worker_id: &str, ended: Result<(), tokio::task::JoinError>) -> Error {
@@ -646,6 +643,8 @@ fn publisher_stopped(worker_id: &str, ended: Result<(), tokio::task::JoinError>)
     Error::Publisher(why)
 }
 
+/// Heartbeats every [`HEARTBEAT_INTERVAL`] (and `AckProgress` for running tasks) until `stop`,
+/// then sends a last heartbeat saying the worker terminated.
 async fn heartbeat_loop(worker: Arc<Worker>, config: Config, stop: CancellationToken) {
     let mut cpu = CpuMeter::new();
     let mut interval = tokio::time::interval(HEARTBEAT_INTERVAL);
