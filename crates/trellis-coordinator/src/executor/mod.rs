@@ -10,9 +10,11 @@
 //! the outcomes to [`Coordinator::appended`] and carries out what it returns: task assignments
 //! (sent; their acks are awaited beside the loop), stop messages, progress, observers, index
 //! deletes; (4) acknowledges the consumed result messages (a batch of results once every one is
-//! settled) and answers the writes; (5) starts checkpoints, loads and consumers. A crash between
-//! any two steps loses nothing: recovery re-issues what the log says is due, and unacknowledged
-//! results are delivered again. A NATS outage stalls the loop instead of skipping the log.
+//! settled) and answers the writes; (5) starts checkpoints, loads and consumers. Requests
+//! waiting beside many results take a turn of their own ahead of them ([`requests_ahead`]). A
+//! crash between any two steps loses nothing: recovery re-issues what the log says is due, and
+//! unacknowledged results are delivered again. A NATS outage stalls the loop instead of skipping
+//! the log.
 
 mod append;
 mod background;
@@ -45,6 +47,9 @@ use crate::turn::{
 const TICK: Duration = Duration::from_millis(20);
 /// Most inputs taken in one turn of the loop.
 const MAX_INPUTS_PER_TURN: usize = 4096;
+/// Results in one turn beyond which the turn's requests are decided in a turn of their own,
+/// ahead of them.
+const RESULTS_BEHIND_REQUESTS: usize = 64;
 /// Capacity of each execution's observer channel, in flushed batches.
 const OBSERVER_CAPACITY: usize = 4096;
 
@@ -238,7 +243,13 @@ impl Executor {
                 (self.tx.max_capacity() - self.tx.capacity()) as u64,
                 std::sync::atomic::Ordering::Relaxed,
             );
-            self.one_turn(inputs, now).await;
+            match requests_ahead(inputs) {
+                Ok(inputs) => self.one_turn(inputs, now).await,
+                Err((ahead, results)) => {
+                    self.one_turn(ahead, now).await;
+                    self.one_turn(results, now_ms()).await;
+                }
+            }
             if !self.releases.is_empty() {
                 self.hand_over().await;
             }
@@ -443,6 +454,32 @@ impl Executor {
     }
 }
 
+/// Splits a turn's inputs in two when they hold requests and more than
+/// [`RESULTS_BEHIND_REQUESTS`] results: `Err((ahead, results))`, everything but the results to
+/// decide first, then the results; else `Ok(inputs)`, one turn as they are.
+///
+/// Under load a turn of a few thousand results takes milliseconds to decide and append; a
+/// caller's start, cancel or query that came in meanwhile then waits for the turn in progress
+/// only, not for the next one's results as well. Any order of inputs from different sources is
+/// one the loop could have taken them in, and the results keep theirs.
+fn requests_ahead(inputs: Vec<Input>) -> Result<Vec<Input>, (Vec<Input>, Vec<Input>)> {
+    let mut requests = false;
+    let mut results = 0;
+    for input in &inputs {
+        match input {
+            Input::Request { .. } => requests = true,
+            Input::Results(deliveries) => results += deliveries.len(),
+            _ => {}
+        }
+    }
+    if !requests || results <= RESULTS_BEHIND_REQUESTS {
+        return Ok(inputs);
+    }
+    Err(inputs
+        .into_iter()
+        .partition(|input| !matches!(input, Input::Results(_))))
+}
+
 /// The span a result is applied in: a child of the worker's run, so dispatch → run → result is
 /// one line of the trace. `Span::none()` when traces are not exported.
 fn result_span(parent: impl FnOnce() -> propagation::Context) -> tracing::Span {
@@ -476,4 +513,78 @@ fn terminate(message: jetstream::Message, why: String) {
     tokio::spawn(async move {
         let _ = message.ack_with(jetstream::AckKind::Term).await;
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn results(first: u64, n: u64) -> Input {
+        Input::Results(
+            (first..first + n)
+                .map(|token| Delivery {
+                    token,
+                    payload: Bytes::new(),
+                    span: tracing::Span::none(),
+                })
+                .collect(),
+        )
+    }
+
+    fn request(reply: ReplyTo) -> Input {
+        Input::Request {
+            reply,
+            request: Request::Workers {
+                queue: String::new(),
+                include_terminated: false,
+            },
+        }
+    }
+
+    /// What each turn holds, in order: a request by its reply, results by their tokens.
+    fn shape(inputs: &[Input]) -> Vec<String> {
+        inputs
+            .iter()
+            .map(|input| match input {
+                Input::Request { reply, .. } => format!("request {reply}"),
+                Input::Results(deliveries) => format!(
+                    "results {}..{}",
+                    deliveries[0].token,
+                    deliveries[deliveries.len() - 1].token + 1
+                ),
+                Input::Tick => "tick".to_owned(),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn requests_go_ahead_of_many_results_which_keep_their_order() {
+        let inputs = vec![
+            results(0, 40),
+            request(1),
+            results(40, 40),
+            Input::Tick,
+            request(2),
+        ];
+        let Err((ahead, behind)) = requests_ahead(inputs) else {
+            panic!("80 results behind two requests were not split off");
+        };
+        assert_eq!(shape(&ahead), ["request 1", "tick", "request 2"]);
+        assert_eq!(shape(&behind), ["results 0..40", "results 40..80"]);
+    }
+
+    #[test]
+    fn a_turn_stays_whole_without_requests_or_with_few_results() {
+        let few = vec![results(0, RESULTS_BEHIND_REQUESTS as u64), request(1)];
+        let Ok(few) = requests_ahead(few) else {
+            panic!("a turn of few results was split");
+        };
+        assert_eq!(shape(&few), ["results 0..64", "request 1"]);
+        let no_requests = vec![results(0, 500), Input::Tick];
+        let Ok(no_requests) = requests_ahead(no_requests) else {
+            panic!("a turn without requests was split");
+        };
+        assert_eq!(shape(&no_requests), ["results 0..500", "tick"]);
+    }
 }
