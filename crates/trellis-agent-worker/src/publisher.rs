@@ -70,7 +70,13 @@ pub(crate) async fn publisher(
                 Err(_) => break,
             }
         }
-        hops::mark("worker.result_sent");
+        hops::mark_any(
+            "worker.result_sent",
+            waiting
+                .iter()
+                .filter_map(|finished| results::execution_of(&finished.payload))
+                .filter_map(|execution| hops::id_bits(&execution)),
+        );
         let mut pending = Vec::new();
         for outgoing in batches(std::mem::take(&mut waiting)) {
             let publish = match outgoing.message() {

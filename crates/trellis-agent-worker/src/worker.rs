@@ -355,6 +355,7 @@ impl Worker {
             let _ = acker.settle(Settle::Again(Some(AVOID_DELAY))).await;
             return;
         }
+        hops::mark_any("worker.received", traced(&assignment));
         let handler = self.registry.get(&assignment.task_type).cloned();
         let results_subject = self.sink.subject(&assignment);
         // The run is a child of the coordinator's dispatch span; its results carry the run's
@@ -528,6 +529,7 @@ impl Worker {
         let attempt_running = running.clone();
         let checks = std::mem::take(&mut assignment.validate);
         let outputs = self.outputs.clone();
+        let traced = traced(&assignment);
         let attempt = async move {
             if wants_stored_steps(delivered, &assignment) {
                 // Boxed: a delivery again is rare, and the lookup's future large.
@@ -538,9 +540,9 @@ impl Worker {
             }
             let keep_inline = assignment.keep_output_inline;
             let ctx = TaskContext::new(assignment, attempt_running.clone(), sink);
-            hops::mark("worker.started");
+            hops::mark_any("worker.started", traced);
             let outcome = handler.run(ctx).await;
-            hops::mark("worker.handled");
+            hops::mark_any("worker.handled", traced);
             let (outcome, results) = validate(&checks, outcome, &attempt_running).await;
             *lock(&attempt_running.validation) = results;
             outputs.store(outcome, &attempt_running, keep_inline).await
@@ -630,6 +632,13 @@ impl Worker {
             Err(error) => tracing::warn!(%error, "failed to publish a heartbeat"),
         }
     }
+}
+
+/// The assignment's execution as a trace's marks name it; read only while a trace is on.
+fn traced(assignment: &TaskAssignment) -> Option<u128> {
+    hops::on()
+        .then(|| hops::id_bits(&assignment.execution_id))
+        .flatten()
 }
 
 /// The error of a worker whose result publisher stopped while tasks could still finish: it

@@ -1808,7 +1808,7 @@ fn bench(args: &[&str]) -> Vec<serde_json::Value> {
 
 /// `latency` says where each task's time went, hop by hop in path order, and `chain` where each
 /// hop of a chain went; `floor` measures the bare JetStream pipeline; `loaded` samples latency
-/// while throughput runs; each of them counts the disk's flushes per task, and the two that run
+/// while throughput runs, and splits each sample by its own execution's marks; each of them counts the disk's flushes per task, and the two that run
 /// the engine the coordinator's turns.
 #[test]
 fn bench_splits_a_task_into_hops_and_measures_the_floor() {
@@ -1840,6 +1840,7 @@ fn bench_splits_a_task_into_hops_and_measures_the_floor() {
     assert_eq!(
         names,
         [
+            "take",
             "decide_result",
             "append_result",
             "dispatch",
@@ -1879,6 +1880,7 @@ fn bench_splits_a_task_into_hops_and_measures_the_floor() {
             "handler",
             "result",
             "consume",
+            "take",
             "decide_result",
             "append_result",
             "notify",
@@ -1918,6 +1920,47 @@ fn bench_splits_a_task_into_hops_and_measures_the_floor() {
     assert!(floor["p50_ms"].as_f64() > Some(0.0), "{floor}");
     assert!(loaded["load_tasks_per_s"].as_f64() > Some(0.0), "{loaded}");
     assert_eq!(loaded["samples"], 30, "every sample taken: {loaded}");
+    // A sample is split only when the trace watched its own execution: a load execution started
+    // in the same instant may take the watch now and then, seldom most of thirty.
+    let unsplit = loaded["unsplit"].as_u64().expect("unsplit");
+    assert!(
+        unsplit < 15,
+        "most samples split along their path: {loaded}"
+    );
+    let loaded_hops = loaded["hop_p50_us"]
+        .as_array()
+        .expect("hop_p50_us is a list");
+    let names: Vec<&str> = loaded_hops
+        .iter()
+        .filter_map(|hop| hop[0].as_str())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "until_turn",
+            "index",
+            "append",
+            "dispatch",
+            "fetch",
+            "start",
+            "handler",
+            "result",
+            "consume",
+            "take",
+            "decide_result",
+            "append_result",
+            "notify",
+            "observe",
+            "close"
+        ],
+        "{loaded}"
+    );
+    let loaded_us: f64 = loaded_hops.iter().filter_map(|hop| hop[1].as_f64()).sum();
+    let loaded_max_us = loaded["max_ms"].as_f64().expect("max_ms") * 1000.0;
+    assert!(
+        loaded_us > 0.0 && loaded_us <= loaded_max_us + 1000.0,
+        "a sample's hops add up to no more than the slowest sample: {loaded}"
+    );
     // The coordinator's turns: each of 30 one-task executions takes a few turns with work, and
     // every phase ran in some of them.
     for line in [latency, loaded] {

@@ -26,6 +26,11 @@ pub fn unpack(
     }])
 }
 
+/// The execution a `TaskResult`'s payload names; `None` if it is not one.
+pub fn execution_of(result: &[u8]) -> Option<String> {
+    Some(crate::v1::TaskResult::decode(result).ok()?.execution_id)
+}
+
 /// Returns the entries of a batch's payload; fails when it is not a `TaskResultBatch`.
 pub fn unpack_batch(payload: &[u8]) -> Result<Vec<Entry>, prost::DecodeError> {
     Ok(TaskResultBatch::decode(payload)?.entries)

@@ -12,7 +12,7 @@ use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio_util::sync::CancellationToken;
 use trellis_bus::Lane;
 use trellis_proto::{assignments, subjects};
-use trellis_telemetry::{hops, propagation};
+use trellis_telemetry::propagation;
 
 use super::{MAX_ACK_PENDING, Worker};
 use crate::publish::{self, Finished, now_unix_ms};
@@ -197,7 +197,6 @@ impl Worker {
                 Some(Err(error)) => return FetchEnd::Failed(error.to_string()),
                 Some(Ok(message)) => {
                     n_messages += 1;
-                    hops::mark("worker.received");
                     more = more_waiting(
                         message
                             .info()

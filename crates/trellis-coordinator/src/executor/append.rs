@@ -45,7 +45,10 @@ impl Executor {
         }
         self.put_index(&appends).await;
         // Marked with or without entries to write: a start that took a reserved id has none.
-        hops::mark("coordinator.indexed");
+        hops::mark_any(
+            "coordinator.indexed",
+            appends.iter().map(|append| append.id.0.as_u128()),
+        );
         let started = Instant::now();
         let mut queues: Vec<Queue> = appends
             .into_iter()

@@ -296,7 +296,10 @@ async fn consume_results(
                 }
                 next = futures::FutureExt::now_or_never(messages.next()).flatten();
             }
-            hops::mark("coordinator.consumed");
+            hops::mark_any(
+                "coordinator.consumed",
+                batch.iter().flat_map(super::message_executions),
+            );
             if !batch.is_empty() && tx.send(Inbound::Results(batch)).await.is_err() {
                 return;
             }

@@ -279,11 +279,24 @@ impl Executor {
         let appending = !appends.is_empty();
         let appending_at = Instant::now();
         if appending {
-            hops::mark("coordinator.appending");
+            // A log's first append is a new execution's: a trace waiting for one watches it.
+            hops::claim(
+                appends
+                    .iter()
+                    .filter(|append| append.expected_stream_seq == 0)
+                    .map(|append| append.id.0.as_u128()),
+            );
+            hops::mark_any(
+                "coordinator.appending",
+                appends.iter().map(|append| append.id.0.as_u128()),
+            );
         }
         let outcomes = self.append(appends).await;
         if appending {
-            hops::mark("coordinator.appended");
+            hops::mark_any(
+                "coordinator.appended",
+                outcomes.iter().map(|(id, _)| id.0.as_u128()),
+            );
             self.metrics
                 .turn_phase(TurnPhase::Append, appending_at.elapsed());
         }
@@ -360,6 +373,12 @@ impl Executor {
                 for message in messages {
                     self.deliver(message, &mut deliveries);
                 }
+                hops::mark_any(
+                    "coordinator.taken",
+                    deliveries
+                        .iter()
+                        .filter_map(|delivery| result_execution(&delivery.payload)),
+                );
                 inputs.push(Input::Results(deliveries));
             }
             Inbound::Heartbeat(payload) => inputs.push(Input::Heartbeat(payload)),
@@ -505,6 +524,24 @@ fn batch_len(message: &jetstream::Message) -> Option<usize> {
         .as_ref()?
         .get(subjects::RESULT_BATCH_HEADER)?;
     Some(value.as_str().parse::<usize>().map_or(1, |n| n.max(1)))
+}
+
+/// The execution a result's payload names, as the bits a trace's marks take (read only while a
+/// trace watches an execution).
+fn result_execution(result: &[u8]) -> Option<u128> {
+    hops::id_bits(&results::execution_of(result)?)
+}
+
+/// The executions of a consumed result message's results, as [`result_execution`].
+fn message_executions(message: &jetstream::Message) -> Vec<u128> {
+    if batch_len(message).is_none() {
+        return result_execution(&message.payload).into_iter().collect();
+    }
+    results::unpack_batch(&message.payload)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|entry| result_execution(&entry.result))
+        .collect()
 }
 
 /// Terminates a result message that can never be applied (JetStream will not deliver it again).

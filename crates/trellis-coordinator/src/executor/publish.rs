@@ -57,7 +57,13 @@ impl Executor {
             retired,
         } = effects;
         if !assignments.is_empty() {
-            hops::mark("coordinator.dispatched");
+            hops::mark_any(
+                "coordinator.dispatched",
+                assignments
+                    .iter()
+                    .flatten()
+                    .map(|assign| assign.execution.0.as_u128()),
+            );
         }
         for chunk in assignments.chunks(PUBLISH_CHUNK) {
             let mut published = Vec::with_capacity(chunk.len());
@@ -86,7 +92,10 @@ impl Executor {
             let _ = self.nats.publish(message.subject, message.payload).await;
         }
         if !observed.is_empty() {
-            hops::mark("coordinator.observed");
+            hops::mark_any(
+                "coordinator.observed",
+                observed.iter().map(|observed| observed.id.0.as_u128()),
+            );
         }
         for observed in observed {
             let Some(sender) = self.observers.get(&observed.id) else {

@@ -35,7 +35,9 @@ const ONE_TASK_PATH: Path<'static> = Path::new(&[
     ("result", "worker.result_sent"),
     // JetStream stores the result and the coordinator's consumer delivers it.
     ("consume", "coordinator.consumed"),
-    // The loop takes it and a turn decides the execution's last events.
+    // The loop takes it into its next turn (after the turn in progress).
+    ("take", "coordinator.taken"),
+    // The turn decides the execution's last events.
     ("decide_result", "coordinator.appending"),
     // They are stored in its log.
     ("append_result", "coordinator.appended"),
@@ -47,10 +49,12 @@ const ONE_TASK_PATH: Path<'static> = Path::new(&[
     ("close", "bench.done"),
 ]);
 
-/// One hop of a chain, from the coordinator taking a task's result to its taking the next
+/// One hop of a chain, from the coordinator consuming a task's result to its consuming the next
 /// task's: the same points as the second half of [`ONE_TASK_PATH`], then the first's dispatch.
 const CHAIN_HOP_PATH: Path<'static> = Path::new(&[
-    // The loop takes the result and a turn decides the next task's dispatch.
+    // The loop takes the result into its next turn.
+    ("take", "coordinator.taken"),
+    // The turn decides the next task's dispatch.
     ("decide_result", "coordinator.appending"),
     // The result and the dispatch are stored in the log.
     ("append_result", "coordinator.appended"),
@@ -61,6 +65,29 @@ const CHAIN_HOP_PATH: Path<'static> = Path::new(&[
     ("handler", "worker.handled"),
     ("result", "worker.result_sent"),
     ("consume", "coordinator.consumed"),
+]);
+
+/// One task's path under load, as a trace that watches its execution sees it: the marks of the
+/// services' points that know their execution (`coordinator.request` and the gRPC handler's do
+/// not), between two the bench makes itself.
+const LOADED_PATH: Path<'static> = Path::new(&[
+    // From the call to the turn that decides the execution's first events: the `submit`,
+    // `prepare` and `decide` hops of [`ONE_TASK_PATH`], and the wait for the turn in progress.
+    ("until_turn", "coordinator.appending"),
+    ("index", "coordinator.indexed"),
+    ("append", "coordinator.appended"),
+    ("dispatch", "coordinator.dispatched"),
+    ("fetch", "worker.received"),
+    ("start", "worker.started"),
+    ("handler", "worker.handled"),
+    ("result", "worker.result_sent"),
+    ("consume", "coordinator.consumed"),
+    ("take", "coordinator.taken"),
+    ("decide_result", "coordinator.appending"),
+    ("append_result", "coordinator.appended"),
+    ("notify", "coordinator.observed"),
+    ("observe", "bench.ended"),
+    ("close", "bench.done"),
 ]);
 
 /// Where a chain's hops went: the median of each hop of [`CHAIN_HOP_PATH`] over every hop the
@@ -124,7 +151,7 @@ pub(super) async fn latency(
     samples.sort_by(f64::total_cmp);
     let unsplit = samples.len() - split_samples.len();
     let p95 = percentile(&samples, 0.95);
-    let (hops, tail) = hop_splits(&split_samples, p95);
+    let (hops, tail) = hop_splits(ONE_TASK_PATH, &split_samples, p95);
     Ok(vec![
         ("p50_ms", json!(round(percentile(&samples, 0.50), 3))),
         ("p95_ms", json!(round(p95, 3))),
@@ -135,24 +162,45 @@ pub(super) async fn latency(
     ])
 }
 
-/// The median of each hop of [`ONE_TASK_PATH`] over every split sample, and over those whose
-/// latency is at least `p95` (ms).
-fn hop_splits(split_samples: &[(f64, Vec<f64>)], p95: f64) -> (Value, Value) {
-    let all = hop_medians(split_samples.iter());
-    let tail = hop_medians(split_samples.iter().filter(|(took, _)| *took >= p95));
+/// The median of each hop of `path` over every split sample, and over those whose latency is at
+/// least `p95` (ms).
+fn hop_splits(path: Path<'static>, split_samples: &[(f64, Vec<f64>)], p95: f64) -> (Value, Value) {
+    let all = hop_medians(path, split_samples.iter());
+    let tail = hop_medians(path, split_samples.iter().filter(|(took, _)| *took >= p95));
     (all, tail)
 }
 
-/// The median of each hop of [`ONE_TASK_PATH`] over the given split samples, as `[name, µs]`
-/// pairs in path order.
-fn hop_medians<'a>(samples: impl Iterator<Item = &'a (f64, Vec<f64>)>) -> Value {
-    let mut splits: Vec<Vec<f64>> = vec![Vec::new(); ONE_TASK_PATH.names().count()];
+/// The median of each hop of `path` over the given split samples, as `[name, µs]` pairs in path
+/// order.
+fn hop_medians<'a>(
+    path: Path<'static>,
+    samples: impl Iterator<Item = &'a (f64, Vec<f64>)>,
+) -> Value {
+    let mut splits: Vec<Vec<f64>> = vec![Vec::new(); path.names().count()];
     for (_, hops) in samples {
         for (split, took) in splits.iter_mut().zip(hops) {
             split.push(*took);
         }
     }
-    medians(ONE_TASK_PATH, &mut splits)
+    medians(path, &mut splits)
+}
+
+/// A sample's hops along [`LOADED_PATH`] (µs), from the marks of the trace that watched it,
+/// between the call made at `submitted` and its end seen at `done`.
+fn loaded_split(
+    mut trace: Vec<(&'static str, Instant)>,
+    submitted: Instant,
+    done: Instant,
+) -> Option<Vec<f64>> {
+    trace.insert(0, ("bench.submit", submitted));
+    trace.push(("bench.done", done));
+    let split = LOADED_PATH.split("bench.submit", &trace)?;
+    Some(
+        split
+            .into_iter()
+            .map(|(_, hop)| hop.as_secs_f64() * 1e6)
+            .collect(),
+    )
 }
 
 /// Tasks of each background `throughput` execution of `loaded`.
@@ -163,8 +211,11 @@ const LOADED_FOR_AT_MOST: Duration = Duration::from_secs(60);
 
 /// `n` one-task executions, one after the other, while `throughput` executions of
 /// [`LOAD_TASKS`] tasks run back to back in the same process: their latency percentiles, how
-/// many were taken (`samples`: fewer than `n` when [`LOADED_FOR_AT_MOST`] ran out), and the
-/// background's rate.
+/// many were taken (`samples`: fewer than `n` when [`LOADED_FOR_AT_MOST`] ran out), the
+/// background's rate, and where a sample's time went: the median of each hop of
+/// [`LOADED_PATH`] (`hop_p50_us`) and the same over the samples at or above the 95th percentile
+/// (`hop_tail_us`), from a trace that watches each sample's execution (`unsplit`: samples whose
+/// trace watched a load execution started at the same moment, or missed a point).
 pub(super) async fn loaded(client: CoordinatorClient<Channel>, n: usize) -> Result<Fields, String> {
     let stop = CancellationToken::new();
     let load = tokio::spawn({
@@ -184,13 +235,29 @@ pub(super) async fn loaded(client: CoordinatorClient<Channel>, n: usize) -> Resu
     tokio::time::sleep(Duration::from_millis(200)).await;
     let mut samples = Vec::with_capacity(n);
     let mut answered = Vec::with_capacity(n);
+    let mut split_samples: Vec<(f64, Vec<f64>)> = Vec::with_capacity(n);
     let mut failure = None;
     let sampling = Instant::now();
     while samples.len() < n && sampling.elapsed() < LOADED_FOR_AT_MOST {
-        match run_one_split(client.clone(), ONE_TASK.to_owned()).await {
-            Ok((started, took)) => {
+        hops::watch();
+        let submitted = Instant::now();
+        let sample = run_one_split(client.clone(), ONE_TASK.to_owned()).await;
+        let done = Instant::now();
+        let watched = sample
+            .as_ref()
+            .is_ok_and(|(id, _, _)| hops::id_bits(id).is_some_and(hops::watches));
+        let trace = hops::take();
+        match sample {
+            Ok((_, started, took)) => {
+                let took = took.as_secs_f64() * 1000.0;
                 answered.push(started.as_secs_f64() * 1000.0);
-                samples.push(took.as_secs_f64() * 1000.0);
+                samples.push(took);
+                if let Some(hops) = watched
+                    .then(|| loaded_split(trace, submitted, done))
+                    .flatten()
+                {
+                    split_samples.push((took, hops));
+                }
             }
             Err(error) => {
                 failure = Some(error);
@@ -205,6 +272,8 @@ pub(super) async fn loaded(client: CoordinatorClient<Channel>, n: usize) -> Resu
     }
     samples.sort_by(f64::total_cmp);
     answered.sort_by(f64::total_cmp);
+    let unsplit = samples.len() - split_samples.len();
+    let (hops, tail) = hop_splits(LOADED_PATH, &split_samples, percentile(&samples, 0.95));
     Ok(vec![
         ("samples", json!(samples.len())),
         (
@@ -223,6 +292,9 @@ pub(super) async fn loaded(client: CoordinatorClient<Channel>, n: usize) -> Resu
             "load_tasks_per_s",
             json!(round(tasks as f64 / took.as_secs_f64(), 0)),
         ),
+        ("hop_p50_us", hops),
+        ("hop_tail_us", tail),
+        ("unsplit", json!(unsplit)),
     ])
 }
 
@@ -246,7 +318,7 @@ mod tests {
 
     #[test]
     fn the_tail_holds_only_the_samples_at_or_above_the_95th_percentile() {
-        let (all, tail) = hop_splits(&samples(), 18.0);
+        let (all, tail) = hop_splits(ONE_TASK_PATH, &samples(), 18.0);
         // Every sample: the first hop's median is the 11th sample's (1,100 µs), the middle of
         // twenty rounding up.
         assert_eq!(all[0], json!(["submit", 1100.0]));
@@ -263,7 +335,53 @@ mod tests {
 
     #[test]
     fn no_sample_in_the_tail_gives_zeros_not_a_panic() {
-        let (_, tail) = hop_splits(&samples(), 21.0);
+        let (_, tail) = hop_splits(ONE_TASK_PATH, &samples(), 21.0);
         assert_eq!(tail[0], json!(["submit", 0.0]));
+    }
+
+    /// The points of [`LOADED_PATH`] but the bench's own, 10 µs apart from `at`.
+    fn loaded_marks(at: Instant) -> Vec<(&'static str, Instant)> {
+        let points = [
+            "coordinator.appending",
+            "coordinator.indexed",
+            "coordinator.appended",
+            "coordinator.dispatched",
+            "worker.received",
+            "worker.started",
+            "worker.handled",
+            "worker.result_sent",
+            "coordinator.consumed",
+            "coordinator.taken",
+            "coordinator.appending",
+            "coordinator.appended",
+            "coordinator.observed",
+            "bench.ended",
+        ];
+        (1..)
+            .zip(points)
+            .map(|(i, point)| (point, at + Duration::from_micros(10 * i)))
+            .collect()
+    }
+
+    #[test]
+    fn a_watched_sample_splits_between_the_benchs_own_marks() {
+        let submitted = Instant::now();
+        let marks = loaded_marks(submitted);
+        let done = submitted + Duration::from_micros(1_000);
+        let split = loaded_split(marks, submitted, done).expect("every point was reached");
+        let mut expected = vec![10.0; LOADED_PATH.names().count() - 1];
+        // The end seen at 140 µs, the close at 1,000.
+        expected.push(860.0);
+        let rounded: Vec<f64> = split.iter().map(|us| us.round()).collect();
+        assert_eq!(rounded, expected);
+    }
+
+    #[test]
+    fn a_sample_that_missed_a_point_is_not_split() {
+        let submitted = Instant::now();
+        let mut marks = loaded_marks(submitted);
+        marks.retain(|(point, _)| *point != "coordinator.taken");
+        let done = submitted + Duration::from_micros(1_000);
+        assert_eq!(loaded_split(marks, submitted, done), None);
     }
 }

@@ -424,19 +424,20 @@ async fn executions(client: CoordinatorClient<Channel>, n: usize) -> Result<Fiel
 
 /// Starts one execution and returns the time until it completed.
 async fn run_one(client: CoordinatorClient<Channel>, plan: String) -> Result<Duration, String> {
-    run_one_split(client, plan).await.map(|(_, took)| took)
+    run_one_split(client, plan).await.map(|(_, _, took)| took)
 }
 
-/// Runs one plan to its end: how long until its start was answered, and until it completed.
+/// Runs one plan to its end: its execution's id, how long until its start was answered, and
+/// until it completed.
 async fn run_one_split(
     mut client: CoordinatorClient<Channel>,
     plan: String,
-) -> Result<(Duration, Duration), String> {
+) -> Result<(String, Duration, Duration), String> {
     let start = Instant::now();
     let id = start_plan(&mut client, plan).await?;
     let started = start.elapsed();
-    wait_completed(client, id).await?;
-    Ok((started, start.elapsed()))
+    wait_completed(client, id.clone()).await?;
+    Ok((id, started, start.elapsed()))
 }
 
 async fn start_plan(
@@ -480,7 +481,7 @@ async fn wait_completed(mut client: CoordinatorClient<Channel>, id: String) -> R
                 && ExecutionState::try_from(progress.state).is_ok_and(crate::render::is_terminal)
             {
                 // The caller knows how the execution ended; the stream's close follows.
-                hops::mark("bench.ended");
+                hops::mark_any("bench.ended", hops::id_bits(&id));
                 ended = true;
             }
             last_state = Some(progress.state);
@@ -490,7 +491,7 @@ async fn wait_completed(mut client: CoordinatorClient<Channel>, id: String) -> R
         // A stream closed without the final progress (the execution moved to another
         // coordinator, or a coordinator that sends none): the close is the end, and the state is
         // asked for below.
-        hops::mark("bench.ended");
+        hops::mark_any("bench.ended", hops::id_bits(&id));
     }
     match last_state.and_then(|s| ExecutionState::try_from(s).ok()) {
         Some(ExecutionState::Completed) => Ok(()),
