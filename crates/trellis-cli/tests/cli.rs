@@ -1806,10 +1806,38 @@ fn bench(args: &[&str]) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// A bench line's hops under `key` (`[name, µs]` pairs): their names in order and their sum in µs.
+fn hop_list<'a>(line: &'a serde_json::Value, key: &str) -> (Vec<&'a str>, f64) {
+    let hops = line[key]
+        .as_array()
+        .unwrap_or_else(|| panic!("{key} is a list: {line}"));
+    let names = hops.iter().filter_map(|hop| hop[0].as_str()).collect();
+    let sum = hops.iter().filter_map(|hop| hop[1].as_f64()).sum();
+    (names, sum)
+}
+
+/// The hops a new execution takes from its first turn to its caller, idle or under load.
+const FROM_INDEX: [&str; 14] = [
+    "index",
+    "append",
+    "dispatch",
+    "fetch",
+    "start",
+    "handler",
+    "result",
+    "consume",
+    "take",
+    "decide_result",
+    "append_result",
+    "notify",
+    "observe",
+    "close",
+];
+
 /// `latency` says where each task's time went, hop by hop in path order, and `chain` where each
 /// hop of a chain went; `floor` measures the bare JetStream pipeline; `loaded` samples latency
-/// while throughput runs, and splits each sample by its own execution's marks; each of them counts the disk's flushes per task, and the two that run
-/// the engine the coordinator's turns.
+/// while throughput runs and splits each sample by its own execution's marks. Each of them counts
+/// the disk's flushes per task, and the two that run the engine the coordinator's turns.
 #[test]
 fn bench_splits_a_task_into_hops_and_measures_the_floor() {
     let lines = bench(&[
@@ -1830,13 +1858,7 @@ fn bench_splits_a_task_into_hops_and_measures_the_floor() {
     };
     // 30 tasks make 29 hops from one task's result to the next one's, each seen whole.
     assert_eq!(chain["hops_whole"], 29, "{chain}");
-    let chain_hops = chain["hop_p50_us"]
-        .as_array()
-        .expect("hop_p50_us is a list");
-    let names: Vec<&str> = chain_hops
-        .iter()
-        .filter_map(|hop| hop[0].as_str())
-        .collect();
+    let (names, hop_us) = hop_list(chain, "hop_p50_us");
     assert_eq!(
         names,
         [
@@ -1852,7 +1874,6 @@ fn bench_splits_a_task_into_hops_and_measures_the_floor() {
         ],
         "{chain}"
     );
-    let hop_us: f64 = chain_hops.iter().filter_map(|hop| hop[1].as_f64()).sum();
     let seconds = chain["seconds"].as_f64().expect("seconds");
     assert!(
         hop_us > 0.0 && hop_us <= seconds * 1e6,
@@ -1862,46 +1883,21 @@ fn bench_splits_a_task_into_hops_and_measures_the_floor() {
         latency["unsplit"], 0,
         "every sample read along its path: {latency}"
     );
-    let hops = latency["hop_p50_us"]
-        .as_array()
-        .expect("hop_p50_us is a list");
-    let names: Vec<&str> = hops.iter().filter_map(|hop| hop[0].as_str()).collect();
+    let (names, total_us) = hop_list(latency, "hop_p50_us");
     assert_eq!(
         names,
-        [
-            "submit",
-            "prepare",
-            "decide",
-            "index",
-            "append",
-            "dispatch",
-            "fetch",
-            "start",
-            "handler",
-            "result",
-            "consume",
-            "take",
-            "decide_result",
-            "append_result",
-            "notify",
-            "observe",
-            "close"
-        ],
+        [&["submit", "prepare", "decide"][..], &FROM_INDEX].concat(),
         "{latency}"
     );
-    let tail = latency["hop_tail_us"]
-        .as_array()
-        .expect("hop_tail_us is a list");
-    let tail_names: Vec<&str> = tail.iter().filter_map(|hop| hop[0].as_str()).collect();
+    let (tail_names, tail_us) = hop_list(latency, "hop_tail_us");
     assert_eq!(
         tail_names, names,
         "the tail's hops are the path's: {latency}"
     );
     assert!(
-        tail.iter().filter_map(|hop| hop[1].as_f64()).sum::<f64>() > 0.0,
+        tail_us > 0.0,
         "the slowest samples' hops were measured: {latency}"
     );
-    let total_us: f64 = hops.iter().filter_map(|hop| hop[1].as_f64()).sum();
     let p99_us = latency["p99_ms"].as_f64().expect("p99_ms") * 1000.0;
     assert!(
         total_us > 0.0 && total_us <= p99_us + 1000.0,
@@ -1927,35 +1923,12 @@ fn bench_splits_a_task_into_hops_and_measures_the_floor() {
         unsplit < 15,
         "most samples split along their path: {loaded}"
     );
-    let loaded_hops = loaded["hop_p50_us"]
-        .as_array()
-        .expect("hop_p50_us is a list");
-    let names: Vec<&str> = loaded_hops
-        .iter()
-        .filter_map(|hop| hop[0].as_str())
-        .collect();
+    let (names, loaded_us) = hop_list(loaded, "hop_p50_us");
     assert_eq!(
         names,
-        [
-            "until_turn",
-            "index",
-            "append",
-            "dispatch",
-            "fetch",
-            "start",
-            "handler",
-            "result",
-            "consume",
-            "take",
-            "decide_result",
-            "append_result",
-            "notify",
-            "observe",
-            "close"
-        ],
+        [&["until_turn"][..], &FROM_INDEX].concat(),
         "{loaded}"
     );
-    let loaded_us: f64 = loaded_hops.iter().filter_map(|hop| hop[1].as_f64()).sum();
     let loaded_max_us = loaded["max_ms"].as_f64().expect("max_ms") * 1000.0;
     assert!(
         loaded_us > 0.0 && loaded_us <= loaded_max_us + 1000.0,

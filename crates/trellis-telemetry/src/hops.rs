@@ -164,19 +164,35 @@ pub fn take() -> Vec<(&'static str, Instant)> {
 /// A path through the marks: hops, each named and ending at a point.
 #[derive(Clone, Copy, Debug)]
 pub struct Path<'a> {
-    hops: &'a [(&'static str, &'static str)],
+    head: &'a [(&'static str, &'static str)],
+    tail: &'a [(&'static str, &'static str)],
 }
 
 impl<'a> Path<'a> {
     /// A path of `(hop, point)` pairs: each hop runs from the previous hop's point (or the
     /// start) to its own.
     pub const fn new(hops: &'a [(&'static str, &'static str)]) -> Self {
-        Path { hops }
+        Path {
+            head: hops,
+            tail: &[],
+        }
+    }
+
+    /// The hops of `head`, then those of `tail`: paths that end alike share their ends.
+    pub const fn joined(
+        head: &'a [(&'static str, &'static str)],
+        tail: &'a [(&'static str, &'static str)],
+    ) -> Self {
+        Path { head, tail }
+    }
+
+    fn hops(&self) -> impl Iterator<Item = &(&'static str, &'static str)> + '_ {
+        self.head.iter().chain(self.tail)
     }
 
     /// The names of the hops, in order.
     pub fn names(&self) -> impl Iterator<Item = &'static str> + '_ {
-        self.hops.iter().map(|(hop, _)| *hop)
+        self.hops().map(|(hop, _)| *hop)
     }
 
     /// Splits a trace along the path: from the first mark of `from`, each hop lasts until the
@@ -189,8 +205,8 @@ impl<'a> Path<'a> {
         trace: &[(&'static str, Instant)],
     ) -> Option<Vec<(&'static str, Duration)>> {
         let mut at = trace.iter().position(|(point, _)| *point == from)?;
-        let mut split = Vec::with_capacity(self.hops.len());
-        for (hop, point) in self.hops {
+        let mut split = Vec::with_capacity(self.head.len() + self.tail.len());
+        for (hop, point) in self.hops() {
             let next = at + 1 + trace[at + 1..].iter().position(|(p, _)| p == point)?;
             split.push((*hop, trace[next].1.duration_since(trace[at].1)));
             at = next;
@@ -203,7 +219,7 @@ impl<'a> Path<'a> {
 mod tests {
     use super::*;
 
-    const PATH: Path<'static> = Path::new(&[("a", "x"), ("b", "y"), ("c", "x")]);
+    const PATH: Path<'static> = Path::joined(&[("a", "x")], &[("b", "y"), ("c", "x")]);
 
     fn trace(points: &[&'static str]) -> Vec<(&'static str, Instant)> {
         let start = Instant::now();

@@ -13,13 +13,21 @@ use super::{Fields, ONE_TASK, percentile, round, run_one, run_one_split, through
 
 /// One task's path through the services, as the marks of [`trellis_telemetry::hops`] name its
 /// points: each hop runs from the previous point to its own.
-const ONE_TASK_PATH: Path<'static> = Path::new(&[
-    // The client's StartExecution call reaches the coordinator's handler.
-    ("submit", "coordinator.received"),
-    // The plan is compiled and the request reaches the coordinator's loop.
-    ("prepare", "coordinator.request"),
-    // A turn decides the new execution's first events.
-    ("decide", "coordinator.appending"),
+const ONE_TASK_PATH: Path<'static> = Path::joined(
+    &[
+        // The client's StartExecution call reaches the coordinator's handler.
+        ("submit", "coordinator.received"),
+        // The plan is compiled and the request reaches the coordinator's loop.
+        ("prepare", "coordinator.request"),
+        // A turn decides the new execution's first events.
+        ("decide", "coordinator.appending"),
+    ],
+    FROM_INDEX,
+);
+
+/// A new execution's way from its first turn to its caller: the hops [`ONE_TASK_PATH`] and
+/// [`LOADED_PATH`] share.
+const FROM_INDEX: &[(&str, &str)] = &[
     // Its index entry is stored.
     ("index", "coordinator.indexed"),
     // Its first events are stored in its log.
@@ -47,7 +55,7 @@ const ONE_TASK_PATH: Path<'static> = Path::new(&[
     ("observe", "bench.ended"),
     // The stream closes (its trailers reach the caller).
     ("close", "bench.done"),
-]);
+];
 
 /// One hop of a chain, from the coordinator consuming a task's result to its consuming the next
 /// task's: the same points as the second half of [`ONE_TASK_PATH`], then the first's dispatch.
@@ -70,25 +78,12 @@ const CHAIN_HOP_PATH: Path<'static> = Path::new(&[
 /// One task's path under load, as a trace that watches its execution sees it: the marks of the
 /// services' points that know their execution (`coordinator.request` and the gRPC handler's do
 /// not), between two the bench makes itself.
-const LOADED_PATH: Path<'static> = Path::new(&[
+const LOADED_PATH: Path<'static> = Path::joined(
     // From the call to the turn that decides the execution's first events: the `submit`,
     // `prepare` and `decide` hops of [`ONE_TASK_PATH`], and the wait for the turn in progress.
-    ("until_turn", "coordinator.appending"),
-    ("index", "coordinator.indexed"),
-    ("append", "coordinator.appended"),
-    ("dispatch", "coordinator.dispatched"),
-    ("fetch", "worker.received"),
-    ("start", "worker.started"),
-    ("handler", "worker.handled"),
-    ("result", "worker.result_sent"),
-    ("consume", "coordinator.consumed"),
-    ("take", "coordinator.taken"),
-    ("decide_result", "coordinator.appending"),
-    ("append_result", "coordinator.appended"),
-    ("notify", "coordinator.observed"),
-    ("observe", "bench.ended"),
-    ("close", "bench.done"),
-]);
+    &[("until_turn", "coordinator.appending")],
+    FROM_INDEX,
+);
 
 /// Where a chain's hops went: the median of each hop of [`CHAIN_HOP_PATH`] over every hop the
 /// trace holds whole, in path order, and how many hops that was.
