@@ -19,6 +19,7 @@ mod forward;
 mod grpc;
 mod metrics;
 mod pauses;
+pub mod priority;
 pub mod recovery;
 mod shards;
 pub mod turn;

@@ -4,22 +4,18 @@
 use std::future::Future;
 
 use tokio::sync::mpsc;
+use trellis_coordinator::priority::lower_this_thread;
 
 use super::report_stop;
 use crate::commands::Failure;
 
-/// How much lower than the rest of the process a background service's threads run: with nice
-/// 10 a thread gets about a tenth of the share of a thread at 0 while both want a core, and any
-/// core nobody else wants.
-const BACKGROUND_NICE: i32 = 10;
-
 /// Runs a background service of the cluster (the checkpoint-store, whose read model's ingest and
 /// SQLite writes use a quarter of the machine under load) on a thread of its own at a lower CPU
-/// priority ([`BACKGROUND_NICE`]), with a runtime of its own. Every thread it starts (SQLite's
-/// connection threads, its blocking pool) inherits the priority, so while the cores are saturated
-/// the executions' own path (coordinator, workers, NATS) runs first and the read model catches up
-/// after; with cores to spare nothing changes. A failure is reported as [`super::supervise`] reports
-/// one.
+/// priority ([`BACKGROUND_NICE`](trellis_coordinator::priority::BACKGROUND_NICE)), with a
+/// runtime of its own. Every thread it starts (SQLite's connection threads, its blocking pool)
+/// inherits the priority, so while the cores are saturated the executions' own path
+/// (coordinator, workers, NATS) runs first and the read model catches up after; with cores to
+/// spare nothing changes. A failure is reported as [`super::supervise`] reports one.
 pub(super) fn in_background<M, F>(
     name: &'static str,
     service: M,
@@ -37,7 +33,7 @@ where
     std::thread::Builder::new()
         .name(format!("trellis-{name}"))
         .spawn(move || {
-            lower_this_threads_priority(name);
+            lower_this_thread(&format!("the {name}"));
             if let Err(err) = runtime.block_on(service()) {
                 report_stop(name, err, &stopped);
             }
@@ -46,44 +42,14 @@ where
     Ok(())
 }
 
-/// Lowers the calling thread's CPU priority by [`BACKGROUND_NICE`] (Linux, where the nice value
-/// belongs to a thread and the threads it starts inherit it); elsewhere does nothing. A refusal
-/// only costs the priority, so it is said and the service runs on.
-#[cfg(target_os = "linux")]
-#[allow(unsafe_code)]
-fn lower_this_threads_priority(name: &str) {
-    // SAFETY: `gettid`, `getpriority` and `setpriority` take and return plain integers and touch
-    // no memory of ours; the id is this thread's own, so reading its nice value cannot fail (and
-    // a failure's -1 would only lower it by one less). Nice values end at 19.
-    let refused = unsafe {
-        let tid = libc::gettid() as libc::id_t;
-        let now = libc::getpriority(libc::PRIO_PROCESS, tid);
-        let lowered = now.saturating_add(BACKGROUND_NICE).min(19);
-        libc::setpriority(libc::PRIO_PROCESS, tid, lowered) != 0
-    };
-    if refused {
-        let err = std::io::Error::last_os_error();
-        eprintln!(
-            "trellis: cannot lower the {name}'s CPU priority ({err}); it runs at the others'"
-        );
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn lower_this_threads_priority(_name: &str) {}
-
 /// Linux only: elsewhere the priority is left as it is.
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
-    use super::{BACKGROUND_NICE, in_background};
+    use super::in_background;
+    use trellis_coordinator::priority::{BACKGROUND_NICE, this_threads_nice};
 
-    /// The calling thread's nice value, from `/proc/thread-self/stat` (its 19th field).
     fn own_nice() -> i32 {
-        let stat = std::fs::read_to_string("/proc/thread-self/stat").expect("a Linux /proc");
-        // The command name may hold spaces: the fields after it start at its closing parenthesis.
-        let after_name = &stat[stat.rfind(')').expect("a command name") + 2..];
-        let nice = after_name.split(' ').nth(16).expect("a nice field");
-        nice.parse().expect("a number")
+        this_threads_nice().expect("a Linux /proc")
     }
 
     /// A background service runs below the rest of the process, and so does every thread it

@@ -164,8 +164,9 @@ impl Executor {
             self.spawn_reserve(reserve);
         }
         if !retired.is_empty() {
-            // Freeing a large execution's state takes milliseconds the loop would spend.
-            tokio::task::spawn_blocking(move || drop(retired));
+            // Freeing a large execution's state takes milliseconds the loop would spend, and
+            // can wait while the cores are busy.
+            crate::priority::spawn(move || drop(retired));
         }
     }
 

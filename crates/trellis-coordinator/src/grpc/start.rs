@@ -20,7 +20,7 @@ impl CoordinatorService {
     ) -> Result<turn::Prepared, Status> {
         let prepared = if turn::is_large(&source) {
             let limits = self.plans.limits().clone();
-            tokio::task::spawn_blocking(move || turn::prepare(source, &limits))
+            crate::priority::lowered(move || turn::prepare(source, &limits))
                 .await
                 .map_err(|err| Status::internal(format!("compiling the plan stopped: {err}")))?
         } else {
@@ -49,7 +49,7 @@ impl CoordinatorService {
         let answer = self.executor.ask(start(plan)).await.map_err(status)?;
         let answer = match answer {
             Answer::Build { id, at_ms, plan } => {
-                let plan = tokio::task::spawn_blocking(move || {
+                let plan = crate::priority::lowered(move || {
                     let mut plan = *plan;
                     plan.build(id, at_ms);
                     plan
