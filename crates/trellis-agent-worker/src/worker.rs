@@ -1,5 +1,6 @@
 //! The worker's event loops: one fetch loop per queue and lane (`fetch.rs`), the handler tasks, the
-//! result publisher, the heartbeat loop and the cancel listener, and the order they stop in.
+//! result publisher, the heartbeat, log and cancel loops (`loops.rs`), and the order they stop
+//! in.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -12,7 +13,7 @@ use prost::Message as _;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use trellis_bus::{HEARTBEAT_INTERVAL, Lane};
+use trellis_bus::Lane;
 use trellis_proto::subjects;
 use trellis_proto::v1::{self, TaskAssignment};
 
@@ -20,20 +21,21 @@ use tracing::Instrument as _;
 use trellis_telemetry::{hops, propagation};
 
 use crate::fences::Fences;
-use crate::intake::{SetAside, accept_assignment, cancel_request};
-use crate::logs::{self, LogPublisher};
+use crate::intake::{SetAside, accept_assignment};
+use crate::logs::LogPublisher;
 use crate::metrics::Metrics;
 use crate::outputs::OutputStore;
 use crate::publish::{self, Finished, ResultSink, now_unix_ms};
 use crate::publisher::{self, PUBLISH_BATCH};
 use crate::sdk::{HandlerRegistry, Outcome, Running, TaskContext, TaskHandler, lock};
 use crate::steps::wants_stored_steps;
-use crate::sysinfo::{self, CpuMeter};
+use crate::sysinfo::CpuMeter;
 use crate::task_ack::Settle;
 use crate::validate::validate;
 use crate::{Config, Error};
 
 mod fetch;
+mod loops;
 mod slots;
 
 use fetch::{Delivery, Received};
@@ -162,13 +164,17 @@ pub(crate) async fn run(
     let mut publisher = spawn_publisher(finished_rx);
     let mut fast_publisher = spawn_publisher(fast_finished_rx);
     let stop_beats = CancellationToken::new();
-    let heartbeats = tokio::spawn(heartbeat_loop(
+    let heartbeats = tokio::spawn(loops::heartbeat_loop(
         worker.clone(),
         config.clone(),
         stop_beats.clone(),
     ));
-    let canceller = tokio::spawn(cancel_loop(worker.clone(), cancel_sub, stop_beats.clone()));
-    let log_flusher = tokio::spawn(log_loop(worker.clone(), stop_beats.clone()));
+    let canceller = tokio::spawn(loops::cancel_loop(
+        worker.clone(),
+        cancel_sub,
+        stop_beats.clone(),
+    ));
+    let log_flusher = tokio::spawn(loops::log_loop(worker.clone(), stop_beats.clone()));
     // The fetch loops stop on shutdown, and also when this future is dropped (a child token of
     // `abandon`), so a dropped worker takes no more messages.
     let stop_fetching = abandon.child_token();
@@ -574,64 +580,6 @@ impl Worker {
         running.cancel.cancel();
         ending
     }
-
-    /// Builds this worker's heartbeat and extends the running task messages.
-    async fn beat(&self, config: &Config, cpu: &mut CpuMeter, state: v1::WorkerState) {
-        let running: Vec<Arc<Running>> = lock(&self.running).values().cloned().collect();
-        for entry in &running {
-            if let Some(subject) = &entry.progress_subject {
-                let _ = self
-                    .client
-                    .publish(subject.clone(), bytes::Bytes::from_static(b"+WPI"))
-                    .await;
-            }
-        }
-        let state = if state == v1::WorkerState::Idle && self.draining.load(Ordering::Acquire) {
-            v1::WorkerState::Draining
-        } else if state == v1::WorkerState::Idle && !running.is_empty() {
-            v1::WorkerState::Running
-        } else {
-            state
-        };
-        let heartbeat = v1::WorkerHeartbeat {
-            worker_id: self.worker_id.clone(),
-            host: sysinfo::host_name(),
-            queues: config.queues.clone(),
-            slots: u32::try_from(config.slots).unwrap_or(u32::MAX),
-            running: running
-                .iter()
-                .map(|entry| v1::RunningTask {
-                    execution_id: entry.execution_id.clone(),
-                    task_instance_id: entry.task_instance_id.clone(),
-                    attempt: entry.attempt,
-                    progress_percent: entry.progress_percent.load(Ordering::Relaxed),
-                    current_step: lock(&entry.current_step).clone(),
-                    started_at_unix_ms: entry.started_at_unix_ms,
-                    task_id: entry.task_id.clone(),
-                })
-                .collect(),
-            memory_bytes: sysinfo::resident_memory_bytes(),
-            cpu_percent: cpu.percent(),
-            sent_at_unix_ms: now_unix_ms(),
-            interval_ms: u64::try_from(HEARTBEAT_INTERVAL.as_millis()).unwrap_or(u64::MAX),
-            state: state as i32,
-            tasks_completed: self.completed.load(Ordering::Relaxed),
-            tasks_failed: self.failed.load(Ordering::Relaxed),
-        };
-        match self
-            .client
-            .publish(
-                subjects::heartbeat(&self.worker_id),
-                heartbeat.encode_to_vec().into(),
-            )
-            .await
-        {
-            Ok(()) => {
-                self.metrics.heartbeats.inc();
-            }
-            Err(error) => tracing::warn!(%error, "failed to publish a heartbeat"),
-        }
-    }
 }
 
 /// The assignment's execution as a trace's marks name it; read only while a trace is on.
@@ -650,80 +598,4 @@ fn publisher_stopped(worker_id: &str, ended: Result<(), tokio::task::JoinError>)
     };
     tracing::error!(%worker_id, %why, "the result publisher stopped; the worker stops");
     Error::Publisher(why)
-}
-
-/// Heartbeats every [`HEARTBEAT_INTERVAL`] (and `AckProgress` for running tasks) until `stop`,
-/// then sends a last heartbeat saying the worker terminated.
-async fn heartbeat_loop(worker: Arc<Worker>, config: Config, stop: CancellationToken) {
-    let mut cpu = CpuMeter::new();
-    let mut interval = tokio::time::interval(HEARTBEAT_INTERVAL);
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = worker.abandon.cancelled() => return,
-            _ = stop.cancelled() => break,
-            _ = interval.tick() => worker.beat(&config, &mut cpu, v1::WorkerState::Idle).await,
-        }
-    }
-    worker
-        .beat(&config, &mut cpu, v1::WorkerState::Terminated)
-        .await;
-}
-
-/// Publishes the running attempts' log lines every [`logs::FLUSH_EVERY`] until `stop`.
-async fn log_loop(worker: Arc<Worker>, stop: CancellationToken) {
-    let mut interval = tokio::time::interval(logs::FLUSH_EVERY);
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = worker.abandon.cancelled() => return,
-            _ = stop.cancelled() => return,
-            _ = interval.tick() => {
-                let running: Vec<Arc<Running>> = lock(&worker.running).values().cloned().collect();
-                for attempt in running {
-                    worker.logs.flush(&attempt, false).await;
-                }
-            }
-        }
-    }
-}
-
-/// Cancels running attempts named by `CancelTask` messages.
-async fn cancel_loop(
-    worker: Arc<Worker>,
-    mut cancel_sub: async_nats::Subscriber,
-    stop: CancellationToken,
-) {
-    loop {
-        let message = tokio::select! {
-            _ = worker.abandon.cancelled() => return,
-            _ = stop.cancelled() => return,
-            message = cancel_sub.next() => message,
-        };
-        let Some(message) = message else { return };
-        let request = match cancel_request(&message.subject, message.payload.as_ref()) {
-            Ok(request) => request,
-            Err(error) => {
-                tracing::warn!(subject = %message.subject, %error, "ignored a cancel message");
-                continue;
-            }
-        };
-        let Some(running) = lock(&worker.running)
-            .get(&request.task_instance_id)
-            .cloned()
-        else {
-            continue;
-        };
-        if request.attempt != running.attempt {
-            continue;
-        }
-        if request.preempt {
-            tracing::info!(task_instance_id = %request.task_instance_id, attempt = running.attempt, reason = %request.reason, "preempting task at its next step");
-            running.preempt.store(true, Ordering::Release);
-            continue;
-        }
-        tracing::info!(task_instance_id = %request.task_instance_id, attempt = running.attempt, reason = %request.reason, "cancelling task");
-        *lock(&running.cancel_reason) = request.reason;
-        running.cancel.cancel();
-    }
 }
