@@ -80,6 +80,12 @@ fn check_size(len: usize, limits: &Limits) -> Result<(), PlanErrors> {
 }
 
 fn parse_yaml(text: &str) -> Result<PlanSpec, PlanError> {
+    // Most plans parse: they are read without tracking where the parser is, which costs a
+    // string per key read. Only a plan that fails is read again, with the tracking, for the
+    // path its error names (the same text fails at the same place).
+    if let Ok(spec) = serde_yaml_ng::from_str(text) {
+        return Ok(spec);
+    }
     let de = serde_yaml_ng::Deserializer::from_str(text);
     serde_path_to_error::deserialize(de).map_err(|e| {
         let location = e.inner().location().map(|l| Location {
