@@ -80,27 +80,11 @@ pub fn lower_this_thread(what: &str) {
 #[cfg(not(target_os = "linux"))]
 pub fn lower_this_thread(_what: &str) {}
 
-/// The calling thread's nice value, from `/proc/thread-self/stat` (its 19th field); fails where
-/// there is no such file.
-pub fn this_threads_nice() -> std::io::Result<i32> {
-    let malformed = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
-    let stat = std::fs::read_to_string("/proc/thread-self/stat")?;
-    // The command name may hold spaces: the fields after it start at its closing parenthesis.
-    let after_name = stat
-        .rfind(')')
-        .and_then(|end| stat.get(end + 2..))
-        .ok_or_else(|| malformed("no command name in /proc/thread-self/stat"))?;
-    after_name
-        .split(' ')
-        .nth(16)
-        .and_then(|nice| nice.parse().ok())
-        .ok_or_else(|| malformed("no nice value in /proc/thread-self/stat"))
-}
-
 /// Linux only: elsewhere the priority is left as it is.
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
+    use trellis_testkit::this_threads_nice;
 
     fn own_nice() -> i32 {
         this_threads_nice().expect("a Linux /proc")

@@ -187,6 +187,23 @@ fn greets(addr: SocketAddr) -> bool {
     stream.read_exact(&mut greeting).is_ok() && &greeting == b"INFO"
 }
 
+/// The calling thread's nice value (Linux), from `/proc/thread-self/stat` (its 19th field);
+/// fails where there is no such file.
+pub fn this_threads_nice() -> std::io::Result<i32> {
+    let malformed = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
+    let stat = std::fs::read_to_string("/proc/thread-self/stat")?;
+    // The command name may hold spaces: the fields after it start at its closing parenthesis.
+    let after_name = stat
+        .rfind(')')
+        .and_then(|end| stat.get(end + 2..))
+        .ok_or_else(|| malformed("no command name in /proc/thread-self/stat"))?;
+    after_name
+        .split(' ')
+        .nth(16)
+        .and_then(|nice| nice.parse().ok())
+        .ok_or_else(|| malformed("no nice value in /proc/thread-self/stat"))
+}
+
 /// Returns a loopback port that was free a moment ago (the OS picks it; the listener is closed at
 /// once), for a server a test starts as a separate process.
 ///

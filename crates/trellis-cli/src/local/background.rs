@@ -46,7 +46,8 @@ where
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::in_background;
-    use trellis_coordinator::priority::{BACKGROUND_NICE, this_threads_nice};
+    use trellis_coordinator::priority::BACKGROUND_NICE;
+    use trellis_testkit::this_threads_nice;
 
     fn own_nice() -> i32 {
         this_threads_nice().expect("a Linux /proc")
