@@ -57,6 +57,13 @@ impl CheckpointState {
         !self.in_flight && self.waiting.is_empty()
     }
 
+    /// Returns true when nothing is left to do for the checkpoints of a finished execution:
+    /// none in flight, none asked for. Its pause (it has none) is forgotten.
+    pub(super) fn settle(&mut self) -> bool {
+        self.paused_done = false;
+        self.idle()
+    }
+
     /// Takes the callers waiting for the next checkpoint.
     pub(super) fn take_waiting(&mut self) -> Vec<ReplyTo> {
         std::mem::take(&mut self.waiting)
@@ -99,6 +106,7 @@ impl Coordinator {
             ))),
             Some(live) => {
                 live.checkpoint.waiting.push(reply);
+                self.unsettled.insert(id);
                 None
             }
         };
@@ -115,7 +123,10 @@ impl Coordinator {
             return jobs;
         }
         let mut answers = Vec::new();
-        for (id, live) in &mut self.executions {
+        for id in &self.unsettled {
+            let Some(live) = self.executions.get_mut(id) else {
+                continue;
+            };
             let ckpt = &mut live.checkpoint;
             if ckpt.in_flight || !live.pending.is_empty() || !live.checkpoints_allowed {
                 continue;

@@ -197,6 +197,8 @@ impl Coordinator {
             return;
         };
         live.dirty = false;
+        // Touched: the sweeps look at it again until it is finished and settled.
+        self.unsettled.insert(id);
         let run_number = live.machine.run_number();
         // The execution's tasks in flight, this turn's dispatches among them: while they are
         // at most FAST_LANE_SHARE, this turn's ride the fast lane.

@@ -177,6 +177,12 @@ pub struct Coordinator {
     by_key: Map<(Arc<str>, String), ExecutionId>,
     /// Executions touched this turn, in the order they were first touched.
     dirty: Vec<ExecutionId>,
+    /// The executions the clock's tick and the checkpoint policy look at each turn: every one
+    /// not finished, and a finished one until its checkpoints are settled (none in flight or
+    /// asked for). A finished execution leaves at the next tick and comes back whenever it is
+    /// touched again, so those sweeps cost the running executions, not the finished ones kept
+    /// in memory for `keep_finished_ms`.
+    unsettled: BTreeSet<ExecutionId>,
     /// Executions being loaded from the log, with the requests waiting for them.
     loading: Map<ExecutionId, Vec<Waiting>>,
     /// Requests that arrived while the shard they need was being recovered.
@@ -272,6 +278,7 @@ impl Coordinator {
             executions: Map::default(),
             by_key: Map::default(),
             dirty: Vec::new(),
+            unsettled: BTreeSet::new(),
             loading: Map::default(),
             parked: Vec::new(),
             workers: workers::Registry::default(),
@@ -407,12 +414,19 @@ impl Coordinator {
             Input::Reserved(ids) => self.reserved(ids),
             Input::Tick => {
                 self.lapse_inherited(now);
-                for (id, live) in &mut self.executions {
-                    if !live.machine.state().is_terminal() && !live.dirty {
+                self.unsettled.retain(|id| {
+                    let Some(live) = self.executions.get_mut(id) else {
+                        return false;
+                    };
+                    if live.machine.state().is_terminal() {
+                        return !live.checkpoint.settle();
+                    }
+                    if !live.dirty {
                         live.dirty = true;
                         self.dirty.push(*id);
                     }
-                }
+                    true
+                });
                 self.workers.sweep(now, &self.metrics);
                 if now >= self.last_forget_ms + FORGET_EVERY_MS {
                     self.last_forget_ms = now;
