@@ -282,7 +282,7 @@ async fn consume_results(
             while let Some(item) = next.take() {
                 match item {
                     Ok(message) => {
-                        n_results += super::batch_len(&message).unwrap_or(1);
+                        n_results += super::intake::batch_len(&message).unwrap_or(1);
                         batch.push(message);
                     }
                     Err(err) => {
@@ -298,7 +298,7 @@ async fn consume_results(
             }
             hops::mark_any(
                 "coordinator.consumed",
-                batch.iter().flat_map(super::message_executions),
+                batch.iter().flat_map(super::intake::message_executions),
             );
             if !batch.is_empty() && tx.send(Inbound::Results(batch)).await.is_err() {
                 return;
