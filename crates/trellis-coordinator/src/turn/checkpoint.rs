@@ -123,13 +123,12 @@ impl Coordinator {
             return jobs;
         }
         let mut answers = Vec::new();
-        for id in &self.unsettled {
-            let Some(live) = self.executions.get_mut(id) else {
-                continue;
-            };
+        let every_ms = self.config.checkpoint_every_ms;
+        let all = self.sweep_all();
+        let mut consider = |id: ExecutionId, live: &mut super::live::Live| {
             let ckpt = &mut live.checkpoint;
             if ckpt.in_flight || !live.pending.is_empty() || !live.checkpoints_allowed {
-                continue;
+                return;
             }
             let paused = live.machine.state() == ExecutionState::Paused;
             if !paused {
@@ -144,20 +143,29 @@ impl Coordinator {
                 for reply in ckpt.waiting.drain(..) {
                     answers.push((reply, Ok(Answer::Checkpoint(metadata.clone()))));
                 }
-                continue;
+                return;
             }
             let due = !ckpt.waiting.is_empty()
                 || (changed && paused && !ckpt.paused_done)
-                || (changed
-                    && !live.machine.state().is_terminal()
-                    && now >= ckpt.at_ms + self.config.checkpoint_every_ms);
+                || (changed && !live.machine.state().is_terminal() && now >= ckpt.at_ms + every_ms);
             if !due {
-                continue;
+                return;
             }
             if paused {
                 ckpt.paused_done = true;
             }
-            jobs.push(checkpoint_job(&mut self.ids, *id, live, now));
+            jobs.push(checkpoint_job(&mut self.ids, id, live, now));
+        };
+        if all {
+            for (id, live) in &mut self.executions {
+                consider(*id, live);
+            }
+        } else {
+            for id in &self.unsettled {
+                if let Some(live) = self.executions.get_mut(id) {
+                    consider(*id, live);
+                }
+            }
         }
         for (reply, answer) in answers {
             self.reply_after(reply, None, answer);

@@ -41,7 +41,6 @@ mod takeover;
 mod workers;
 
 use std::collections::{BTreeSet, HashMap};
-use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
 use trellis_core::ids::{ExecutionId, mix};
@@ -65,8 +64,11 @@ use crate::metrics::Metrics;
 use live::Live;
 
 /// A hash map whose iteration order depends only on what was inserted, so a turn's effects come
-/// out in the same order for the same inputs (std's default hasher is seeded per process).
-type Map<K, V> = HashMap<K, V, BuildHasherDefault<std::hash::DefaultHasher>>;
+/// out in the same order for the same inputs (std's default hasher is seeded per process). Its
+/// hasher is rustc's Fx: a turn looks executions up by id for every result, request and sweep,
+/// and SipHash over a 16-byte id cost more than the rest of the lookup. The ids are the
+/// coordinator's own (made by it, or read from its log), so no caller chooses what collides.
+type Map<K, V> = HashMap<K, V, rustc_hash::FxBuildHasher>;
 
 /// Returns the shard a start must land on: the idempotency key's, so that every coordinator
 /// sends a key to the one owner that remembers it; `None` without a key (any owned shard).
@@ -414,19 +416,7 @@ impl Coordinator {
             Input::Reserved(ids) => self.reserved(ids),
             Input::Tick => {
                 self.lapse_inherited(now);
-                self.unsettled.retain(|id| {
-                    let Some(live) = self.executions.get_mut(id) else {
-                        return false;
-                    };
-                    if live.machine.state().is_terminal() {
-                        return !live.checkpoint.settle();
-                    }
-                    if !live.dirty {
-                        live.dirty = true;
-                        self.dirty.push(*id);
-                    }
-                    true
-                });
+                self.tick_sweep();
                 self.workers.sweep(now, &self.metrics);
                 if now >= self.last_forget_ms + FORGET_EVERY_MS {
                     self.last_forget_ms = now;
@@ -461,6 +451,47 @@ impl Coordinator {
                 result,
             } => self.checkpoint_done(id, full, sequence, result),
         }
+    }
+
+    /// Whether the sweeps walk every execution held in memory rather than the unsettled ones
+    /// by id: when most of them are unsettled, a walk of the map is the cheaper of the two.
+    fn sweep_all(&self) -> bool {
+        2 * self.unsettled.len() >= self.executions.len()
+    }
+
+    /// The tick's sweep: every unfinished execution is touched, so its timers are looked at,
+    /// and a finished one whose checkpoints are settled leaves `unsettled`.
+    fn tick_sweep(&mut self) {
+        if self.sweep_all() {
+            for (id, live) in &mut self.executions {
+                if !live.machine.state().is_terminal() {
+                    if !live.dirty {
+                        live.dirty = true;
+                        self.dirty.push(*id);
+                    }
+                } else if self.unsettled.contains(id) && live.checkpoint.settle() {
+                    self.unsettled.remove(id);
+                }
+            }
+            // What left memory leaves the set too.
+            if self.unsettled.len() > self.executions.len() {
+                self.unsettled.retain(|id| self.executions.contains_key(id));
+            }
+            return;
+        }
+        self.unsettled.retain(|id| {
+            let Some(live) = self.executions.get_mut(id) else {
+                return false;
+            };
+            if live.machine.state().is_terminal() {
+                return !live.checkpoint.settle();
+            }
+            if !live.dirty {
+                live.dirty = true;
+                self.dirty.push(*id);
+            }
+            true
+        });
     }
 
     /// Marks an execution touched this turn.

@@ -468,15 +468,22 @@ mod window {
         own_shard_0(&mut coordinator);
         let now = 1_700_000_000_000;
         let running = dispatched(turn(&mut coordinator, vec![start(2)], now));
-        let finishing = dispatched(turn(&mut coordinator, vec![start(1)], now + 1));
+        // Five one-task executions finish: most of those in memory are then finished, and the
+        // sweeps go by the set rather than over the whole map.
+        let finishing = dispatched(turn(
+            &mut coordinator,
+            vec![start(1), start(1), start(1), start(1), start(1)],
+            now + 1,
+        ));
         let id_of = |assign: &crate::turn::Assign| {
             let assignment = v1::TaskAssignment::decode(assign.payload.clone()).expect("one");
             ExecutionId(assignment.execution_id.parse().expect("an execution id"))
         };
         let (running_id, finished_id) = (id_of(&running[0]), id_of(&finishing[0]));
+        let results = (0..5).map(|i| completed(&finishing[i].payload, 1 + i as u64));
         turn(
             &mut coordinator,
-            vec![Input::Results(vec![completed(&finishing[0].payload, 1)])],
+            vec![Input::Results(results.collect())],
             now + 2,
         );
         assert!(
