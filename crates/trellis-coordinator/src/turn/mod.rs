@@ -462,14 +462,20 @@ impl Coordinator {
     /// The tick's sweep: every unfinished execution is touched, so its timers are looked at,
     /// and a finished one whose checkpoints are settled leaves `unsettled`.
     fn tick_sweep(&mut self) {
+        // Touches an unfinished execution; returns whether a finished one is settled.
+        let tick = |id: ExecutionId, live: &mut Live, dirty: &mut Vec<ExecutionId>| {
+            if live.machine.state().is_terminal() {
+                return live.checkpoint.settle();
+            }
+            if !live.dirty {
+                live.dirty = true;
+                dirty.push(id);
+            }
+            false
+        };
         if self.sweep_all() {
             for (id, live) in &mut self.executions {
-                if !live.machine.state().is_terminal() {
-                    if !live.dirty {
-                        live.dirty = true;
-                        self.dirty.push(*id);
-                    }
-                } else if self.unsettled.contains(id) && live.checkpoint.settle() {
+                if tick(*id, live, &mut self.dirty) {
                     self.unsettled.remove(id);
                 }
             }
@@ -480,17 +486,9 @@ impl Coordinator {
             return;
         }
         self.unsettled.retain(|id| {
-            let Some(live) = self.executions.get_mut(id) else {
-                return false;
-            };
-            if live.machine.state().is_terminal() {
-                return !live.checkpoint.settle();
-            }
-            if !live.dirty {
-                live.dirty = true;
-                self.dirty.push(*id);
-            }
-            true
+            self.executions
+                .get_mut(id)
+                .is_some_and(|live| !tick(*id, live, &mut self.dirty))
         });
     }
 
