@@ -20,6 +20,7 @@ mod disk;
 mod floor;
 mod latency;
 mod observers;
+mod parked;
 mod processes;
 mod recovery;
 mod stored;
@@ -29,6 +30,7 @@ use checkpoint::checkpoint;
 use floor::floor;
 use latency::{latency, loaded};
 use observers::observers;
+use parked::parked;
 use processes::{scale, soak};
 use recovery::recovery;
 
@@ -36,7 +38,7 @@ use recovery::recovery;
 type Fields = Vec<(&'static str, Value)>;
 
 /// The scenarios, in the order they run by default.
-const SCENARIOS: [&str; 11] = [
+const SCENARIOS: [&str; 12] = [
     "fanout",
     "chain",
     "throughput",
@@ -44,6 +46,7 @@ const SCENARIOS: [&str; 11] = [
     "executions",
     "latency",
     "loaded",
+    "parked",
     "floor",
     "checkpoint",
     "recovery",
@@ -84,7 +87,8 @@ const LONG_SCENARIOS: [&str; 2] = ["soak", "scale"];
 )]
 pub struct BenchArgs {
     /// A scenario to run (repeatable): fanout, chain, throughput, logs, executions, latency
-    /// (with the median of each hop of one task), loaded (latency while throughput runs), floor
+    /// (with the median of each hop of one task), loaded (latency while throughput runs),
+    /// parked (latency while 10,000 executions wait on a question), floor
     /// (the bare JetStream pipeline a task rides on, without Trellis), checkpoint, recovery,
     /// observers; and, only when named, soak (many executions of 100
     /// tasks through one coordinator process, its RSS before, at the peak and after
@@ -213,6 +217,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
                 "soak" => soak(&args, n).await,
                 "scale" => scale(&args, n).await,
                 "loaded" => loaded(client.clone(), n).await,
+                "parked" => parked(client.clone(), n).await,
                 "floor" => floor(&local.nats_url, n).await,
                 _ => latency(client.clone(), n).await,
             };
