@@ -3,7 +3,7 @@
 //! budget, the end of the execution). Pure: it changes nothing, so calling it twice returns the
 //! same commands.
 
-use super::{Command, Execution, ExecutionState, Outcome};
+use super::{Command, Execution, ExecutionState, InstIdx, Outcome};
 use crate::plan::TaskIdx;
 
 impl Execution {
@@ -125,6 +125,39 @@ impl Execution {
             free -= 1;
         }
         commands
+    }
+
+    /// Returns the earliest clock value after `now_ms` at which [`Execution::decide`] may propose
+    /// something it does not propose at `now_ms`, were nothing applied meanwhile: the global
+    /// timeout, an attempt's deadline, a question's expiry or a retry's backoff. `None` when no
+    /// later clock value changes what it decides (a finished execution, or nothing timed ahead).
+    /// A caller that decides again only on an applied event, on a change outside the execution
+    /// (a pause, a breaker) or at this clock value misses nothing.
+    pub fn next_wake(&self, now_ms: u64) -> Option<u64> {
+        if self.state.is_terminal() {
+            return None;
+        }
+        let after = |at: &u64| *at > now_ms;
+        let timeout = self.plan.options.global_timeout.map(|timeout| {
+            self.run_started_at_ms
+                .saturating_add(timeout.as_millis() as u64)
+        });
+        // Retries held back by the concurrency limits may be many and already due: they wait for
+        // an event that frees room, not for the clock.
+        let retry = self
+            .retries
+            .range((now_ms.saturating_add(1), InstIdx::MIN)..)
+            .next()
+            .map(|&(at, _)| at);
+        [
+            timeout.filter(after),
+            self.deadlines.iter().map(|&(at, _)| at).find(after),
+            self.expiries.iter().map(|&(at, _)| at).find(after),
+            retry,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     pub(super) fn budget_exceeded(&self) -> Option<String> {

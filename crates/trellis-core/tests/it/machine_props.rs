@@ -26,6 +26,10 @@ struct PlanShape {
     continue_on_partial_failure: bool,
     max_retries: u32,
     chain_task0: bool,
+    /// Every task's timeout, in milliseconds.
+    task_timeout: Option<u64>,
+    /// The execution's global timeout, in milliseconds.
+    global_timeout: Option<u64>,
 }
 
 fn plan_shape() -> impl Strategy<Value = PlanShape> {
@@ -39,6 +43,8 @@ fn plan_shape() -> impl Strategy<Value = PlanShape> {
                 any::<bool>(),
                 0u32..3,
                 any::<bool>(),
+                prop::option::weighted(0.3, 100u64..2_000),
+                prop::option::weighted(0.2, 500u64..20_000),
             )
         })
         .prop_map(
@@ -50,6 +56,8 @@ fn plan_shape() -> impl Strategy<Value = PlanShape> {
                 continue_on_partial_failure,
                 max_retries,
                 chain_task0,
+                task_timeout,
+                global_timeout,
             )| {
                 PlanShape {
                     n_tasks,
@@ -59,6 +67,8 @@ fn plan_shape() -> impl Strategy<Value = PlanShape> {
                     continue_on_partial_failure,
                     max_retries,
                     chain_task0,
+                    task_timeout,
+                    global_timeout,
                 }
             },
         )
@@ -77,6 +87,7 @@ fn make_plan(shape: &PlanShape) -> Arc<Plan> {
     };
     let options = PlanOptions {
         max_concurrency: shape.max_concurrency,
+        global_timeout: shape.global_timeout.map(ms),
         failure: FailurePolicy {
             default_action: retry.clone(),
             continue_on_partial_failure: shape.continue_on_partial_failure,
@@ -89,6 +100,7 @@ fn make_plan(shape: &PlanShape) -> Arc<Plan> {
     for i in 0..shape.n_tasks {
         let mut t = task(&format!("t{i}"));
         t.on_failure = chain(vec![retry.clone()]);
+        t.timeout = shape.task_timeout.map(ms);
         tasks.push(t);
         // Sparse random edges to earlier tasks keep the graph acyclic.
         let mask = shape.dep_masks[i] & shape.dep_masks[(i + 1) % shape.n_tasks];
@@ -417,6 +429,25 @@ impl Harness {
                 "question {} is open on an instance that is not waiting",
                 open.question.id
             );
+        }
+        // Nothing the machine decides changes before its next wake: a coordinator that decides
+        // again only then (or on an event) misses nothing.
+        let now = self.sim.now;
+        let decided = exec.decide(now);
+        match exec.next_wake(now) {
+            Some(at) => {
+                assert!(at > now, "next wake {at} is not after now ({now})");
+                assert_eq!(
+                    exec.decide(at - 1),
+                    decided,
+                    "decisions changed before the next wake at {at} (now {now})"
+                );
+            }
+            None => assert_eq!(
+                exec.decide(now + 10 * 365 * 86_400_000),
+                decided,
+                "decisions changed with the clock though nothing is timed"
+            ),
         }
         // 3. at most one resumption per group, at any time.
         for (group, _, _, _) in exec.groups() {
