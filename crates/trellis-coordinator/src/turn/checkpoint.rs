@@ -57,11 +57,11 @@ impl CheckpointState {
         !self.in_flight && self.waiting.is_empty()
     }
 
-    /// Returns true when nothing is left to do for the checkpoints of a finished execution:
-    /// none in flight, none asked for. Its pause (it has none) is forgotten.
-    pub(super) fn settle(&mut self) -> bool {
-        self.paused_done = false;
-        self.idle()
+    /// When the interval checkpoint of a state at event `seq` is due, were nothing else to
+    /// change: the last checkpoint's time plus `every_ms`. `None` when nothing changed since
+    /// the last one, or while one is in flight (its answer touches the execution).
+    pub(super) fn interval_due(&self, seq: u64, every_ms: u64) -> Option<u64> {
+        (seq > self.seq && !self.in_flight).then_some(self.at_ms.saturating_add(every_ms))
     }
 
     /// Takes the callers waiting for the next checkpoint.
@@ -106,25 +106,27 @@ impl Coordinator {
             ))),
             Some(live) => {
                 live.checkpoint.waiting.push(reply);
-                self.unsettled.insert(id);
                 None
             }
         };
-        if let Some(err) = refusal {
-            self.reply_now(reply, Err(err));
+        match refusal {
+            Some(err) => self.reply_now(reply, Err(err)),
+            // The policy looks at it this turn.
+            None => self.wake(id),
         }
     }
 
     /// Returns the checkpoints that are due: on an interval while the state changes, once per
-    /// pause, and on demand.
+    /// pause, and on demand. Only the executions this turn touched are looked at: each of those
+    /// reasons touches the execution (`Coordinator::touched`).
     pub(super) fn checkpoints(&mut self, now: u64) -> Vec<CheckpointJob> {
         let mut jobs = Vec::new();
+        let touched = std::mem::take(&mut self.touched);
         if !self.config.checkpoint_store {
             return jobs;
         }
         let mut answers = Vec::new();
         let every_ms = self.config.checkpoint_every_ms;
-        let all = self.sweep_all();
         let mut consider = |id: ExecutionId, live: &mut super::live::Live| {
             let ckpt = &mut live.checkpoint;
             if ckpt.in_flight || !live.pending.is_empty() || !live.checkpoints_allowed {
@@ -156,15 +158,9 @@ impl Coordinator {
             }
             jobs.push(checkpoint_job(&mut self.ids, id, live, now));
         };
-        if all {
-            for (id, live) in &mut self.executions {
-                consider(*id, live);
-            }
-        } else {
-            for id in &self.unsettled {
-                if let Some(live) = self.executions.get_mut(id) {
-                    consider(*id, live);
-                }
+        for id in touched {
+            if let Some(live) = self.executions.get_mut(&id) {
+                consider(id, live);
             }
         }
         for (reply, answer) in answers {
@@ -206,6 +202,8 @@ impl Coordinator {
         for reply in waiting {
             self.reply_now(reply, stored.clone().map(Answer::Checkpoint));
         }
+        // The policy looks at it again: it may have changed, or paused, meanwhile.
+        self.wake(id);
     }
 }
 

@@ -96,7 +96,7 @@ impl Coordinator {
                             self.loading.entry(id).or_default();
                             effects.load.push(id);
                         }
-                        self.retire(live);
+                        self.retire(id, live);
                     }
                 }
                 Appended::Stopped => {
@@ -129,9 +129,11 @@ impl Coordinator {
             effects.load.push(id);
         }
         let mut dispatched = Vec::new();
-        for id in std::mem::take(&mut self.dirty) {
+        let touched = std::mem::take(&mut self.dirty);
+        for &id in &touched {
             self.effects_of(id, now, &mut effects, &mut dispatched);
         }
+        self.touched = touched;
         // `messages` asks once per lane for its queue's limit.
         effects.assignments =
             batching::messages(dispatched, |queue| self.workers.batch_limit(queue, now));
@@ -197,8 +199,6 @@ impl Coordinator {
             return;
         };
         live.dirty = false;
-        // Touched: the sweeps look at it again until it is finished and settled.
-        self.unsettled.insert(id);
         let run_number = live.machine.run_number();
         // The execution's tasks in flight, this turn's dispatches among them: while they are
         // at most FAST_LANE_SHARE, this turn's ride the fast lane.
@@ -284,6 +284,35 @@ impl Coordinator {
                 subject: subjects::progress(id),
                 payload: Bytes::from(progress.encode_to_vec()),
             });
+        }
+        // The clock touches it next when its last decision may change, when a progress
+        // snapshot held back may go out, or when its interval checkpoint is due; a finished one
+        // only an input touches.
+        let wake = if terminal {
+            None
+        } else {
+            let progress = live
+                .progress_due
+                .then_some(live.last_progress_ms + PROGRESS_EVERY_MS);
+            let checkpoint = (self.config.checkpoint_store && live.checkpoints_allowed)
+                .then(|| {
+                    live.checkpoint
+                        .interval_due(live.seq, self.config.checkpoint_every_ms)
+                })
+                .flatten();
+            [live.decided_wake, progress, checkpoint]
+                .into_iter()
+                .flatten()
+                .min()
+        };
+        if wake != live.wake_ms {
+            if let Some(at) = live.wake_ms {
+                self.timers.remove(&(at, id));
+            }
+            if let Some(at) = wake {
+                self.timers.insert((at, id));
+            }
+            live.wake_ms = wake;
         }
         let events = std::mem::take(&mut live.pending);
         if !events.is_empty() {

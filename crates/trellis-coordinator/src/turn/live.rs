@@ -76,6 +76,13 @@ pub(super) struct Live {
     pub(super) progress_due: bool,
     /// Touched this turn.
     pub(super) dirty: bool,
+    /// When the clock alone is next to touch it, as entered in the coordinator's timers
+    /// (`None`: not entered; only an input touches it).
+    pub(super) wake_ms: Option<u64>,
+    /// When its last decision is next to change with the clock alone: its machine's next
+    /// timer, or that decision's own time when it held something back for a reason outside the
+    /// execution (a fleet pause, a circuit breaker) or did not finish (decided again each tick).
+    pub(super) decided_wake: Option<u64>,
     /// The index entry must be written before the next append (a new execution or run).
     pub(super) index_put: bool,
     /// The index entry is written and the execution not yet finished.
@@ -141,6 +148,8 @@ impl Live {
             last_progress_ms: 0,
             progress_due: true,
             dirty: false,
+            wake_ms: None,
+            decided_wake: None,
             index_put: false,
             indexed: false,
             checkpoint: CheckpointState::default(),
@@ -270,6 +279,9 @@ impl Live {
         let window = if window == 0 { u32::MAX } else { window };
         // Taken over and the fence not stored yet: a former owner's message may still start.
         let unfenced = self.epoch > 0 && !self.fenced;
+        // Until it is known to have decided all it can, it is decided again at the next tick.
+        self.decided_wake = Some(now);
+        let mut held_back = false;
         for _ in 0..1_000 {
             let mut probing = BTreeSet::new();
             let namespace = &self.namespace;
@@ -283,9 +295,15 @@ impl Live {
             let commands = self
                 .machine
                 .decide_holding(now, room, &mut |queue, task_type| {
-                    pauses.holds(namespace, queue) || breakers.holds(queue, task_type, &mut probing)
+                    let held = pauses.holds(namespace, queue)
+                        || breakers.holds(queue, task_type, &mut probing);
+                    held_back |= held;
+                    held
                 });
             if commands.is_empty() {
+                if !held_back {
+                    self.decided_wake = self.machine.next_wake(now);
+                }
                 return;
             }
             for command in commands {

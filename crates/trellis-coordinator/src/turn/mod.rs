@@ -179,12 +179,14 @@ pub struct Coordinator {
     by_key: Map<(Arc<str>, String), ExecutionId>,
     /// Executions touched this turn, in the order they were first touched.
     dirty: Vec<ExecutionId>,
-    /// The executions the clock's tick and the checkpoint policy look at each turn: every one
-    /// not finished, and a finished one until its checkpoints are settled (none in flight or
-    /// asked for). A finished execution leaves at the next tick and comes back whenever it is
-    /// touched again, so those sweeps cost the running executions, not the finished ones kept
-    /// in memory for `keep_finished_ms`.
-    unsettled: BTreeSet<ExecutionId>,
+    /// The executions whose side effects the last turn worked out: the checkpoint policy looks
+    /// at these only. Whatever makes a checkpoint due touches the execution (a change, a
+    /// request, a checkpoint's answer, the interval's timer), so an execution nothing happens to
+    /// costs it nothing.
+    touched: Vec<ExecutionId>,
+    /// When the clock alone is next to touch an execution (`Live::wake_ms`), by time: a tick
+    /// touches the due ones only, not every execution in memory.
+    timers: BTreeSet<(u64, ExecutionId)>,
     /// Executions being loaded from the log, with the requests waiting for them.
     loading: Map<ExecutionId, Vec<Waiting>>,
     /// Requests that arrived while the shard they need was being recovered.
@@ -280,7 +282,8 @@ impl Coordinator {
             executions: Map::default(),
             by_key: Map::default(),
             dirty: Vec::new(),
-            unsettled: BTreeSet::new(),
+            touched: Vec::new(),
+            timers: BTreeSet::new(),
             loading: Map::default(),
             parked: Vec::new(),
             workers: workers::Registry::default(),
@@ -416,7 +419,7 @@ impl Coordinator {
             Input::Reserved(ids) => self.reserved(ids),
             Input::Tick => {
                 self.lapse_inherited(now);
-                self.tick_sweep();
+                self.tick_timers(now);
                 self.workers.sweep(now, &self.metrics);
                 if now >= self.last_forget_ms + FORGET_EVERY_MS {
                     self.last_forget_ms = now;
@@ -453,54 +456,41 @@ impl Coordinator {
         }
     }
 
-    /// Whether the sweeps walk every execution held in memory rather than the unsettled ones
-    /// by id: when most of them are unsettled, a walk of the map is the cheaper of the two.
-    fn sweep_all(&self) -> bool {
-        2 * self.unsettled.len() >= self.executions.len()
+    /// The tick's touches: the executions whose clock is due (a timeout, a retry's backoff, a
+    /// progress snapshot held back, a checkpoint's interval, something outside them holding
+    /// them back); no other.
+    fn tick_timers(&mut self, now: u64) {
+        while let Some(&(at, id)) = self.timers.first()
+            && at <= now
+        {
+            self.timers.pop_first();
+            // An entry of an execution that left memory, or was given another time, is stale.
+            if let Some(live) = self.executions.get_mut(&id)
+                && live.wake_ms == Some(at)
+            {
+                live.wake_ms = None;
+                self.wake(id);
+            }
+        }
     }
 
-    /// The tick's sweep: every unfinished execution is touched, so its timers are looked at,
-    /// and a finished one whose checkpoints are settled leaves `unsettled`.
-    fn tick_sweep(&mut self) {
-        // Touches an unfinished execution; returns whether a finished one is settled.
-        let tick = |id: ExecutionId, live: &mut Live, dirty: &mut Vec<ExecutionId>| {
-            if live.machine.state().is_terminal() {
-                return live.checkpoint.settle();
-            }
-            if !live.dirty {
-                live.dirty = true;
-                dirty.push(id);
-            }
-            false
-        };
-        if self.sweep_all() {
-            for (id, live) in &mut self.executions {
-                if tick(*id, live, &mut self.dirty) {
-                    self.unsettled.remove(id);
-                }
-            }
-            // What left memory leaves the set too.
-            if self.unsettled.len() > self.executions.len() {
-                self.unsettled.retain(|id| self.executions.contains_key(id));
-            }
-            return;
+    /// Touches an execution this turn without counting it as changed or asked about (which
+    /// would keep a finished one in memory longer): the clock's touch, or its checkpoint's.
+    fn wake(&mut self, id: ExecutionId) {
+        if let Some(live) = self.executions.get_mut(&id)
+            && !live.dirty
+        {
+            live.dirty = true;
+            self.dirty.push(id);
         }
-        self.unsettled.retain(|id| {
-            self.executions
-                .get_mut(id)
-                .is_some_and(|live| !tick(*id, live, &mut self.dirty))
-        });
     }
 
     /// Marks an execution touched this turn.
     fn mark(&mut self, id: ExecutionId) {
         if let Some(live) = self.executions.get_mut(&id) {
             live.touched_ms = self.now;
-            if !live.dirty {
-                live.dirty = true;
-                self.dirty.push(id);
-            }
         }
+        self.wake(id);
     }
 
     /// Drops the finished executions nobody touched for `keep_finished_ms` from memory, once
@@ -519,7 +509,7 @@ impl Coordinator {
         }
         for id in &gone {
             if let Some(live) = self.executions.remove(id) {
-                self.retire(live);
+                self.retire(*id, live);
             }
         }
         // A burst of executions leaves a table sized for it: give the room back.

@@ -109,7 +109,7 @@ impl Coordinator {
                         )),
                     );
                 }
-                self.retire(live);
+                self.retire(*id, live);
             }
             // What this turn did to them is not stored: no answer or acknowledgement may say so.
             self.refused.insert(*id);

@@ -597,4 +597,4 @@ mod built;
 mod observe;
 mod plan_cache;
 mod reserve;
-mod unsettled;
+mod timers;
