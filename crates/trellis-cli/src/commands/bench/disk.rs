@@ -15,6 +15,7 @@ use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use futures::StreamExt as _;
 use trellis_proto::subjects;
 
 /// Waits until the task and result work queues hold no message (every acknowledgement
@@ -34,6 +35,38 @@ pub(super) async fn settled(js: &async_nats::jetstream::Context, bound: Duration
             }
         }
     }
+}
+
+/// Waits until what earlier scenarios started is done, for at most `bound`: the work queues are
+/// empty ([`settled`]) and every durable consumer of the event log and of the task logs (the
+/// checkpoint-store's read model, its log index) has taken and acknowledged every message.
+/// Otherwise the read model catching up on a large execution's events runs beside the next
+/// scenario, and an idle one is not idle. Returns how long it waited.
+pub(super) async fn quiet(js: &async_nats::jetstream::Context, bound: Duration) -> Duration {
+    let start = tokio::time::Instant::now();
+    settled(js, bound).await;
+    let deadline = start + bound;
+    for name in [subjects::EVENTS_STREAM, subjects::LOGS_STREAM] {
+        let Ok(stream) = js.get_stream(name).await else {
+            continue;
+        };
+        while tokio::time::Instant::now() < deadline {
+            let busy = stream
+                .consumers()
+                .any(|info| async move {
+                    info.is_ok_and(|info| {
+                        info.config.durable_name.is_some()
+                            && (info.num_pending > 0 || info.num_ack_pending > 0)
+                    })
+                })
+                .await;
+            if !busy {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    start.elapsed()
 }
 
 /// The flush counter of the block device holding a directory.

@@ -198,6 +198,15 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
             _ => vec![500],
         };
         for n in sizes {
+            if let Some(js) = &js {
+                let waited = disk::quiet(js, SETTLE_BOUND).await;
+                if waited >= Duration::from_millis(100) {
+                    eprintln!(
+                        "bench: waited {:.1} s for earlier work to settle",
+                        waited.as_secs_f64()
+                    );
+                }
+            }
             eprintln!("bench: {scenario} n={n} ...");
             let flushes_before = flushes.as_ref().and_then(disk::Flushes::read);
             let turns_before = turns::Phases::read(&local.telemetry.registry);
