@@ -226,7 +226,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
                 "soak" => soak(&args, n).await,
                 "scale" => scale(&args, n).await,
                 "loaded" => loaded(client.clone(), n).await,
-                "parked" => parked(client.clone(), n).await,
+                "parked" => parked(client.clone(), js.as_ref(), n).await,
                 "floor" => floor(&local.nats_url, n).await,
                 _ => latency(client.clone(), n).await,
             };
