@@ -117,20 +117,22 @@ impl Coordinator {
     }
 
     /// Returns the checkpoints that are due: on an interval while the state changes, once per
-    /// pause, and on demand. Only the executions this turn touched are looked at: each of those
-    /// reasons touches the execution (`Coordinator::touched`).
-    pub(super) fn checkpoints(&mut self, now: u64) -> Vec<CheckpointJob> {
+    /// pause, and on demand. Only the executions the turn `touched` are looked at: each of those
+    /// reasons touches the execution (a change, a pause, a request, a checkpoint's answer, the
+    /// interval's timer), so an execution nothing happens to costs the policy nothing.
+    pub(super) fn checkpoints(&mut self, touched: &[ExecutionId], now: u64) -> Vec<CheckpointJob> {
         let mut jobs = Vec::new();
-        let touched = std::mem::take(&mut self.touched);
         if !self.config.checkpoint_store {
             return jobs;
         }
         let mut answers = Vec::new();
-        let every_ms = self.config.checkpoint_every_ms;
-        let mut consider = |id: ExecutionId, live: &mut super::live::Live| {
+        for &id in touched {
+            let Some(live) = self.executions.get_mut(&id) else {
+                continue;
+            };
             let ckpt = &mut live.checkpoint;
             if ckpt.in_flight || !live.pending.is_empty() || !live.checkpoints_allowed {
-                return;
+                continue;
             }
             let paused = live.machine.state() == ExecutionState::Paused;
             if !paused {
@@ -145,23 +147,20 @@ impl Coordinator {
                 for reply in ckpt.waiting.drain(..) {
                     answers.push((reply, Ok(Answer::Checkpoint(metadata.clone()))));
                 }
-                return;
+                continue;
             }
             let due = !ckpt.waiting.is_empty()
                 || (changed && paused && !ckpt.paused_done)
-                || (changed && !live.machine.state().is_terminal() && now >= ckpt.at_ms + every_ms);
+                || (changed
+                    && !live.machine.state().is_terminal()
+                    && now >= ckpt.at_ms + self.config.checkpoint_every_ms);
             if !due {
-                return;
+                continue;
             }
             if paused {
                 ckpt.paused_done = true;
             }
             jobs.push(checkpoint_job(&mut self.ids, id, live, now));
-        };
-        for id in touched {
-            if let Some(live) = self.executions.get_mut(&id) {
-                consider(id, live);
-            }
         }
         for (reply, answer) in answers {
             self.reply_after(reply, None, answer);

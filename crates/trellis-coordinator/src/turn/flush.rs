@@ -60,12 +60,12 @@ impl Coordinator {
     }
 
     /// Takes the appends' outcomes and returns the side effects they allow, the acks and the
-    /// answers.
+    /// answers, with the executions whose side effects were worked out (the turn's touched ones).
     pub(super) fn side_effects(
         &mut self,
         outcomes: Vec<(ExecutionId, Appended)>,
         now: u64,
-    ) -> Effects {
+    ) -> (Effects, Vec<ExecutionId>) {
         let mut effects = Effects::default();
         // Executions dropped this turn (a lost shard) did not store what they were given either.
         let mut refused = std::mem::take(&mut self.refused);
@@ -96,7 +96,7 @@ impl Coordinator {
                             self.loading.entry(id).or_default();
                             effects.load.push(id);
                         }
-                        self.retire(id, live);
+                        self.retire(live);
                     }
                 }
                 Appended::Stopped => {
@@ -133,7 +133,6 @@ impl Coordinator {
         for &id in &touched {
             self.effects_of(id, now, &mut effects, &mut dispatched);
         }
-        self.touched = touched;
         // `messages` asks once per lane for its queue's limit.
         effects.assignments =
             batching::messages(dispatched, |queue| self.workers.batch_limit(queue, now));
@@ -184,7 +183,7 @@ impl Coordinator {
         effects.load.append(&mut self.pending.load);
         effects.consume.append(&mut self.pending.consume);
         self.refused = refused;
-        effects
+        (effects, touched)
     }
 
     /// Adds the side effects of one touched execution whose events are stored.

@@ -179,11 +179,6 @@ pub struct Coordinator {
     by_key: Map<(Arc<str>, String), ExecutionId>,
     /// Executions touched this turn, in the order they were first touched.
     dirty: Vec<ExecutionId>,
-    /// The executions whose side effects the last turn worked out: the checkpoint policy looks
-    /// at these only. Whatever makes a checkpoint due touches the execution (a change, a
-    /// request, a checkpoint's answer, the interval's timer), so an execution nothing happens to
-    /// costs it nothing.
-    touched: Vec<ExecutionId>,
     /// When the clock alone is next to touch an execution (`Live::wake_ms`), by time: a tick
     /// touches the due ones only, not every execution in memory.
     timers: BTreeSet<(u64, ExecutionId)>,
@@ -282,7 +277,6 @@ impl Coordinator {
             executions: Map::default(),
             by_key: Map::default(),
             dirty: Vec::new(),
-            touched: Vec::new(),
             timers: BTreeSet::new(),
             loading: Map::default(),
             parked: Vec::new(),
@@ -341,7 +335,7 @@ impl Coordinator {
     /// Takes the outcome of each append of the last turn and returns what may happen now.
     pub fn appended(&mut self, outcomes: Vec<(ExecutionId, Appended)>, now: u64) -> Effects {
         self.now = now;
-        let mut effects = self.side_effects(outcomes, now);
+        let (mut effects, touched) = self.side_effects(outcomes, now);
         effects.handover = std::mem::take(&mut self.pending.handover);
         effects.retired = std::mem::take(&mut self.pending.retired);
         effects.breakers = std::mem::take(&mut self.pending.breakers);
@@ -349,7 +343,7 @@ impl Coordinator {
         effects
             .index_deletes
             .append(&mut self.pending.index_deletes);
-        effects.checkpoints = self.checkpoints(now);
+        effects.checkpoints = self.checkpoints(&touched, now);
         effects.replies = self.write_replies();
         self.metrics
             .executions_live
@@ -464,7 +458,8 @@ impl Coordinator {
             && at <= now
         {
             self.timers.pop_first();
-            // An entry of an execution that left memory, or was given another time, is stale.
+            // An execution that left memory leaves its entry behind (`retire` does not look for
+            // it): skipped here, as is one whose execution was loaded again since.
             if let Some(live) = self.executions.get_mut(&id)
                 && live.wake_ms == Some(at)
             {
@@ -509,7 +504,7 @@ impl Coordinator {
         }
         for id in &gone {
             if let Some(live) = self.executions.remove(id) {
-                self.retire(*id, live);
+                self.retire(live);
             }
         }
         // A burst of executions leaves a table sized for it: give the room back.

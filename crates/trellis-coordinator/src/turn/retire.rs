@@ -40,19 +40,16 @@ impl Coordinator {
     /// state goes through [`Coordinator::retire`].
     pub(super) fn unload(&mut self, id: ExecutionId) {
         if let Some(live) = self.executions.remove(&id) {
-            self.retire(id, live);
+            self.retire(live);
         }
         self.by_key.retain(|_, v| *v != id);
     }
 
-    /// Lets go of an execution's state (and its timer): dropped here if it is small, else handed out with the
+    /// Lets go of an execution's state: dropped here if it is small, else handed out with the
     /// turn's effects ([`super::Effects::retired`]). An execution counts as large from as many
     /// instances as a plan whose state is built off the loop (`Config::build_off_the_loop`;
     /// 0: none is).
-    pub(super) fn retire(&mut self, id: ExecutionId, live: Live) {
-        if let Some(at) = live.wake_ms {
-            self.timers.remove(&(at, id));
-        }
+    pub(super) fn retire(&mut self, live: Live) {
         let large = self.config.build_off_the_loop;
         if large > 0 && live.machine.n_instances() >= large {
             self.pending.retired.0.push(live);

@@ -109,7 +109,7 @@ impl Coordinator {
                         )),
                     );
                 }
-                self.retire(*id, live);
+                self.retire(live);
             }
             // What this turn did to them is not stored: no answer or acknowledgement may say so.
             self.refused.insert(*id);

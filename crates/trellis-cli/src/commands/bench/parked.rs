@@ -9,7 +9,7 @@ use serde_json::json;
 use tonic::transport::Channel;
 use trellis_proto::v1::{self, coordinator_client::CoordinatorClient};
 
-use super::{Fields, SETTLE_BOUND, disk, get, latency, start_plan};
+use super::{Fields, SETTLE_BOUND, disk, get, latency, round, start_plan};
 
 /// Executions left waiting on a question while the samples are taken.
 const PARKED: usize = 10_000;
@@ -62,9 +62,10 @@ pub(super) async fn parked(
     }
     let before = cpu_time();
     tokio::time::sleep(IDLE_FOR).await;
-    let idle_cpu = before
-        .zip(cpu_time())
-        .map(|(before, after)| after.saturating_sub(before).as_secs_f64() / IDLE_FOR.as_secs_f64());
+    let idle_cpu = before.zip(cpu_time()).map(|(before, after)| {
+        let used = after.saturating_sub(before);
+        used.as_secs_f64() / IDLE_FOR.as_secs_f64()
+    });
     let measured = latency(client.clone(), n).await;
     let cancelled = each(&client, ids, |mut client, id| async move {
         let request = v1::CancelExecutionRequest {
@@ -81,15 +82,9 @@ pub(super) async fn parked(
     let mut fields = measured?;
     cancelled?;
     fields.insert(0, ("parked", json!(PARKED)));
-    fields.insert(
-        1,
-        (
-            "parked_in_s",
-            json!(super::round(parked_in.as_secs_f64(), 1)),
-        ),
-    );
+    fields.insert(1, ("parked_in_s", json!(round(parked_in.as_secs_f64(), 1))));
     let idle_cpu_pct = idle_cpu.map_or(serde_json::Value::Null, |share| {
-        json!(super::round(share * 100.0, 1))
+        json!(round(share * 100.0, 1))
     });
     fields.insert(2, ("idle_cpu_pct", idle_cpu_pct));
     Ok(fields)
