@@ -187,6 +187,7 @@ impl Coordinator {
             let request = ObserveExecutionRequest {
                 execution_id: execution_id.to_owned(),
                 from_sequence: next_sequence,
+                progress_only: false,
             };
             let broken = match self.client.observe_execution(request).await {
                 Ok(response) => {

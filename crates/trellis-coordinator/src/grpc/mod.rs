@@ -508,13 +508,15 @@ impl Coordinator for CoordinatorService {
             Some(shard),
             move |principal, request: v1::ObserveExecutionRequest| {
                 Box::pin(async move {
-                    let from = request.from_sequence;
                     let (mut observation, live) = self
                         .executor
                         .observe(turn::Request::On {
                             id,
                             scope: principal.scope,
-                            action: Action::Observe { from },
+                            action: Action::Observe {
+                                from: request.from_sequence,
+                                progress_only: request.progress_only,
+                            },
                         })
                         .await
                         .map_err(status)?;

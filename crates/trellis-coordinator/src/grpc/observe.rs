@@ -52,6 +52,7 @@ pub(super) fn async_stream(
         history,
         terminal,
         progress,
+        progress_only,
         ..
     } = observation;
     let (from, batches) = history.into_batches();
@@ -62,10 +63,21 @@ pub(super) fn async_stream(
         batches,
         last_sent: 0,
         ready: std::collections::VecDeque::new(),
-        progress: progress.filter(|_| terminal),
+        progress: None,
+        progress_only,
         over: terminal,
     };
-    following.queue(older);
+    if progress_only {
+        following
+            .ready
+            .extend(progress.map(|progress| v1::ObserveExecutionResponse {
+                event: None,
+                progress: Some(progress),
+            }));
+    } else {
+        following.progress = progress.filter(|_| terminal);
+        following.queue(older);
+    }
     futures::stream::unfold(following, Following::next)
 }
 
@@ -85,6 +97,8 @@ struct Following {
     ready: std::collections::VecDeque<v1::ObserveExecutionResponse>,
     /// A finished execution's final progress, sent with the history's last event.
     progress: Option<v1::Progress>,
+    /// Progress alone: of each live batch, its snapshot without the events.
+    progress_only: bool,
     /// The execution ended, or the stream failed: once the history is sent, what is ready is
     /// the rest.
     over: bool,
@@ -135,6 +149,16 @@ impl Following {
                 return None;
             }
             match self.live.recv().await {
+                Ok(flushed) if self.progress_only => {
+                    // A batch carries its snapshot, if one went out with it, on its last item.
+                    let snapshot = flushed.items.last().and_then(|item| item.progress.clone());
+                    self.ready
+                        .extend(snapshot.map(|progress| v1::ObserveExecutionResponse {
+                            event: None,
+                            progress: Some(progress),
+                        }));
+                    self.over = flushed.terminal;
+                }
                 Ok(flushed) => {
                     for item in &flushed.items {
                         if item
@@ -151,6 +175,9 @@ impl Following {
                     }
                     self.over = flushed.terminal;
                 }
+                // Snapshots missed are older than the ones to come, and the end is the last
+                // batch sent: a progress-only observer loses nothing by going on.
+                Err(RecvError::Lagged(_)) if self.progress_only => {}
                 Err(RecvError::Lagged(n)) => {
                     self.over = true;
                     let message = format!(
@@ -227,7 +254,103 @@ mod tests {
                 sequence: last.unwrap_or(0),
                 ..Default::default()
             }),
+            progress_only: false,
         }
+    }
+
+    /// A progress-only observation of an execution at `sequence`, as the turn answers it.
+    fn progress_only(sequence: u64, terminal: bool) -> turn::Observation {
+        turn::Observation {
+            execution: ExecutionId(uuid::Uuid::nil()),
+            backfill: None,
+            history: turn::History::default(),
+            terminal,
+            progress: Some(snapshot(sequence, terminal)),
+            progress_only: true,
+        }
+    }
+
+    fn snapshot(sequence: u64, terminal: bool) -> v1::Progress {
+        let state = if terminal {
+            v1::ExecutionState::Completed
+        } else {
+            v1::ExecutionState::Running
+        };
+        v1::Progress {
+            state: state as i32,
+            sequence,
+            ..Default::default()
+        }
+    }
+
+    /// A live batch of these sequences whose last event carries a snapshot.
+    fn flushed_with_snapshot(sequences: &[u64], terminal: bool) -> Arc<Flushed> {
+        let mut items = flushed(sequences, terminal).items.clone();
+        if let Some(last) = items.last_mut() {
+            last.progress = Some(snapshot(
+                last.event.as_ref().map_or(0, |e| e.sequence),
+                terminal,
+            ));
+        }
+        Arc::new(Flushed { items, terminal })
+    }
+
+    /// Each item of a stream that ends without error: the sequence of its event (0: none) and
+    /// of its progress (0: none).
+    async fn items(
+        stream: impl Stream<Item = Result<v1::ObserveExecutionResponse, Status>>,
+    ) -> Vec<(u64, u64)> {
+        stream
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .map(|item| {
+                let item = item.expect("no error");
+                (
+                    item.event.map_or(0, |e| e.sequence),
+                    item.progress.map_or(0, |p| p.sequence),
+                )
+            })
+            .collect()
+    }
+
+    /// Progress only: the snapshot now, then the live batches' snapshots without their events
+    /// (a batch without one sends nothing), up to the end's.
+    #[tokio::test]
+    async fn a_progress_only_observer_gets_the_snapshots_alone() {
+        let (tx, rx) = broadcast::channel(8);
+        tx.send(flushed_with_snapshot(&[3, 4], false))
+            .expect("a receiver");
+        tx.send(flushed(&[5], false)).expect("a receiver");
+        tx.send(flushed_with_snapshot(&[6, 7], true))
+            .expect("a receiver");
+        tx.send(flushed_with_snapshot(&[8], false))
+            .expect("a receiver");
+        let sent = items(async_stream(progress_only(2, false), Vec::new(), rx)).await;
+        assert_eq!(sent, [(0, 2), (0, 4), (0, 7)]);
+    }
+
+    /// A finished execution observed for its progress is one item, its end.
+    #[tokio::test]
+    async fn a_finished_execution_s_progress_is_one_item() {
+        let (tx, rx) = broadcast::channel(8);
+        tx.send(flushed_with_snapshot(&[9], false))
+            .expect("a receiver");
+        let sent = items(async_stream(progress_only(8, true), Vec::new(), rx)).await;
+        assert_eq!(sent, [(0, 8)]);
+    }
+
+    /// A progress-only observer behind the channel goes on: what it missed is older than what
+    /// follows, and the end still comes.
+    #[tokio::test]
+    async fn a_progress_only_observer_behind_the_channel_goes_on_to_the_end() {
+        let (tx, rx) = broadcast::channel(1);
+        tx.send(flushed_with_snapshot(&[2], false))
+            .expect("a receiver");
+        tx.send(flushed_with_snapshot(&[3], true))
+            .expect("a receiver");
+        let sent = items(async_stream(progress_only(1, false), Vec::new(), rx)).await;
+        assert_eq!(sent, [(0, 1), (0, 3)]);
     }
 
     /// The observation of a log of one batch per sequence, from its start.

@@ -195,9 +195,11 @@ pub enum Action {
     },
     Get,
     Graph,
-    /// The log from sequence `from` on, then what follows live.
+    /// The log from sequence `from` on, then what follows live; with `progress_only`, no
+    /// events: the progress now, then the snapshots that follow.
     Observe {
         from: u64,
+        progress_only: bool,
     },
 }
 
@@ -259,8 +261,12 @@ pub struct Observation {
     pub terminal: bool,
     /// With `terminal`: the execution's final progress, which the stream sends with the history's
     /// last event, as a live stream sends it with the last batch; the caller learns how the
-    /// execution ended without asking again.
+    /// execution ended without asking again. With `progress_only`: the progress now, whatever
+    /// the state, unless the turn changed the execution and has yet to store it.
     pub progress: Option<v1::Progress>,
+    /// Progress alone: `history` and `backfill` are empty, and the stream sends `progress`,
+    /// then the live snapshots without their events.
+    pub progress_only: bool,
 }
 
 /// The events an observer starts from, as the execution's log holds them in memory: encoded

@@ -9,7 +9,7 @@ use trellis_core::machine::{Applied, Event, EventBody, ExecutionState, Ignored};
 use trellis_wire::read;
 
 use super::admission::Started;
-use super::{Action, Answer, Coordinator, Error, Observation, ReplyTo, Request, Waiting};
+use super::{Action, Answer, Coordinator, Error, History, Observation, ReplyTo, Request, Waiting};
 
 impl Coordinator {
     pub(super) fn request(&mut self, reply: ReplyTo, request: Request, now: u64) {
@@ -150,20 +150,34 @@ impl Coordinator {
                 self.reply_now(reply, answer);
                 return;
             }
-            Action::Observe { from } => {
+            Action::Observe {
+                from,
+                progress_only,
+            } => {
                 let answer = match self.executions.get(&id) {
                     None => Err(Error::not_found(id)),
                     Some(live) => {
-                        let from = from.max(1);
-                        let backfill = (from < live.log_base).then(|| (from, live.log_base - 1));
                         let terminal =
                             live.machine.state().is_terminal() && live.pending.is_empty();
+                        let from = from.max(1);
+                        let (backfill, history) = if progress_only {
+                            (None, History::default())
+                        } else {
+                            (
+                                (from < live.log_base).then(|| (from, live.log_base - 1)),
+                                live.history(from.max(live.log_base)),
+                            )
+                        };
                         Ok(Answer::Observation(Observation {
                             execution: id,
                             backfill,
-                            history: live.history(from.max(live.log_base)),
+                            history,
                             terminal,
-                            progress: terminal.then(|| live.progress(id, now)),
+                            // Not from events this turn has yet to store: a progress-only
+                            // observer then hears of them from their live batch.
+                            progress: (terminal || (progress_only && live.pending.is_empty()))
+                                .then(|| live.progress(id, now)),
+                            progress_only,
                         }))
                     }
                 };

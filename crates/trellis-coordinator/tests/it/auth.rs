@@ -200,6 +200,7 @@ async fn every_call(
                     .observe_execution(v1::ObserveExecutionRequest {
                         execution_id: id.clone(),
                         from_sequence: 1,
+                        progress_only: false,
                     })
                     .await
                     .map(drop),
@@ -261,6 +262,7 @@ async fn event_kinds(cluster: &mut Cluster, id: &str) -> Vec<&'static str> {
         .observe_execution(v1::ObserveExecutionRequest {
             execution_id: id.to_owned(),
             from_sequence: 1,
+            progress_only: false,
         })
         .await
         .expect("team-a observes its execution")

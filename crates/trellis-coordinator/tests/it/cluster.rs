@@ -254,6 +254,7 @@ impl Cluster {
             let request = v1::ObserveExecutionRequest {
                 execution_id: id.to_owned(),
                 from_sequence: 1,
+                progress_only: false,
             };
             let mut stream = self
                 .client

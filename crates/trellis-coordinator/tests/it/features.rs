@@ -241,6 +241,7 @@ async fn a_question_waits_for_a_human_and_the_answer_resumes_the_task() {
         .observe_execution(v1::ObserveExecutionRequest {
             execution_id: id.clone(),
             from_sequence: 1,
+            progress_only: false,
         });
     let mut stream = events.await.expect("observe").into_inner();
     let question_id = loop {

@@ -268,6 +268,7 @@ async fn follow(mut client: CoordinatorClient<Channel>, id: String) -> (Vec<u64>
         let request = v1::ObserveExecutionRequest {
             execution_id: id.clone(),
             from_sequence: from,
+            progress_only: false,
         };
         if let Ok(response) = client.observe_execution(request).await {
             let mut stream = response.into_inner();

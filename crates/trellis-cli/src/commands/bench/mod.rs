@@ -476,11 +476,13 @@ async fn start_plan(
         .map_err(|s| s.message().to_owned())
 }
 
-/// Follows the execution's event stream to its end and checks it completed.
+/// Follows the execution's progress to its end and checks it completed: its events are not
+/// needed, as a caller waiting for an end (`trellis submit --wait`) needs none.
 async fn wait_completed(mut client: CoordinatorClient<Channel>, id: String) -> Result<(), String> {
     let request = v1::ObserveExecutionRequest {
         execution_id: id.clone(),
         from_sequence: 1,
+        progress_only: true,
     };
     let mut stream = client
         .observe_execution(request)

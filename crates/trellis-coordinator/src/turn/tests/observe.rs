@@ -25,7 +25,10 @@ fn observe_from(
         request: Request::On {
             id,
             scope: Scope::All,
-            action: Action::Observe { from },
+            action: Action::Observe {
+                from,
+                progress_only: false,
+            },
         },
     };
     let writes = coordinator.turn(vec![input], now);
@@ -105,4 +108,61 @@ fn an_observation_from_a_later_sequence_starts_there() {
         .expect("the history decodes");
     let later: Vec<u64> = later.iter().map(|event| event.sequence).collect();
     assert_eq!(later, sequences[1..], "the same events, from the second on");
+}
+
+/// Observed for its progress alone, an execution's answer holds no history and its progress
+/// now, running or finished.
+#[test]
+fn a_progress_only_observation_is_the_progress_now() {
+    let mut coordinator = coordinator(0);
+    let (id, task) = one_task(&mut coordinator);
+    let observe = |coordinator: &mut Coordinator, now| {
+        let input = Input::Request {
+            reply: 9,
+            request: Request::On {
+                id,
+                scope: Scope::All,
+                action: Action::Observe {
+                    from: 1,
+                    progress_only: true,
+                },
+            },
+        };
+        match coordinator
+            .turn(vec![input], now)
+            .replies
+            .into_iter()
+            .next()
+        {
+            Some((9, Ok(Answer::Observation(observation)))) => observation,
+            other => panic!("an observation, not {other:?}"),
+        }
+    };
+
+    let running = observe(&mut coordinator, 4);
+    assert!(running.progress_only && !running.terminal);
+    assert_eq!(running.backfill, None);
+    assert_eq!(
+        running.history.events().expect("decodes").len(),
+        0,
+        "no history"
+    );
+    let progress = running.progress.expect("the progress now");
+    assert_eq!(progress.state, v1::ExecutionState::Running as i32);
+    assert_eq!(progress.done, 0);
+
+    turn(
+        &mut coordinator,
+        vec![Input::Results(vec![completed(&task, 5)])],
+        5,
+    );
+    let finished = observe(&mut coordinator, 6);
+    assert!(finished.terminal);
+    let progress = finished.progress.expect("the final progress");
+    assert_eq!(progress.state, v1::ExecutionState::Completed as i32);
+    assert_eq!(progress.done, 1, "its one task done");
+    assert!(
+        progress.sequence >= 3,
+        "after a start, a dispatch and an end"
+    );
 }
