@@ -19,6 +19,8 @@ impl Execution {
         if state.is_terminal() && !inst.state.is_terminal() {
             self.settled_units += 1;
         }
+        self.by_state.sub(inst.state, 1);
+        self.by_state.add(state, 1);
         inst.state = state;
         self.changed.0.push(idx);
         if state == TaskState::Queued {
@@ -119,6 +121,7 @@ impl Execution {
             validation: Vec::new(),
         });
         self.by_id.insert(id, idx);
+        self.by_state.add(TaskState::Pending, 1);
         idx
     }
 }

@@ -3,7 +3,7 @@
 
 use super::{
     AskedQuestion, Assignment, Execution, ExecutionState, GroupId, InstIdx, Instance, Next, Origin,
-    Progress, Question, SlotStatus, StateCounts, TaskInstanceId, TaskState, Work,
+    Progress, Question, SlotStatus, TaskInstanceId, TaskState, Work,
 };
 use crate::ids::{QuestionId, mix};
 use crate::plan::TaskIdx;
@@ -131,9 +131,16 @@ impl Execution {
 
     /// Returns a progress snapshot at `now_ms`.
     pub fn progress(&self, now_ms: u64) -> Progress {
-        let mut counts = StateCounts::default();
-        for idx in 0..self.instances.len() as InstIdx {
-            counts.add(self.display_state(idx), 1);
+        // Instances as their state holds them, but a queued one a conflicting task holds back,
+        // which shows as blocked (only queued instances are in the ready set).
+        let mut counts = self.by_state.clone();
+        if self.conflicts {
+            for (_, idx) in self.ready.iter() {
+                if self.display_state(idx) == TaskState::Blocked {
+                    counts.sub(TaskState::Queued, 1);
+                    counts.add(TaskState::Blocked, 1);
+                }
+            }
         }
         // Plan tasks without an instance: not reached yet (pending), decided out (a route, a
         // supersedes or duplicate_of relationship, a fallback not needed: settled ok, so done), or

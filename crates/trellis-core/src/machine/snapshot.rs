@@ -16,7 +16,7 @@ use thiserror::Error;
 
 use super::{
     Changed, Execution, ExecutionState, Group, Holds, InstIdx, Instance, Next, OpenQuestion,
-    Origin, ReadySet, Slot, Usage, Work,
+    Origin, ReadySet, Slot, StateCounts, Usage, Work,
 };
 use crate::ids::{ExecutionId, QuestionId};
 use crate::plan::Plan;
@@ -165,6 +165,11 @@ impl Execution {
             .enumerate()
             .map(|(idx, inst)| (inst.id, idx as InstIdx))
             .collect();
+        let mut by_state = StateCounts::default();
+        for inst in &owned.instances {
+            by_state.add(inst.state, 1);
+        }
+        let conflicts = plan.conflicts.iter().any(|c| !c.is_empty());
         let group_by_id = owned
             .groups
             .iter()
@@ -202,6 +207,8 @@ impl Execution {
             finish_due: owned.finish_due,
             budget_grants: owned.budget_grants,
             changed: Changed::default(),
+            by_state,
+            conflicts,
         })
     }
 }

@@ -255,6 +255,11 @@ impl StateCounts {
     pub(crate) fn add(&mut self, state: TaskState, n: u64) {
         self.0[state_index(state)] += n;
     }
+
+    pub(crate) fn sub(&mut self, state: TaskState, n: u64) {
+        let count = &mut self.0[state_index(state)];
+        *count = count.saturating_sub(n);
+    }
 }
 
 pub(crate) fn state_index(state: TaskState) -> usize {

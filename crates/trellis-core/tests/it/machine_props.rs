@@ -449,6 +449,21 @@ impl Harness {
                 "decisions changed with the clock though nothing is timed"
             ),
         }
+        // Progress counts the instances kept as their states change: as many in each state as
+        // counting them again (a restored copy counts them), and the queued ones a conflicting
+        // task holds back as blocked, as their records show them.
+        let restored = Execution::restore(Arc::clone(plan), &exec.snapshot());
+        assert!(restored.is_ok_and(|r| r == *exec), "restore diverged");
+        let counts = exec.progress(now).counts;
+        let records = exec.records();
+        let shown = |state| records[1..].iter().filter(|r| r.state == state).count() as u64;
+        for state in [TaskState::Queued, TaskState::Blocked] {
+            assert_eq!(
+                counts.get(state),
+                shown(state),
+                "{state:?} instances miscounted"
+            );
+        }
         // 3. at most one resumption per group, at any time.
         for (group, _, _, _) in exec.groups() {
             assert!(
