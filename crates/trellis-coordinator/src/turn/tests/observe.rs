@@ -20,15 +20,21 @@ fn observe_from(
     from: u64,
     now: u64,
 ) -> Observation {
+    let action = Action::Observe {
+        from,
+        progress_only: false,
+    };
+    answer(coordinator, id, action, now)
+}
+
+/// The observation the turn answers to `action` on execution `id`.
+fn answer(coordinator: &mut Coordinator, id: ExecutionId, action: Action, now: u64) -> Observation {
     let input = Input::Request {
         reply: 9,
         request: Request::On {
             id,
             scope: Scope::All,
-            action: Action::Observe {
-                from,
-                progress_only: false,
-            },
+            action,
         },
     };
     let writes = coordinator.turn(vec![input], now);
@@ -117,26 +123,11 @@ fn a_progress_only_observation_is_the_progress_now() {
     let mut coordinator = coordinator(0);
     let (id, task) = one_task(&mut coordinator);
     let observe = |coordinator: &mut Coordinator, now| {
-        let input = Input::Request {
-            reply: 9,
-            request: Request::On {
-                id,
-                scope: Scope::All,
-                action: Action::Observe {
-                    from: 1,
-                    progress_only: true,
-                },
-            },
+        let action = Action::Observe {
+            from: 1,
+            progress_only: true,
         };
-        match coordinator
-            .turn(vec![input], now)
-            .replies
-            .into_iter()
-            .next()
-        {
-            Some((9, Ok(Answer::Observation(observation)))) => observation,
-            other => panic!("an observation, not {other:?}"),
-        }
+        answer(coordinator, id, action, now)
     };
 
     let running = observe(&mut coordinator, 4);
