@@ -68,17 +68,20 @@ pub(super) fn async_stream(
         over: terminal,
     };
     if progress_only {
-        following
-            .ready
-            .extend(progress.map(|progress| v1::ObserveExecutionResponse {
-                event: None,
-                progress: Some(progress),
-            }));
+        following.ready.extend(progress.map(progress_item));
     } else {
         following.progress = progress.filter(|_| terminal);
         following.queue(older);
     }
     futures::stream::unfold(following, Following::next)
+}
+
+/// A progress-only observer's item: the snapshot, no event.
+fn progress_item(progress: v1::Progress) -> v1::ObserveExecutionResponse {
+    v1::ObserveExecutionResponse {
+        event: None,
+        progress: Some(progress),
+    }
 }
 
 /// What an observation has left to send: the history's batches not yet decoded, then the live
@@ -152,11 +155,7 @@ impl Following {
                 Ok(flushed) if self.progress_only => {
                     // A batch carries its snapshot, if one went out with it, on its last item.
                     let snapshot = flushed.items.last().and_then(|item| item.progress.clone());
-                    self.ready
-                        .extend(snapshot.map(|progress| v1::ObserveExecutionResponse {
-                            event: None,
-                            progress: Some(progress),
-                        }));
+                    self.ready.extend(snapshot.map(progress_item));
                     self.over = flushed.terminal;
                 }
                 Ok(flushed) => {

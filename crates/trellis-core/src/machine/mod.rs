@@ -255,8 +255,6 @@ pub struct Execution {
     /// Instances by state, kept with every change of one (`set_state`) and counted again on
     /// restore, so a progress snapshot is not a pass over every instance.
     by_state: StateCounts,
-    /// Some plan task conflicts with another: a queued instance may show as blocked.
-    conflicts: bool,
 }
 
 /// The hasher of the instance-id map. Instance ids are made by the machine (derived from the
@@ -324,7 +322,6 @@ impl Execution {
             budget_grants: 0,
             changed: Changed::default(),
             by_state: StateCounts::default(),
-            conflicts: plan.conflicts.iter().any(|c| !c.is_empty()),
         };
         let mut fallback_only = Vec::new();
         let mut roots = Vec::new();

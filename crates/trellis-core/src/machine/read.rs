@@ -133,8 +133,9 @@ impl Execution {
     pub fn progress(&self, now_ms: u64) -> Progress {
         // Instances as their state holds them, but a queued one a conflicting task holds back,
         // which shows as blocked (only queued instances are in the ready set).
+        let shape = self.plan.shape();
         let mut counts = self.by_state.clone();
-        if self.conflicts {
+        if shape.conflicts {
             for (_, idx) in self.ready.iter() {
                 if self.display_state(idx) == TaskState::Blocked {
                     counts.sub(TaskState::Queued, 1);
@@ -148,7 +149,6 @@ impl Execution {
         // 100%).
         let mut uninstantiated = 0u64;
         let mut decided_out = 0u64;
-        let shape = self.plan.shape();
         let mut wave = shape.waves;
         for (task_idx, slot) in self.slots.iter().enumerate() {
             if slot.head.is_none() {

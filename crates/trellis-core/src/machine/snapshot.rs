@@ -169,7 +169,6 @@ impl Execution {
         for inst in &owned.instances {
             by_state.add(inst.state, 1);
         }
-        let conflicts = plan.conflicts.iter().any(|c| !c.is_empty());
         let group_by_id = owned
             .groups
             .iter()
@@ -208,7 +207,6 @@ impl Execution {
             budget_grants: owned.budget_grants,
             changed: Changed::default(),
             by_state,
-            conflicts,
         })
     }
 }

@@ -57,6 +57,8 @@ pub struct Shape {
     pub waves: u32,
     /// The static subtask members of each parent task (`subtask_of`), in declaration order.
     pub static_members: HashMap<TaskIdx, Vec<TaskIdx>>,
+    /// Some task conflicts with another (`conflicts`): a queued instance may be held back.
+    pub conflicts: bool,
 }
 
 /// A plan's [`Shape`] once worked out. Equal to any other, and never encoded: it follows from
@@ -91,6 +93,7 @@ impl Plan {
                     .collect(),
                 waves: waves.waves.len() as u32,
                 static_members,
+                conflicts: self.conflicts.iter().any(|c| !c.is_empty()),
             }
         })
     }
