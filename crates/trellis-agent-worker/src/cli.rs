@@ -53,6 +53,12 @@ struct Args {
     /// transparently [default: 262144].
     #[arg(long, env = "TRELLIS_OUTPUT_INLINE_LIMIT", value_name = "BYTES")]
     output_inline_limit: Option<usize>,
+    /// Publish every final result to the results stream instead of first handing it to the
+    /// coordinator holding its shard (a core NATS request: one message where the stream takes a
+    /// stored write and its delivery). Either way a result counts only once its events are
+    /// stored; this changes the path, not what is kept.
+    #[arg(long)]
+    no_handoff: bool,
     /// Run no worker: ask the worker named by --worker-id (another process, e.g. this pod's own
     /// worker from a Kubernetes preStop hook) to drain, and return once it has exited. It takes
     /// no new task and finishes the running ones however long they take.
@@ -105,6 +111,7 @@ async fn main_async(args: Args) -> ExitCode {
         output_inline_limit: args
             .output_inline_limit
             .unwrap_or(defaults.output_inline_limit),
+        handoff: !args.no_handoff,
         telemetry: trellis_telemetry::Telemetry::new(),
     };
     if let Err(error) = config.validate() {

@@ -29,6 +29,11 @@ pub struct Config {
     /// `trellis_outputs` and reported by reference; a task whose output decides a `route:` keeps
     /// its output inline whatever its size.
     pub output_inline_limit: usize,
+    /// Hand final results to the coordinator holding their shard directly (a core NATS request
+    /// on `trellis.handoff.<shard>`) before the results stream: one message instead of a stored
+    /// write and its delivery. A hand-off the coordinator does not confirm stored goes to the
+    /// stream, so turning it off changes only the path, never what is stored.
+    pub handoff: bool,
     /// Metrics and readiness ("worker": ready while it consumes its queues).
     #[serde(skip)]
     pub telemetry: Telemetry,
@@ -53,6 +58,7 @@ impl Default for Config {
             shutdown_grace_ms: 10_000,
             max_deliveries: 10,
             output_inline_limit: trellis_bus::DEFAULT_INLINE_LIMIT,
+            handoff: true,
             telemetry: Telemetry::default(),
         }
     }

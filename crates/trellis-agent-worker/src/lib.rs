@@ -9,6 +9,9 @@
 //! configured shard the execution id hashes to) with `Nats-Msg-Id`
 //! `<instance>:<attempt>:<outcome>`, waits for JetStream to accept it, and only then
 //! acknowledges the task message. Results are published in batches whose acks are awaited together.
+//! A final result is first handed to the coordinator holding its shard (core NATS,
+//! `trellis.handoff.<shard>`; see `handoff`), which replies once its events are stored; the
+//! stream takes whatever it does not.
 //!
 //! Around the handlers:
 //! - Every `HEARTBEAT_INTERVAL` the worker publishes a [`v1::WorkerHeartbeat`] (running instances
@@ -40,6 +43,7 @@ mod fences;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
+mod handoff;
 mod intake;
 mod logs;
 mod metrics;

@@ -13,16 +13,17 @@ use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use async_nats::Subject;
 use async_nats::jetstream;
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::kv;
 use async_nats::jetstream::message::PublishMessage;
+use async_nats::{HeaderMap, Subject};
 use bytes::Bytes;
 use prost::Message as _;
 use trellis_proto::subjects;
 use trellis_proto::v1::{self, RecordedStep, RecordedSteps, TaskAssignment, task_result};
 
+use crate::handoff::Handoffs;
 use crate::sdk::{Outcome, Running, lock};
 use crate::steps;
 use crate::task_ack::{Settle, TaskAck};
@@ -40,6 +41,9 @@ const RETRY_MAX_DELAY: Duration = Duration::from_secs(2);
 /// A finished attempt waiting for its result to be published and its task message acknowledged.
 pub(crate) struct Finished {
     pub(crate) subject: Subject,
+    /// The shard it may be handed off to (see [`crate::handoff`]); `None` when it must go to the
+    /// stream: the attempt checkpointed steps there, which the coordinator must see first.
+    pub(crate) handoff: Option<u32>,
     pub(crate) msg_id: String,
     pub(crate) payload: Bytes,
     pub(crate) acker: TaskAck,
@@ -59,6 +63,8 @@ pub(crate) struct ResultSink {
     shard_subjects: Vec<Subject>,
     /// The bucket of recorded steps, by instance id.
     steps: kv::Store,
+    /// Hand-offs of final results to the coordinators; `None` when results go to the stream only.
+    handoffs: Option<Handoffs>,
 }
 
 impl ResultSink {
@@ -67,6 +73,7 @@ impl ResultSink {
         worker_id: String,
         n_shards: u32,
         steps: kv::Store,
+        handoffs: Option<Handoffs>,
     ) -> ResultSink {
         let shard_subjects = (0..n_shards.max(1))
             .map(|shard| Subject::from(subjects::results(shard)))
@@ -76,6 +83,7 @@ impl ResultSink {
             worker_id,
             shard_subjects,
             steps,
+            handoffs,
         }
     }
 
@@ -84,9 +92,10 @@ impl ResultSink {
         &self.js
     }
 
-    /// Returns the subject of an assignment's results: `trellis.results.<results_shard>` when the
-    /// coordinator names the shard, otherwise the configured shard the execution id hashes to.
-    pub(crate) fn subject(&self, assignment: &TaskAssignment) -> Subject {
+    /// Returns the shard of an assignment's results and their subject,
+    /// `trellis.results.<shard>`: the shard the coordinator names, otherwise the configured shard
+    /// the execution id hashes to.
+    pub(crate) fn subject(&self, assignment: &TaskAssignment) -> (u32, Subject) {
         let shard = match assignment.results_shard {
             Some(shard) => shard,
             None => {
@@ -95,10 +104,16 @@ impl ResultSink {
                 subjects::shard_of(&assignment.execution_id, n_shards)
             }
         };
-        match self.shard_subjects.get(shard as usize) {
+        let subject = match self.shard_subjects.get(shard as usize) {
             Some(subject) => subject.clone(),
             None => Subject::from(subjects::results(shard)),
-        }
+        };
+        (shard, subject)
+    }
+
+    /// The hand-offs of final results to coordinators, when the worker makes them.
+    pub(crate) fn handoffs(&self) -> Option<&Handoffs> {
+        self.handoffs.as_ref()
     }
 
     /// Returns the subject, `Nats-Msg-Id` and encoded `TaskResult` of a final outcome.
@@ -323,25 +338,37 @@ pub(crate) fn message(
     batch: Option<usize>,
     payload: &Bytes,
 ) -> Result<PublishMessage, String> {
+    Ok(PublishMessage::build()
+        .payload(payload.clone())
+        .headers(headers(msg_id, traceparent, batch)?))
+}
+
+/// The headers of a results message (see [`message`]); a hand-off carries the same.
+pub(crate) fn headers(
+    msg_id: &str,
+    traceparent: Option<&str>,
+    batch: Option<usize>,
+) -> Result<HeaderMap, String> {
     let header = |name: &str, value: &str| {
         value
             .parse::<async_nats::HeaderValue>()
             .map_err(|error| format!("{name} {value:?} cannot be a header: {error}"))
     };
-    let mut publish = PublishMessage::build().payload(payload.clone());
+    let mut headers = HeaderMap::new();
     if let Some(n) = batch {
-        publish = publish.header(subjects::RESULT_BATCH_HEADER, n.to_string().as_str());
+        headers.insert(subjects::RESULT_BATCH_HEADER, n.to_string().as_str());
     }
     if let Some(traceparent) = traceparent {
-        publish = publish.header(
+        headers.insert(
             subjects::TRACEPARENT_HEADER,
             header(subjects::TRACEPARENT_HEADER, traceparent)?,
         );
     }
-    Ok(publish.header(
+    headers.insert(
         async_nats::header::NATS_MESSAGE_ID,
         header(subjects::MSG_ID_HEADER, msg_id)?,
-    ))
+    );
+    Ok(headers)
 }
 
 /// Returns false for a publish error that another try cannot fix.

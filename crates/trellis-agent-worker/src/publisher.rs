@@ -1,12 +1,14 @@
 //! The publisher of final results: it sends whatever has piled up (up to [`PUBLISH_BATCH`])
 //! while the sends before it are stored, the results for one shard in one `TaskResultBatch`
 //! message (group commit), then awaits the publish acks together and only then acknowledges the
-//! task messages. A send that fails is sent again whole, under the same `Nats-Msg-Id`.
+//! task messages. A send that fails is sent again whole, under the same `Nats-Msg-Id`. A message
+//! whose results may be handed off goes to the coordinator of its shard first
+//! ([`crate::handoff`]) and to the stream only when the coordinator does not take it.
 
-use async_nats::Subject;
 use async_nats::jetstream;
 use async_nats::jetstream::context::PublishError;
 use async_nats::jetstream::message::PublishMessage;
+use async_nats::{HeaderMap, Subject};
 use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -15,8 +17,10 @@ use trellis_proto::subjects::BATCH_BYTES;
 use trellis_proto::{results, subjects, v1};
 use trellis_telemetry::hops;
 
+use crate::handoff::Handed;
 use crate::publish::{
-    Backoff, Finished, ResultSink, STORE_RETRY_BOUND, is_transient, message, nak, publish_once,
+    Backoff, Finished, ResultSink, STORE_RETRY_BOUND, headers, is_transient, message, nak,
+    publish_once,
 };
 use crate::task_ack::Settle;
 
@@ -39,6 +43,12 @@ const SENDS_IN_FLIGHT: usize = 1;
 /// [`batches`]) when several wait together, a result alone otherwise. Then it awaits the
 /// messages' publish acks together, beside the loop, and only then acknowledges their task
 /// messages.
+///
+/// A hand-off holds the send until the coordinator answers, as a publish does until it is
+/// stored, so what finishes meanwhile goes in the next message (under load about one per
+/// coordinator turn). Sent at once instead, each result in its own hand-off, `throughput`
+/// measured 37,992–39,983 against 48,722–49,446 tasks/s, and `loaded`'s p99 19–20 ms against
+/// 11–12.5 ms.
 pub(crate) async fn publisher(
     sink: std::sync::Arc<ResultSink>,
     mut finished_rx: mpsc::Receiver<Finished>,
@@ -90,29 +100,39 @@ pub(crate) async fn publisher(
                     continue;
                 }
             };
+            if let Some(shard) = outgoing.handoff()
+                && sink.handoffs().is_some_and(|handoffs| handoffs.open(shard))
+            {
+                pending.push(Sending::Handoff(shard, outgoing));
+                continue;
+            }
             let sent = sink
                 .js()
                 .send_publish(outgoing.subject().clone(), publish)
                 .await;
-            pending.push((sent, outgoing));
+            pending.push(Sending::Stream(sent, outgoing));
         }
-        let sink = sink.clone();
-        let abandon = abandon.clone();
-        ack_tasks.spawn(async move {
-            let acks = futures::future::join_all(
-                pending
-                    .into_iter()
-                    .map(|(sent, outgoing)| settle(&sink, sent, outgoing)),
-            );
-            tokio::select! {
-                _ = abandon.cancelled() => {}
-                _ = acks => {}
-            }
-            drop(permit);
-        });
+        ack_tasks.spawn(deliver_all(sink.clone(), pending, abandon.clone(), permit));
     }
     ack_tasks.close();
     ack_tasks.wait().await;
+}
+
+/// Sees messages of results through together (see [`deliver`]), then frees the send's `permit`;
+/// stops at once when `abandon` fires.
+async fn deliver_all(
+    sink: std::sync::Arc<ResultSink>,
+    sending: Vec<Sending>,
+    abandon: CancellationToken,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) {
+    let acks =
+        futures::future::join_all(sending.into_iter().map(|sending| deliver(&sink, sending)));
+    tokio::select! {
+        _ = abandon.cancelled() => {}
+        _ = acks => {}
+    }
+    drop(permit);
 }
 
 /// One message of results on its way: a result alone, or several for one shard in a batch.
@@ -167,6 +187,21 @@ impl Outgoing {
         }
     }
 
+    /// The shard its results may be handed off to: every one of them may be.
+    fn handoff(&self) -> Option<u32> {
+        let mut shards = self.finished().iter().map(|finished| finished.handoff);
+        let first = shards.next().flatten()?;
+        shards.all(|shard| shard == Some(first)).then_some(first)
+    }
+
+    /// Its payload: the result alone, or the encoded batch.
+    fn payload(&self) -> &Bytes {
+        match self {
+            Outgoing::Lone(finished) => &finished.payload,
+            Outgoing::Batch { payload, .. } => payload,
+        }
+    }
+
     fn msg_id(&self) -> &str {
         match self {
             Outgoing::Lone(finished) => &finished.msg_id,
@@ -205,6 +240,62 @@ impl Outgoing {
             } => message(msg_id, None, Some(finished.len()), payload),
         }
     }
+
+    /// The headers of its message (see [`Outgoing::message`]).
+    fn headers(&self) -> Result<HeaderMap, String> {
+        match self {
+            Outgoing::Lone(finished) => {
+                headers(&finished.msg_id, finished.traceparent.as_deref(), None)
+            }
+            Outgoing::Batch {
+                msg_id, finished, ..
+            } => headers(msg_id, None, Some(finished.len())),
+        }
+    }
+}
+
+/// A message of results on its way: published to the results stream, or being handed off to
+/// the coordinator of its shard.
+enum Sending {
+    Stream(
+        Result<jetstream::context::PublishAckFuture, PublishError>,
+        Outgoing,
+    ),
+    Handoff(u32, Outgoing),
+}
+
+/// Sees a message of results through: a hand-off the coordinator is done with settles its task
+/// messages as stored; one it did not take is published to the stream, as is every other.
+async fn deliver(sink: &ResultSink, sending: Sending) {
+    let (sent, outgoing) = match sending {
+        Sending::Stream(sent, outgoing) => (sent, outgoing),
+        Sending::Handoff(shard, outgoing) => {
+            let handed = match (sink.handoffs(), outgoing.headers()) {
+                (Some(handoffs), Ok(headers)) => {
+                    handoffs
+                        .hand_off(shard, headers, outgoing.payload().clone())
+                        .await
+                }
+                _ => Handed::Publish,
+            };
+            if handed == Handed::Done {
+                return settle_tasks(sink, &Ok(()), outgoing).await;
+            }
+            let sent = match outgoing.message() {
+                Ok(publish) => {
+                    sink.js()
+                        .send_publish(outgoing.subject().clone(), publish)
+                        .await
+                }
+                Err(error) => Err(PublishError::with_source(
+                    jetstream::context::PublishErrorKind::Other,
+                    error,
+                )),
+            };
+            (sent, outgoing)
+        }
+    };
+    settle(sink, sent, outgoing).await;
 }
 
 /// Groups finished attempts into the messages that carry their results (see [`chunks`]); a
@@ -289,8 +380,12 @@ async fn settle(
             }
         }
     };
-    let stored = &stored;
-    // The task messages of a batch, and their steps entries, are settled together.
+    settle_tasks(sink, &stored, outgoing).await;
+}
+
+/// Acknowledges the task messages of a message of results once it is stored (with their steps
+/// entries, together), or hands them back when it cannot be.
+async fn settle_tasks(sink: &ResultSink, stored: &Result<(), PublishError>, outgoing: Outgoing) {
     futures::future::join_all(outgoing.into_finished().into_iter().map(|finished| async move {
         match stored {
             Ok(()) => {

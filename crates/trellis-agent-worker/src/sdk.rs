@@ -254,6 +254,8 @@ pub(crate) struct Running {
     pub(crate) progress_subject: Option<async_nats::Subject>,
     /// Where this attempt's results go, `trellis.results.<shard>`.
     pub(crate) results_subject: async_nats::Subject,
+    /// That `<shard>`, which its final result may be handed off to instead.
+    pub(crate) results_shard: u32,
     /// Set once the steps bucket may hold an entry for the instance (this attempt read or wrote
     /// one), so that only such attempts delete it when they end.
     pub(crate) steps_stored: AtomicBool,
@@ -271,7 +273,7 @@ impl Running {
         assignment: &TaskAssignment,
         started_at_unix_ms: i64,
         progress_subject: Option<async_nats::Subject>,
-        results_subject: async_nats::Subject,
+        (results_shard, results_subject): (u32, async_nats::Subject),
         traceparent: Option<String>,
     ) -> Running {
         Running {
@@ -289,6 +291,7 @@ impl Running {
             usage: Mutex::new(v1::Usage::default()),
             progress_subject,
             results_subject,
+            results_shard,
             steps_stored: AtomicBool::new(false),
             log: AttemptLog::default(),
             validation: Mutex::new(Vec::new()),

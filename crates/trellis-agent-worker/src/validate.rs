@@ -351,7 +351,7 @@ mod tests {
             attempt: 1,
             ..Default::default()
         };
-        Running::new(&assignment, 0, None, "results".into(), None)
+        Running::new(&assignment, 0, None, (0, "results".into()), None)
     }
 
     fn command(name: &str, level: v1::CheckLevel, script: &str, timeout_ms: u64) -> v1::Check {

@@ -21,6 +21,7 @@ use tracing::Instrument as _;
 use trellis_telemetry::{hops, propagation};
 
 use crate::fences::Fences;
+use crate::handoff::Handoffs;
 use crate::intake::{SetAside, accept_assignment};
 use crate::logs::LogPublisher;
 use crate::metrics::Metrics;
@@ -129,6 +130,9 @@ pub(crate) async fn run(
             worker_id.clone(),
             config.shards,
             steps,
+            config
+                .handoff
+                .then(|| Handoffs::new(client.clone(), config.shards)),
         )),
         running: Mutex::new(HashMap::new()),
         slots: Arc::new(Semaphore::new(config.slots)),
@@ -151,7 +155,8 @@ pub(crate) async fn run(
 
     // Each lane's results have a publisher of their own: a fast-lane task's result goes out as
     // soon as it is ready, not after the publish ack of a large execution's results sent just
-    // before it (a send waits for the last one's ack, so results pile up and share a message).
+    // before it (a send waits for the last one's ack, or the answer to its hand-off, so
+    // results pile up and share a message).
     let spawn_publisher = |finished_rx| {
         tokio::spawn(publisher::publisher(
             worker.sink.clone(),
@@ -363,7 +368,7 @@ impl Worker {
         }
         hops::mark_any("worker.received", traced(&assignment));
         let handler = self.registry.get(&assignment.task_type).cloned();
-        let results_subject = self.sink.subject(&assignment);
+        let results = self.sink.subject(&assignment);
         // The run is a child of the coordinator's dispatch span; its results carry the run's
         // context on, so dispatch → run → result is one line of the execution's trace.
         let span = if propagation::enabled() {
@@ -387,7 +392,7 @@ impl Worker {
             &assignment,
             now_unix_ms(),
             progress_subject,
-            results_subject,
+            results,
             traceparent,
         ));
         let labels = [
@@ -450,9 +455,14 @@ impl Worker {
                     let forget_steps = (running.steps_stored.load(Ordering::Relaxed)
                         && !matches!(outcome, Outcome::Failed { .. } | Outcome::Lost { .. }))
                     .then(|| running.task_instance_id.clone());
+                    // Step checkpoints went to the stream; the outcome follows them there, so the
+                    // coordinator never sees it first.
+                    let handoff = (!running.steps_stored.load(Ordering::Relaxed))
+                        .then_some(running.results_shard);
                     let (subject, msg_id, payload) = worker.sink.encode(&running, outcome);
                     let finished = Finished {
                         subject,
+                        handoff,
                         msg_id,
                         payload,
                         acker,

@@ -28,6 +28,18 @@ pub const FENCES_BUCKET: &str = "trellis_fences";
 pub const TASKS_PREFIX: &str = "trellis.tasks";
 /// Prefix of result subjects; a shard's subject is `trellis.results.<shard>`.
 pub const RESULTS_PREFIX: &str = "trellis.results";
+/// Prefix of the subjects a worker hands a shard's final results to its coordinator on directly
+/// (core NATS request): `trellis.handoff.<shard>`. Outside [`RESULTS_WILDCARD`], so no stream
+/// stores them.
+pub const HANDOFF_PREFIX: &str = "trellis.handoff";
+/// Queue group the coordinators hear hand-offs in: one of them takes each.
+pub const HANDOFF_QUEUE_GROUP: &str = "coordinators";
+/// A coordinator's reply to a hand-off whose results it is done with: their events are stored
+/// (or the results were set aside). Any other reply, or none, leaves them to the worker, which
+/// publishes them to `trellis.results.<shard>` instead.
+pub const HANDOFF_DONE: &[u8] = b"done";
+/// A coordinator's reply to a hand-off it did not store: publish the results to the stream.
+pub const HANDOFF_PUBLISH: &[u8] = b"publish";
 /// Prefix of event subjects; an execution's subject is `trellis.events.<execution_id>`.
 pub const EVENTS_PREFIX: &str = "trellis.events";
 /// Prefix of log subjects; an instance's lines go to `trellis.logs.<execution_id>.<instance_id>`.
@@ -94,6 +106,12 @@ pub fn fast_tasks(queue: &str) -> String {
 /// `trellis.results.<shard>`.
 pub fn results(shard: u32) -> String {
     format!("{RESULTS_PREFIX}.{shard}")
+}
+
+/// Returns the subject a worker hands final results for coordinator shard `shard` over on,
+/// bypassing the results stream: `trellis.handoff.<shard>`.
+pub fn handoff(shard: u32) -> String {
+    format!("{HANDOFF_PREFIX}.{shard}")
 }
 
 /// Returns the subject of an execution's event log: `trellis.events.<execution_id>`.
@@ -199,6 +217,7 @@ mod tests {
     fn subjects_follow_design() {
         check(tasks("shell"), "trellis.tasks.shell");
         check(results(3), "trellis.results.3");
+        check(handoff(3), "trellis.handoff.3");
         check(
             events(EXECUTION_ID),
             "trellis.events.01968f3e-7b2a-7c4d-9e1f-0a1b2c3d4e5f",

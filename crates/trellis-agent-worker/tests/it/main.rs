@@ -3,6 +3,7 @@
 
 mod builtins;
 mod delivery;
+mod handoff;
 mod hostile;
 mod outputs;
 mod restart;

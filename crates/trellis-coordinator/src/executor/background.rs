@@ -15,6 +15,7 @@ use trellis_proto::subjects;
 use trellis_telemetry::{hops, propagation};
 
 use super::append::{MAX_BACKOFF, put_index_entries, retry_until};
+use super::intake::Taken;
 use super::{Executor, Inbound};
 use crate::checkpoints::StoreClient;
 use crate::recovery;
@@ -194,12 +195,19 @@ impl Executor {
         tracing::info!(checkpoints = n, failed, "handover checkpoints stored");
     }
 
-    /// Starts consuming a shard's results.
+    /// Starts consuming a shard's results: its results stream, and the results workers hand
+    /// off directly.
     pub(super) fn spawn_consumer(&mut self, shard: u32) {
         let token = self.shutdown.child_token();
         if let Some(old) = self.consumers.insert(shard, token.clone()) {
             old.cancel();
         }
+        tokio::spawn(receive_handoffs(
+            self.nats.clone(),
+            shard,
+            self.tx.clone(),
+            token.clone(),
+        ));
         tokio::spawn(consume_results(
             self.streams.results.clone(),
             shard,
@@ -282,6 +290,7 @@ async fn consume_results(
             while let Some(item) = next.take() {
                 match item {
                     Ok(message) => {
+                        let message = Taken::Stream(message);
                         n_results += super::intake::batch_len(&message).unwrap_or(1);
                         batch.push(message);
                     }
@@ -312,6 +321,68 @@ async fn consume_results(
 
 /// Most results handed to the executor at once (a turn takes several such handfuls at most).
 const MAX_RESULTS_TAKEN: usize = 2000;
+
+/// Hands the results workers hand off for `shard` (core NATS requests on
+/// `trellis.handoff.<shard>`, in the coordinators' queue group) to the executor, until `stop`.
+///
+/// A hand-off skips the results stream: one message from the worker instead of a stored write,
+/// its consumer's delivery and its ack. The worker keeps the results, and its task messages
+/// unacknowledged, until the reply says their events are stored; without that reply (this
+/// coordinator lost the shard, stopped or crashed, or the subscription's buffer overflowed) it
+/// publishes them to the stream, so nothing depends on the hand-off arriving. Stopping
+/// unsubscribes: hand-offs then find no responder and go to the stream at once.
+async fn receive_handoffs(
+    nats: async_nats::Client,
+    shard: u32,
+    tx: mpsc::Sender<Inbound>,
+    stop: CancellationToken,
+) {
+    let subject = subjects::handoff(shard);
+    let mut backoff = Duration::from_millis(50);
+    let mut subscription = loop {
+        match nats
+            .queue_subscribe(subject.clone(), subjects::HANDOFF_QUEUE_GROUP.to_owned())
+            .await
+        {
+            Ok(subscription) => break subscription,
+            Err(err) => {
+                tracing::warn!(shard, %err, "cannot hear result hand-offs; retrying");
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    };
+    loop {
+        let first = tokio::select! {
+            () = stop.cancelled() => return,
+            next = subscription.next() => next,
+        };
+        let Some(first) = first else { return };
+        let mut batch = Vec::with_capacity(64);
+        let mut n_results = 0;
+        let mut next = Some(first);
+        // Take whatever else is already buffered, without waiting, up to a turn's worth.
+        while let Some(message) = next.take() {
+            let message = Taken::Handoff(message);
+            n_results += super::intake::batch_len(&message).unwrap_or(1);
+            batch.push(message);
+            if n_results >= MAX_RESULTS_TAKEN {
+                break;
+            }
+            next = futures::FutureExt::now_or_never(subscription.next()).flatten();
+        }
+        hops::mark_any(
+            "coordinator.consumed",
+            batch.iter().flat_map(super::intake::message_executions),
+        );
+        if tx.send(Inbound::Results(batch)).await.is_err() {
+            return;
+        }
+    }
+}
 
 /// Hands worker heartbeats (core NATS) to the executor until `stop`.
 pub(crate) async fn receive_heartbeats(

@@ -1,9 +1,12 @@
 //! What reaches the executor's loop becomes the turn's inputs: requests are numbered for their
-//! answer, consumed result messages are unpacked into one delivery per result (a message marked
-//! a batch that does not decode is set aside), and a turn holding requests beside many results
-//! is split so the requests go first ([`requests_ahead`]).
+//! answer, result messages taken in (from a results stream or handed off by a worker) are
+//! unpacked into one delivery per result (a message marked a batch that does not decode is set
+//! aside), and a turn holding requests beside many results is split so the requests go first
+//! ([`requests_ahead`]).
 
-use async_nats::jetstream;
+use std::time::Duration;
+
+use async_nats::{HeaderMap, jetstream};
 use bytes::Bytes;
 use trellis_proto::{results, subjects};
 use trellis_telemetry::{hops, propagation};
@@ -50,10 +53,10 @@ impl Executor {
     /// Takes one consumed result message: a result alone, or a batch of them, each a delivery of
     /// its own. A message marked a batch that does not decode can never be applied: it is logged
     /// and terminated.
-    fn deliver(&mut self, message: jetstream::Message, deliveries: &mut Vec<Delivery>) {
+    fn deliver(&mut self, message: Taken, deliveries: &mut Vec<Delivery>) {
         if batch_len(&message).is_none() {
-            let span = result_span(|| propagation::extract_nats(message.headers.as_ref()));
-            let payload = message.payload.clone();
+            let span = result_span(|| propagation::extract_nats(message.headers()));
+            let payload = message.payload().clone();
             let token = self.consumed.take(message, 1).start;
             deliveries.push(Delivery {
                 token,
@@ -62,10 +65,12 @@ impl Executor {
             });
             return;
         }
-        let entries = match results::unpack_batch(&message.payload) {
+        let entries = match results::unpack_batch(message.payload()) {
             Ok(entries) if !entries.is_empty() => entries,
-            Ok(_) => return terminate(message, "a result batch with no results".to_owned()),
-            Err(error) => return terminate(message, format!("not a TaskResultBatch: {error}")),
+            Ok(_) => return self.terminate(message, "a result batch with no results".to_owned()),
+            Err(error) => {
+                return self.terminate(message, format!("not a TaskResultBatch: {error}"));
+            }
         };
         let tokens = self.consumed.take(message, entries.len());
         for (token, entry) in tokens.zip(entries) {
@@ -76,6 +81,87 @@ impl Executor {
                 span,
             });
         }
+    }
+
+    /// Sets aside a result message that can never be applied: JetStream will not deliver it
+    /// again, and a worker that handed it off is told the coordinator is done with it.
+    fn terminate(&self, message: Taken, why: String) {
+        tracing::warn!(subject = %message.subject(), %why, "result message set aside");
+        let nats = self.nats.clone();
+        tokio::spawn(async move {
+            match message {
+                Taken::Stream(message) => {
+                    let _ = message.ack_with(jetstream::AckKind::Term).await;
+                }
+                Taken::Handoff(message) => reply(&nats, &message, subjects::HANDOFF_DONE).await,
+            }
+        });
+    }
+}
+
+/// A message of results taken in: from a shard's results stream (acknowledged to JetStream), or
+/// handed off by a worker over core NATS (answered: [`subjects::HANDOFF_DONE`] once its results'
+/// events are stored, [`subjects::HANDOFF_PUBLISH`] to have the worker publish it to the stream
+/// instead).
+// Each lives only until its results are settled; boxing the stream's message would allocate per
+// message taken.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub(crate) enum Taken {
+    Stream(jetstream::Message),
+    Handoff(async_nats::Message),
+}
+
+impl Taken {
+    fn headers(&self) -> Option<&HeaderMap> {
+        match self {
+            Taken::Stream(message) => message.headers.as_ref(),
+            Taken::Handoff(message) => message.headers.as_ref(),
+        }
+    }
+
+    fn payload(&self) -> &Bytes {
+        match self {
+            Taken::Stream(message) => &message.payload,
+            Taken::Handoff(message) => &message.payload,
+        }
+    }
+
+    fn subject(&self) -> &str {
+        match self {
+            Taken::Stream(message) => &message.subject,
+            Taken::Handoff(message) => &message.subject,
+        }
+    }
+
+    /// Acknowledges the message as the turn settled its results: done with, or to be delivered
+    /// again after `later` (a hand-off goes to the stream at once, whose consumer waits).
+    pub(super) async fn settle(&self, nats: &async_nats::Client, later: Option<Duration>) {
+        match (self, later) {
+            (Taken::Stream(message), None) => {
+                let _ = message.ack().await;
+            }
+            (Taken::Stream(message), Some(delay)) => {
+                let _ = message.ack_with(jetstream::AckKind::Nak(Some(delay))).await;
+            }
+            (Taken::Handoff(message), None) => {
+                reply(nats, message, subjects::HANDOFF_DONE).await;
+            }
+            (Taken::Handoff(message), Some(_)) => {
+                reply(nats, message, subjects::HANDOFF_PUBLISH).await;
+            }
+        }
+    }
+}
+
+/// Answers a hand-off. A reply that is lost leaves the worker waiting until it publishes the
+/// results to the stream, where they are duplicates of what is stored.
+async fn reply(nats: &async_nats::Client, message: &async_nats::Message, answer: &'static [u8]) {
+    let Some(reply) = message.reply.clone() else {
+        return;
+    };
+    if let Err(error) = nats.publish(reply, Bytes::from_static(answer)).await {
+        tracing::debug!(%error, "cannot answer a result hand-off; the worker publishes it");
     }
 }
 
@@ -124,11 +210,8 @@ fn result_span(parent: impl FnOnce() -> propagation::Context) -> tracing::Span {
 
 /// How many results a message carries when it is a batch (its batch header; 1 when the value is
 /// no number: decoding it tells); `None` for a result alone.
-pub(super) fn batch_len(message: &jetstream::Message) -> Option<usize> {
-    let value = message
-        .headers
-        .as_ref()?
-        .get(subjects::RESULT_BATCH_HEADER)?;
+pub(super) fn batch_len(message: &Taken) -> Option<usize> {
+    let value = message.headers()?.get(subjects::RESULT_BATCH_HEADER)?;
     Some(value.as_str().parse::<usize>().map_or(1, |n| n.max(1)))
 }
 
@@ -139,23 +222,15 @@ fn result_execution(result: &[u8]) -> Option<u128> {
 }
 
 /// The executions of a consumed result message's results, as [`result_execution`].
-pub(super) fn message_executions(message: &jetstream::Message) -> Vec<u128> {
+pub(super) fn message_executions(message: &Taken) -> Vec<u128> {
     if batch_len(message).is_none() {
-        return result_execution(&message.payload).into_iter().collect();
+        return result_execution(message.payload()).into_iter().collect();
     }
-    results::unpack_batch(&message.payload)
+    results::unpack_batch(message.payload())
         .unwrap_or_default()
         .iter()
         .filter_map(|entry| result_execution(&entry.result))
         .collect()
-}
-
-/// Terminates a result message that can never be applied (JetStream will not deliver it again).
-fn terminate(message: jetstream::Message, why: String) {
-    tracing::warn!(subject = %message.subject, %why, "result message set aside");
-    tokio::spawn(async move {
-        let _ = message.ack_with(jetstream::AckKind::Term).await;
-    });
 }
 
 #[cfg(test)]

@@ -75,7 +75,7 @@ pub(crate) enum Inbound {
         request: Request,
         reply: oneshot::Sender<Result<Answered, Error>>,
     },
-    Results(Vec<jetstream::Message>),
+    Results(Vec<intake::Taken>),
     Heartbeat(Bytes),
     Lease(LeaseEvent),
     /// Hand a shard over: drop it in a turn of its own, store its checkpoints, then say `done`
@@ -159,7 +159,7 @@ pub(crate) struct Executor {
     replies: HashMap<ReplyTo, oneshot::Sender<Result<Answered, Error>>>,
     next_reply: ReplyTo,
     /// Result messages taken and not yet acknowledged.
-    consumed: crate::turn::Consumed<jetstream::Message>,
+    consumed: crate::turn::Consumed<intake::Taken>,
     consumers: HashMap<u32, CancellationToken>,
     observers: HashMap<ExecutionId, broadcast::Sender<Arc<Flushed>>>,
     /// Shards to hand over after the current turn.

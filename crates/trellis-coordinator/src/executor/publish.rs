@@ -174,22 +174,16 @@ impl Executor {
     /// for a later delivery.
     async fn acknowledge(&mut self, acks: Vec<(crate::turn::Token, Ack)>) {
         let messages = self.consumed.settle(acks);
-        join_all(messages.iter().map(|(message, ack)| async move {
-            match ack {
-                Ack::Ack => {
-                    let _ = message.ack().await;
-                }
-                Ack::Later => {
-                    let _ = message
-                        .ack_with(jetstream::AckKind::Nak(Some(Duration::from_millis(200))))
-                        .await;
-                }
-                Ack::Hold => {
-                    let _ = message
-                        .ack_with(jetstream::AckKind::Nak(Some(HOLD_RESULTS)))
-                        .await;
-                }
-            }
+        let nats = &self.nats;
+        join_all(messages.iter().map(|(message, ack)| {
+            message.settle(
+                nats,
+                match ack {
+                    Ack::Ack => None,
+                    Ack::Later => Some(Duration::from_millis(200)),
+                    Ack::Hold => Some(HOLD_RESULTS),
+                },
+            )
         }))
         .await;
     }

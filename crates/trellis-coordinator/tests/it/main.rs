@@ -5,6 +5,7 @@ mod auth;
 mod cluster;
 mod engine;
 mod features;
+mod handoff;
 mod hostile;
 mod metrics;
 mod recovery;

@@ -8,6 +8,9 @@
 //!   with an ack deadline a running worker extends, redelivery after it.
 //! - The results streams, one per shard, each consumed by at most one coordinator; a consumer
 //!   created afresh gets every unacknowledged message again at once.
+//! - Result hand-offs (core NATS requests on `trellis.handoff.<shard>`): each taken by at most
+//!   one coordinator hearing the shard, answered or not; a worker whose hand-off is not answered
+//!   `done` publishes the same results to the stream.
 //! - The KV buckets: shard leases with a TTL and compare-and-set, and the execution index.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -316,9 +319,34 @@ impl Leases {
     }
 }
 
+/// A message of results a worker handed to the coordinator of its shard.
+#[derive(Debug)]
+pub struct Handoff {
+    pub shard: usize,
+    pub payload: Bytes,
+    /// A `TaskResultBatch` (the batch header).
+    pub batch: bool,
+    pub state: Handed,
+}
+
+/// Where a hand-off stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Handed {
+    /// On its way: no coordinator took it yet.
+    Sent,
+    /// Taken by this coordinator, not answered.
+    Taken(usize),
+    /// Answered `done`: its results' events are stored.
+    Done,
+    /// Answered `publish`: the worker publishes it to the stream.
+    Publish,
+}
+
 /// Everything NATS holds.
 #[derive(Debug, Default)]
 pub struct Nats {
+    /// Result hand-offs by id, as long as the run lasts.
+    pub handoffs: BTreeMap<u64, Handoff>,
     pub events: Events,
     pub tasks: Queue,
     /// `trellis.results.<shard>`, each with the coordinator consuming it.

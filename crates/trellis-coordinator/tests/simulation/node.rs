@@ -12,7 +12,7 @@ use trellis_core::ids::ExecutionId;
 use trellis_proto::{results, subjects, v1};
 
 use crate::Bug;
-use crate::nats::AppendError;
+use crate::nats::{AppendError, Handed};
 use crate::world::*;
 
 impl World {
@@ -158,7 +158,9 @@ impl World {
                     Err(error) => panic!("result batch {shard}/{seq} does not decode: {error}"),
                 };
                 let node = &mut self.nodes[idx];
-                let tokens = node.consumed.take((shard, seq), payloads.len());
+                let tokens = node
+                    .consumed
+                    .take(Taken::Stream(shard, seq), payloads.len());
                 if verbose() {
                     eprintln!(
                         "{now}: coordinator {idx} takes result {shard}/{seq} as tokens {tokens:?}"
@@ -173,9 +175,56 @@ impl World {
                 }
             }
         }
+        self.take_handoffs(idx, &mut deliveries);
         if !deliveries.is_empty() {
             shuffle(&mut self.rng, &mut deliveries);
             self.nodes[idx].inbox.push(Input::Results(deliveries));
+        }
+    }
+
+    /// Takes the hand-offs for the shards this process hears (those it consumes: the real one
+    /// subscribes beside its consumer), each by one process only.
+    fn take_handoffs(&mut self, idx: usize, deliveries: &mut Vec<Delivery>) {
+        let now = self.now;
+        let sent: Vec<u64> = self
+            .nats
+            .handoffs
+            .iter()
+            .filter(|(_, handoff)| {
+                handoff.state == Handed::Sent
+                    && self.nodes[idx].consuming.contains(&(handoff.shard as u32))
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in sent {
+            if self.rng.percent(20) {
+                continue; // delayed
+            }
+            let Some(handoff) = self.nats.handoffs.get_mut(&id) else {
+                continue;
+            };
+            handoff.state = Handed::Taken(idx);
+            let payloads: Vec<Bytes> =
+                match results::unpack(handoff.batch, &handoff.payload, "", "") {
+                    Ok(entries) => entries
+                        .into_iter()
+                        .map(|entry| Bytes::from(entry.result))
+                        .collect(),
+                    Err(error) => panic!("hand-off {id} does not decode: {error}"),
+                };
+            let tokens = self.nodes[idx]
+                .consumed
+                .take(Taken::Handoff(id), payloads.len());
+            if verbose() {
+                eprintln!("{now}: coordinator {idx} takes hand-off {id} as tokens {tokens:?}");
+            }
+            for (token, payload) in tokens.zip(payloads) {
+                deliveries.push(Delivery {
+                    token,
+                    payload,
+                    span: tracing::Span::none(),
+                });
+            }
         }
     }
 
@@ -470,41 +519,60 @@ impl World {
 
     pub(crate) fn acknowledge(&mut self, idx: usize, acks: Vec<(Token, Ack)>) {
         let now = self.now;
-        for ((shard, seq), ack) in self.nodes[idx].consumed.settle(acks) {
+        for (taken, ack) in self.nodes[idx].consumed.settle(acks) {
             if verbose() {
-                eprintln!("{now}: coordinator {idx} {ack:?} result {shard}/{seq}");
+                eprintln!("{now}: coordinator {idx} {ack:?} result {taken:?}");
             }
-            let queue = &mut self.nats.results[shard].0;
-            match ack {
-                Ack::Ack => {
-                    let ended: Vec<v1::TaskResult> = queue
-                        .messages
-                        .get(&seq)
-                        .and_then(|message| {
-                            results::unpack(message.batch, &message.payload, "", "").ok()
-                        })
-                        .unwrap_or_default()
-                        .into_iter()
-                        .filter_map(|entry| v1::TaskResult::decode(entry.result.as_slice()).ok())
-                        .filter(|result| {
-                            !matches!(
-                                result.outcome,
-                                None | Some(v1::task_result::Outcome::Started(_))
-                                    | Some(v1::task_result::Outcome::StepCheckpoint(_))
-                            )
-                        })
-                        .collect();
-                    if queue.ack(seq, idx) {
-                        for result in ended {
-                            self.nats
-                                .acked_results
-                                .entry((result.task_instance_id, result.attempt))
-                                .or_insert(now);
+            let ended = match taken {
+                Taken::Stream(shard, seq) => {
+                    let queue = &mut self.nats.results[shard].0;
+                    match ack {
+                        Ack::Ack => {
+                            let ended = queue
+                                .messages
+                                .get(&seq)
+                                .map(|message| ended_attempts(message.batch, &message.payload))
+                                .unwrap_or_default();
+                            if queue.ack(seq, idx) {
+                                ended
+                            } else {
+                                Vec::new()
+                            }
+                        }
+                        Ack::Later => {
+                            queue.nak(seq, idx, now + 20);
+                            Vec::new()
+                        }
+                        Ack::Hold => {
+                            queue.nak(seq, idx, now + 30_000);
+                            Vec::new()
                         }
                     }
                 }
-                Ack::Later => queue.nak(seq, idx, now + 20),
-                Ack::Hold => queue.nak(seq, idx, now + 30_000),
+                Taken::Handoff(id) => {
+                    // A process that crashed since it took the hand-off answers nothing.
+                    let Some(handoff) = self
+                        .nats
+                        .handoffs
+                        .get_mut(&id)
+                        .filter(|handoff| handoff.state == Handed::Taken(idx))
+                    else {
+                        continue;
+                    };
+                    if ack == Ack::Ack {
+                        handoff.state = Handed::Done;
+                        ended_attempts(handoff.batch, &handoff.payload)
+                    } else {
+                        handoff.state = Handed::Publish;
+                        Vec::new()
+                    }
+                }
+            };
+            for result in ended {
+                self.nats
+                    .acked_results
+                    .entry((result.task_instance_id, result.attempt))
+                    .or_insert(now);
             }
         }
     }
@@ -574,4 +642,20 @@ fn broken(err: recovery::RecoveryError, namespace: Option<&str>) -> Broken {
         Ok(broken) => broken,
         Err(err) => panic!("the simulation's reads do not fail: {err}"),
     }
+}
+
+/// The results of a message that end their attempts (not starts or step checkpoints).
+fn ended_attempts(batch: bool, payload: &Bytes) -> Vec<v1::TaskResult> {
+    results::unpack(batch, payload, "", "")
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|entry| v1::TaskResult::decode(entry.result.as_slice()).ok())
+        .filter(|result| {
+            !matches!(
+                result.outcome,
+                None | Some(v1::task_result::Outcome::Started(_))
+                    | Some(v1::task_result::Outcome::StepCheckpoint(_))
+            )
+        })
+        .collect()
 }

@@ -2,7 +2,9 @@
 //! the task's `"sim"` behaviour says (see `plans.rs`), publish the result to the shard the
 //! assignment names, and only then acknowledge the task message, extending it while they run, as
 //! the real worker does. A worker that dies loses its runs; their messages are delivered again
-//! after the ack wait.
+//! after the ack wait. Half the time it hands the results to the coordinator of their shard
+//! instead, and acknowledges their task messages once the coordinator answers `done`; any other
+//! answer, or none within [`HANDOFF_WAIT`], and it publishes them to the stream first.
 
 use bytes::Bytes;
 use prost::Message as _;
@@ -10,8 +12,19 @@ use serde_json::{Value, json};
 use trellis_core::ids::{GroupId, QuestionId, TaskInstanceId, mix};
 use trellis_proto::{assignments, results, v1};
 
-use crate::nats::Nats;
+use crate::nats::{Handed, Handoff, Nats};
 use crate::rng::Rng;
+
+/// How long a worker waits for the answer to a hand-off before it publishes the results.
+const HANDOFF_WAIT: u64 = 100;
+
+/// A hand-off waiting for its answer, with the task messages of its results.
+#[derive(Debug)]
+pub struct Waiting {
+    pub handoff: u64,
+    pub seqs: Vec<u64>,
+    pub until: u64,
+}
 
 /// A task attempt being run.
 #[derive(Debug)]
@@ -31,6 +44,7 @@ pub struct Worker {
     pub up: bool,
     pub runs: Vec<Run>,
     pub slots: usize,
+    pub waiting: Vec<Waiting>,
 }
 
 impl Worker {
@@ -40,6 +54,7 @@ impl Worker {
             up: true,
             runs: Vec::new(),
             slots,
+            waiting: Vec::new(),
         }
     }
 
@@ -78,6 +93,7 @@ impl Worker {
     pub fn die(&mut self) {
         self.up = false;
         self.runs.clear();
+        self.waiting.clear();
     }
 
     /// Does what is due at `now`: extends running tasks, finishes those done, takes new ones.
@@ -88,6 +104,12 @@ impl Worker {
         for run in &self.runs {
             nats.tasks.extend(run.seq, self.idx, now + ack_wait);
         }
+        for waiting in &self.waiting {
+            for seq in &waiting.seqs {
+                nats.tasks.extend(*seq, self.idx, now + ack_wait);
+            }
+        }
+        self.finish_handoffs(nats, now);
         let (done, running): (Vec<Run>, Vec<Run>) =
             self.runs.drain(..).partition(|run| run.done_at <= now);
         self.runs = running;
@@ -96,14 +118,24 @@ impl Worker {
             .into_iter()
             .filter(|run| nats.tasks.holds(run.seq, self.idx))
             .collect();
-        let results: Vec<(usize, v1::TaskResult)> = done
+        let results: Vec<(usize, u64, v1::TaskResult)> = done
             .iter()
             .map(|run| {
                 let outcome = outcome(&run.assignment, self.idx, now);
-                (shard_of(run), result_of(self.idx, run, outcome, now))
+                (
+                    shard_of(run),
+                    run.seq,
+                    result_of(self.idx, run, outcome, now),
+                )
             })
             .collect();
-        publish_finals(nats, rng, results, now);
+        for (handoff, seqs) in publish_finals(nats, rng, results, now) {
+            self.waiting.push(Waiting {
+                handoff,
+                seqs,
+                until: now + HANDOFF_WAIT,
+            });
+        }
         for run in done {
             // Died between publishing and acknowledging: the task runs again elsewhere.
             if rng.one_in(200) {
@@ -141,10 +173,56 @@ impl Worker {
         }
     }
 
-    /// Acknowledges the task message `seq` unless one of its assignments still runs here.
+    /// Acknowledges the task message `seq` unless one of its assignments still runs here, or
+    /// waits for the answer to its result's hand-off.
     fn settle(&self, nats: &mut Nats, seq: u64) {
-        if !self.runs.iter().any(|run| run.seq == seq) {
+        if !self.runs.iter().any(|run| run.seq == seq)
+            && !self
+                .waiting
+                .iter()
+                .any(|waiting| waiting.seqs.contains(&seq))
+        {
             nats.tasks.ack(seq, self.idx);
+        }
+    }
+
+    /// Ends the hand-offs answered, or waited for long enough: the results of one answered
+    /// anything but `done`, or not at all, are published to the stream; then their task messages
+    /// are acknowledged.
+    fn finish_handoffs(&mut self, nats: &mut Nats, now: u64) {
+        let (ended, waiting): (Vec<Waiting>, Vec<Waiting>) = std::mem::take(&mut self.waiting)
+            .into_iter()
+            .partition(|waiting| {
+                now >= waiting.until
+                    || nats.handoffs.get(&waiting.handoff).is_none_or(|handoff| {
+                        matches!(handoff.state, Handed::Done | Handed::Publish)
+                    })
+            });
+        self.waiting = waiting;
+        for waiting in ended {
+            let Some(handoff) = nats.handoffs.get(&waiting.handoff) else {
+                continue;
+            };
+            if handoff.state != Handed::Done {
+                let (shard, payload, batch) =
+                    (handoff.shard, handoff.payload.clone(), handoff.batch);
+                if let Some((queue, _)) = nats.results.get_mut(shard) {
+                    let seq = if batch {
+                        queue.publish_batch(payload, now)
+                    } else {
+                        queue.publish(None, payload, now, 0).unwrap_or_default()
+                    };
+                    if crate::world::verbose() {
+                        eprintln!(
+                            "{now}: hand-off {} ({:?}) published as {shard}/{seq}",
+                            waiting.handoff, handoff.state
+                        );
+                    }
+                }
+            }
+            for seq in waiting.seqs {
+                self.settle(nats, seq);
+            }
         }
     }
 
@@ -345,42 +423,90 @@ fn publish_result(
     }
 }
 
+/// A message of results: its payload, whether it is a batch, and the results it carries with
+/// the task messages they came from.
+type Outgoing = (Bytes, bool, Vec<(u64, v1::TaskResult)>);
+
 /// Publishes the final results of runs that ended together, as the real worker's publisher does:
-/// those for one shard as one batch (most of the time: sometimes each alone), a lone one alone.
-fn publish_finals(nats: &mut Nats, rng: &mut Rng, results: Vec<(usize, v1::TaskResult)>, now: u64) {
-    let mut by_shard: Vec<(usize, Vec<v1::TaskResult>)> = Vec::new();
-    for (shard, result) in results {
+/// those for one shard as one batch (most of the time: sometimes each alone), a lone one alone;
+/// half the time a shard's message is handed off instead. Returns the hand-offs, each with the
+/// task messages of its results.
+fn publish_finals(
+    nats: &mut Nats,
+    rng: &mut Rng,
+    results: Vec<(usize, u64, v1::TaskResult)>,
+    now: u64,
+) -> Vec<(u64, Vec<u64>)> {
+    let mut by_shard: Vec<(usize, Vec<(u64, v1::TaskResult)>)> = Vec::new();
+    for (shard, seq, result) in results {
         match by_shard.iter_mut().find(|(s, _)| *s == shard) {
-            Some((_, group)) => group.push(result),
-            None => by_shard.push((shard, vec![result])),
+            Some((_, group)) => group.push((seq, result)),
+            None => by_shard.push((shard, vec![(seq, result)])),
         }
     }
+    let mut handed = Vec::new();
     for (shard, group) in by_shard {
-        let Some((queue, _)) = nats.results.get_mut(shard) else {
+        if shard >= nats.results.len() {
             continue;
-        };
-        if group.len() > 1 && !rng.one_in(4) {
+        }
+        let messages: Vec<Outgoing> = if group.len() > 1 && !rng.one_in(4) {
             let entries = group
                 .iter()
-                .map(|result| v1::task_result_batch::Entry {
+                .map(|(_, result)| v1::task_result_batch::Entry {
                     result: result.encode_to_vec(),
                     msg_id: String::new(),
                     traceparent: String::new(),
                 })
                 .collect();
-            let seq = queue.publish_batch(Bytes::from(results::pack(entries)), now);
             crate::world::BATCHED
                 .fetch_add(group.len() as u64, std::sync::atomic::Ordering::Relaxed);
-            for result in &group {
-                trace(now, shard, Some(seq), result);
-            }
+            vec![(Bytes::from(results::pack(entries)), true, group)]
         } else {
-            for result in group {
-                let seq = queue.publish(None, Bytes::from(result.encode_to_vec()), now, 0);
-                trace(now, shard, seq, &result);
+            group
+                .into_iter()
+                .map(|(seq, result)| {
+                    (
+                        Bytes::from(result.encode_to_vec()),
+                        false,
+                        vec![(seq, result)],
+                    )
+                })
+                .collect()
+        };
+        for (payload, batch, carried) in messages {
+            if rng.percent(50) {
+                let id = nats.handoffs.len() as u64 + 1;
+                nats.handoffs.insert(
+                    id,
+                    Handoff {
+                        shard,
+                        payload,
+                        batch,
+                        state: Handed::Sent,
+                    },
+                );
+                crate::world::HANDED_OFF
+                    .fetch_add(carried.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                for (_, result) in &carried {
+                    trace(now, shard, None, result);
+                }
+                handed.push((id, carried.into_iter().map(|(seq, _)| seq).collect()));
+                continue;
+            }
+            let Some((queue, _)) = nats.results.get_mut(shard) else {
+                continue;
+            };
+            let seq = if batch {
+                Some(queue.publish_batch(payload, now))
+            } else {
+                queue.publish(None, payload, now, 0)
+            };
+            for (_, result) in &carried {
+                trace(now, shard, seq, result);
             }
         }
     }
+    handed
 }
 
 fn trace(now: u64, shard: usize, seq: Option<u64>, result: &v1::TaskResult) {

@@ -81,9 +81,9 @@ pub(crate) struct Node {
     pub(crate) consuming: BTreeSet<u32>,
     /// Workers whose heartbeats this process received since it started.
     pub(crate) heard: BTreeSet<usize>,
-    /// Result messages taken and not acknowledged, by (shard, sequence): a batch's message waits
-    /// for all its results, as the executor's does.
-    pub(crate) consumed: Consumed<(usize, u64)>,
+    /// Result messages taken and not acknowledged: a batch's message waits for all its results,
+    /// as the executor's does.
+    pub(crate) consumed: Consumed<Taken>,
     pub(crate) calls: BTreeMap<ReplyTo, Call>,
     pub(crate) next_reply: ReplyTo,
     /// The appends of a turn frozen before it wrote them.
@@ -93,6 +93,15 @@ pub(crate) struct Node {
     /// Shards handed over in the turn under way: their leases are deleted once its effects are
     /// carried out.
     pub(crate) released: Vec<(u32, u64)>,
+}
+
+/// A result message a coordinator took.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Taken {
+    /// From a shard's results stream: (shard, sequence).
+    Stream(usize, u64),
+    /// A worker's hand-off, by id.
+    Handoff(u64),
 }
 
 /// Work reported back to a coordinator later: recoveries take time.
@@ -113,6 +122,8 @@ pub static RESTORED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64
 
 /// Checkpoints stored, over every run of the process.
 pub static CHECKPOINTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Results handed off to a coordinator instead of published, over all seeds.
+pub static HANDED_OFF: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 /// Results published in batches of several, over all seeds.
 pub static BATCHED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 /// Assignments coordinators sent in batches, over every seed run.
