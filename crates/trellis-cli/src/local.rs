@@ -41,6 +41,9 @@ pub struct Options {
     pub sync: SyncMode,
     /// The coordinator's dispatch window (`trellis-coordinator --dispatch-window`).
     pub dispatch_window: u32,
+    /// Workers hand final results to the coordinator before the results stream
+    /// (`trellis-agent-worker --no-handoff` turns it off).
+    pub handoff: bool,
 }
 
 /// How the nats-server Trellis starts writes JetStream's files (`--sync`); see the durability
@@ -291,6 +294,7 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         let mut config = trellis_agent_worker::Config::new(nats_url.clone());
         config.worker_id = Some(format!("local-{}-{i}", std::process::id()));
         config.slots = options.slots;
+        config.handoff = options.handoff;
         config.telemetry = telemetry.clone();
         let registry = trellis_agent_worker::HandlerRegistry::with_builtins();
         supervise(

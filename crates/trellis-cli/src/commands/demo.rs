@@ -37,6 +37,7 @@ pub async fn run(_args: DemoArgs) -> Result<(), Failure> {
         breakers: local::Breakers::default(),
         sync: local::SyncMode::default(),
         dispatch_window: trellis_coordinator::turn::DEFAULT_DISPATCH_WINDOW,
+        handoff: true,
     })
     .await?;
     let plan = std::env::temp_dir().join(format!("trellis-demo-{}.yaml", std::process::id()));

@@ -69,6 +69,11 @@ pub struct DevArgs {
     /// everyone else's. 0: no limit.
     #[arg(long, env = "TRELLIS_DISPATCH_WINDOW", default_value_t = trellis_coordinator::turn::DEFAULT_DISPATCH_WINDOW)]
     pub dispatch_window: u32,
+    /// Workers publish every final result to the results stream instead of first handing it to
+    /// the coordinator holding its shard (a core NATS request; the stream takes a stored write
+    /// and a delivery). Either way a result counts once its events are stored.
+    #[arg(long)]
+    pub no_handoff: bool,
 }
 
 /// Runs `trellis dev` until Ctrl-C or SIGTERM.
@@ -94,6 +99,7 @@ pub async fn run(args: DevArgs) -> Result<(), Failure> {
         },
         sync: args.sync,
         dispatch_window: args.dispatch_window,
+        handoff: !args.no_handoff,
     })
     .await?;
     let admin = if args.admin_addr.eq_ignore_ascii_case("off") {

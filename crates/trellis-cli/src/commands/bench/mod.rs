@@ -118,6 +118,11 @@ pub struct BenchArgs {
     /// start as processes take TRELLIS_DISPATCH_WINDOW or their default.
     #[arg(long, default_value_t = trellis_coordinator::turn::DEFAULT_DISPATCH_WINDOW)]
     pub dispatch_window: u32,
+    /// Workers publish every final result to the results stream instead of first handing it to
+    /// the coordinator holding its shard (a core NATS request; the stream takes a stored write
+    /// and a delivery). Either way a result counts once its events are stored.
+    #[arg(long)]
+    pub no_handoff: bool,
     /// Print JSON lines (the default and only format; accepted for compatibility).
     #[arg(long)]
     pub json: bool,
@@ -142,6 +147,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         breakers: local::Breakers::default(),
         sync: args.sync,
         dispatch_window: args.dispatch_window,
+        handoff: !args.no_handoff,
     })
     .await?;
     let client = CoordinatorClient::connect(local.coordinator_url.clone())
@@ -160,6 +166,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
     // Every line says how durable the run was and on which server.
     let setup: Fields = vec![
         ("sync", json!(local.sync.name())),
+        ("handoff", json!(!args.no_handoff)),
         (
             "nats",
             json!(

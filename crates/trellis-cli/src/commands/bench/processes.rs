@@ -242,6 +242,7 @@ pub(super) async fn workers_only(args: &BenchArgs) -> Result<local::Local, Strin
         breakers: local::Breakers::default(),
         sync: args.sync,
         dispatch_window: args.dispatch_window,
+        handoff: !args.no_handoff,
     })
     .await
     .map_err(|f| f.message)
