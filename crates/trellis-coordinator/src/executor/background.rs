@@ -2,6 +2,7 @@
 //! executions, loading one execution, storing a checkpoint, writing the index entries of reserved
 //! ids, consuming a shard's results, and receiving worker heartbeats.
 
+use std::convert::Infallible;
 use std::time::Duration;
 
 use async_nats::jetstream;
@@ -263,7 +264,7 @@ async fn consume_results(
                 .map_err(|err| err.to_string()),
             Err(err) => Err(err.to_string()),
         };
-        let mut messages = match messages {
+        let messages = match messages {
             Ok(messages) => messages,
             Err(err) => {
                 tracing::warn!(shard, %err, "cannot consume task results; retrying");
@@ -276,47 +277,70 @@ async fn consume_results(
             }
         };
         backoff = Duration::from_millis(50);
+        let mut messages = messages.map(|item| item.map(Taken::Stream));
         loop {
             let first = tokio::select! {
                 () = stop.cancelled() => return,
                 next = messages.next() => next,
             };
             let Some(first) = first else { break };
-            let mut batch = Vec::with_capacity(64);
-            let mut n_results = 0;
-            let mut failed = false;
-            let mut next = Some(first);
-            // Take whatever else is already buffered, without waiting, up to a turn's worth.
-            while let Some(item) = next.take() {
-                match item {
-                    Ok(message) => {
-                        let message = Taken::Stream(message);
-                        n_results += super::intake::batch_len(&message).unwrap_or(1);
-                        batch.push(message);
-                    }
-                    Err(err) => {
-                        tracing::warn!(shard, %err, "results consumer failed; starting it again");
-                        failed = true;
-                        break;
-                    }
-                }
-                if n_results >= MAX_RESULTS_TAKEN {
+            match forward(first, &mut messages, &tx).await {
+                Forwarded::Taken => {}
+                Forwarded::Failed(err) => {
+                    tracing::warn!(shard, %err, "results consumer failed; starting it again");
                     break;
                 }
-                next = futures::FutureExt::now_or_never(messages.next()).flatten();
-            }
-            hops::mark_any(
-                "coordinator.consumed",
-                batch.iter().flat_map(super::intake::message_executions),
-            );
-            if !batch.is_empty() && tx.send(Inbound::Results(batch)).await.is_err() {
-                return;
-            }
-            if failed {
-                break;
+                Forwarded::Gone => return,
             }
         }
     }
+}
+
+/// What became of a handful of result messages.
+enum Forwarded<E> {
+    /// Handed to the executor.
+    Taken,
+    /// Those before the source's error were handed to the executor; the source failed.
+    Failed(E),
+    /// The executor is gone.
+    Gone,
+}
+
+/// Hands `first` and whatever else `source` has buffered (taken without waiting, up to a
+/// turn's worth of results) to the executor as one input.
+async fn forward<E>(
+    first: Result<Taken, E>,
+    source: &mut (impl futures::Stream<Item = Result<Taken, E>> + Unpin),
+    tx: &mpsc::Sender<Inbound>,
+) -> Forwarded<E> {
+    let mut batch = Vec::with_capacity(64);
+    let mut n_results = 0;
+    let mut failed = None;
+    let mut next = Some(first);
+    while let Some(item) = next.take() {
+        match item {
+            Ok(message) => {
+                n_results += super::intake::batch_len(&message).unwrap_or(1);
+                batch.push(message);
+            }
+            Err(err) => {
+                failed = Some(err);
+                break;
+            }
+        }
+        if n_results >= MAX_RESULTS_TAKEN {
+            break;
+        }
+        next = futures::FutureExt::now_or_never(source.next()).flatten();
+    }
+    hops::mark_any(
+        "coordinator.consumed",
+        batch.iter().flat_map(super::intake::message_executions),
+    );
+    if !batch.is_empty() && tx.send(Inbound::Results(batch)).await.is_err() {
+        return Forwarded::Gone;
+    }
+    failed.map_or(Forwarded::Taken, Forwarded::Failed)
 }
 
 /// Most results handed to the executor at once (a turn takes several such handfuls at most).
@@ -339,7 +363,7 @@ async fn receive_handoffs(
 ) {
     let subject = subjects::handoff(shard);
     let mut backoff = Duration::from_millis(50);
-    let mut subscription = loop {
+    let subscription = loop {
         match nats
             .queue_subscribe(subject.clone(), subjects::HANDOFF_QUEUE_GROUP.to_owned())
             .await
@@ -355,30 +379,14 @@ async fn receive_handoffs(
             }
         }
     };
+    let mut handoffs = subscription.map(|message| Ok::<_, Infallible>(Taken::Handoff(message)));
     loop {
         let first = tokio::select! {
             () = stop.cancelled() => return,
-            next = subscription.next() => next,
+            next = handoffs.next() => next,
         };
         let Some(first) = first else { return };
-        let mut batch = Vec::with_capacity(64);
-        let mut n_results = 0;
-        let mut next = Some(first);
-        // Take whatever else is already buffered, without waiting, up to a turn's worth.
-        while let Some(message) = next.take() {
-            let message = Taken::Handoff(message);
-            n_results += super::intake::batch_len(&message).unwrap_or(1);
-            batch.push(message);
-            if n_results >= MAX_RESULTS_TAKEN {
-                break;
-            }
-            next = futures::FutureExt::now_or_never(subscription.next()).flatten();
-        }
-        hops::mark_any(
-            "coordinator.consumed",
-            batch.iter().flat_map(super::intake::message_executions),
-        );
-        if tx.send(Inbound::Results(batch)).await.is_err() {
+        if let Forwarded::Gone = forward(first, &mut handoffs, &tx).await {
             return;
         }
     }

@@ -174,6 +174,17 @@ impl Run {
             .unwrap_or(v1::ExecutionState::Unspecified)
     }
 
+    /// The log's first `TaskCompleted`; panics when there is none.
+    pub fn first_completed(&self) -> v1::TaskCompleted {
+        self.events
+            .iter()
+            .find_map(|e| match e.kind.as_ref()? {
+                Kind::TaskCompleted(c) => Some(c.clone()),
+                _ => None,
+            })
+            .expect("a completion in the log")
+    }
+
     /// Task id of every instance, from the graph.
     pub fn task_of(&self) -> HashMap<String, String> {
         self.graph

@@ -10,6 +10,39 @@ use trellis_proto::v1::{self, ExecutionState, event::Kind};
 
 use crate::cluster;
 
+/// A completed result of `attempt` of `instance` in `execution`, sent by `worker`.
+fn completed(execution: &str, instance: &str, attempt: u32, worker: &str) -> v1::TaskResult {
+    v1::TaskResult {
+        execution_id: execution.to_owned(),
+        task_instance_id: instance.to_owned(),
+        attempt,
+        worker_id: worker.to_owned(),
+        outcome: Some(v1::task_result::Outcome::Completed(
+            v1::task_result::Completed {
+                output: b"{\"again\":true}".to_vec(),
+            },
+        )),
+        ..Default::default()
+    }
+}
+
+/// Hands `payload` off to shard 0's coordinator as a worker would; its answer.
+async fn hand_off(
+    nats: &async_nats::Client,
+    headers: Option<async_nats::HeaderMap>,
+    payload: Vec<u8>,
+) -> Result<bytes::Bytes, async_nats::RequestError> {
+    let mut request = async_nats::Request::new()
+        .payload(payload.into())
+        .timeout(Some(Duration::from_secs(10)));
+    if let Some(headers) = headers {
+        request = request.headers(headers);
+    }
+    nats.send_request(subjects::handoff(0), request)
+        .await
+        .map(|reply| reply.payload)
+}
+
 /// How many messages the results stream ever stored.
 async fn results_stored(nats: &async_nats::Client) -> u64 {
     let js = async_nats::jetstream::new(nats.clone());
@@ -56,26 +89,8 @@ async fn duplicate_and_corrupt_hand_offs_are_answered_done_and_change_nothing() 
         .run("name: dup\ntasks:\n- {id: a, type: noop}\n")
         .await;
     assert_eq!(run.state(), ExecutionState::Completed);
-    let completed = run
-        .events
-        .iter()
-        .find_map(|e| match e.kind.as_ref()? {
-            Kind::TaskCompleted(c) => Some(c.clone()),
-            _ => None,
-        })
-        .expect("a completion");
-    let duplicate = v1::TaskResult {
-        execution_id: run.id.clone(),
-        task_instance_id: completed.task_instance_id.clone(),
-        attempt: completed.attempt,
-        worker_id: "intruder".into(),
-        outcome: Some(v1::task_result::Outcome::Completed(
-            v1::task_result::Completed {
-                output: b"{\"again\":true}".to_vec(),
-            },
-        )),
-        ..Default::default()
-    };
+    let done = run.first_completed();
+    let duplicate = completed(&run.id, &done.task_instance_id, done.attempt, "intruder");
     let nats = async_nats::connect(cluster.nats.url()).await.expect("nats");
     let mut batch_header = async_nats::HeaderMap::new();
     batch_header.insert(subjects::RESULT_BATCH_HEADER, "2");
@@ -87,21 +102,14 @@ async fn duplicate_and_corrupt_hand_offs_are_answered_done_and_change_nothing() 
             b"\xff\x00 not a batch".to_vec(),
         ),
     ] {
-        let mut request = async_nats::Request::new()
-            .payload(payload.into())
-            .timeout(Some(Duration::from_secs(10)));
-        if let Some(headers) = headers {
-            request = request.headers(headers);
-        }
-        let reply = nats
-            .send_request(subjects::handoff(0), request)
+        let reply = hand_off(&nats, headers, payload)
             .await
             .unwrap_or_else(|error| panic!("{what} handed off got no answer: {error}"));
         assert_eq!(
-            reply.payload.as_ref(),
+            reply.as_ref(),
             subjects::HANDOFF_DONE,
             "{what} handed off was answered {:?}",
-            String::from_utf8_lossy(&reply.payload)
+            String::from_utf8_lossy(&reply)
         );
     }
     let again = cluster.wait(&run.id, Duration::from_secs(10)).await;
@@ -117,31 +125,19 @@ async fn a_hand_off_the_coordinator_puts_off_is_answered_publish() {
     let cluster = cluster::start(1).await;
     // An execution this coordinator does not know: its log must be read first, so the result
     // is put off (the turn asks for it again later) and the worker must publish it.
-    let stranger = v1::TaskResult {
-        execution_id: uuid::Uuid::now_v7().to_string(),
-        task_instance_id: uuid::Uuid::now_v7().to_string(),
-        attempt: 1,
-        worker_id: "stranger".into(),
-        outcome: Some(v1::task_result::Outcome::Completed(
-            v1::task_result::Completed {
-                output: b"{}".to_vec(),
-            },
-        )),
-        ..Default::default()
-    };
+    let payload = completed(
+        &uuid::Uuid::now_v7().to_string(),
+        &uuid::Uuid::now_v7().to_string(),
+        1,
+        "stranger",
+    )
+    .encode_to_vec();
     let nats = async_nats::connect(cluster.nats.url()).await.expect("nats");
-    let hand_off = || async {
-        let request = async_nats::Request::new()
-            .payload(stranger.encode_to_vec().into())
-            .timeout(Some(Duration::from_secs(10)));
-        nats.send_request(subjects::handoff(0), request)
-            .await
-            .map(|reply| reply.payload)
-    };
+    let hand_off_stranger = || hand_off(&nats, None, payload.clone());
     // Until the coordinator has recovered the shard, nobody hears its hand-offs.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let first = loop {
-        match hand_off().await {
+        match hand_off_stranger().await {
             Ok(reply) => break reply,
             Err(error) if tokio::time::Instant::now() < deadline => {
                 tracing::debug!(%error, "no coordinator hears the shard yet");
@@ -159,7 +155,7 @@ async fn a_hand_off_the_coordinator_puts_off_is_answered_publish() {
     // Once the coordinator has found no log, the same result is set aside: done with.
     let settled = trellis_testkit::wait_for(
         || async {
-            hand_off()
+            hand_off_stranger()
                 .await
                 .is_ok_and(|reply| reply.as_ref() == subjects::HANDOFF_DONE)
         },

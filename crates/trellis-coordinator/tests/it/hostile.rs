@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use prost::Message as _;
-use trellis_proto::v1::{self, ExecutionState, event::Kind};
+use trellis_proto::v1::{self, ExecutionState};
 
 use crate::cluster;
 
@@ -15,14 +15,7 @@ async fn duplicate_and_corrupt_results_change_nothing() {
         .run("name: dup\ntasks:\n- {id: a, type: noop}\n")
         .await;
     assert_eq!(run.state(), ExecutionState::Completed);
-    let completed = run
-        .events
-        .iter()
-        .find_map(|e| match e.kind.as_ref()? {
-            Kind::TaskCompleted(c) => Some(c.clone()),
-            _ => None,
-        })
-        .expect("a completion");
+    let completed = run.first_completed();
     let nats = async_nats::connect(cluster.nats.url()).await.expect("nats");
     let js = async_nats::jetstream::new(nats);
     let duplicate = v1::TaskResult {
