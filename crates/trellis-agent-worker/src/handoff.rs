@@ -20,7 +20,10 @@ use std::time::{Duration, Instant};
 
 use async_nats::{HeaderMap, RequestErrorKind, Subject};
 use bytes::Bytes;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use trellis_proto::subjects;
+use trellis_telemetry::metrics::Labels1;
 
 use crate::sdk::lock;
 
@@ -49,11 +52,18 @@ pub(crate) struct Handoffs {
     subjects: Vec<Subject>,
     /// The shards skipped until a time: their last hand-off went unanswered or found nobody.
     paused: Mutex<HashMap<u32, Instant>>,
+    /// Hand-offs by answer (`trellis_worker_result_handoffs`).
+    answers: Family<Labels1, Counter>,
 }
 
 impl Handoffs {
-    pub(crate) fn new(nats: async_nats::Client, n_shards: u32) -> Handoffs {
+    pub(crate) fn new(
+        nats: async_nats::Client,
+        n_shards: u32,
+        answers: Family<Labels1, Counter>,
+    ) -> Handoffs {
         Handoffs {
+            answers,
             nats,
             subjects: (0..n_shards.max(1))
                 .map(|shard| Subject::from(subjects::handoff(shard)))
@@ -85,19 +95,25 @@ impl Handoffs {
             .headers(headers)
             .payload(payload)
             .timeout(Some(HANDOFF_WAIT));
-        match self.nats.send_request(subject, request).await {
-            Ok(reply) if reply.payload.as_ref() == subjects::HANDOFF_DONE => Handed::Done,
-            Ok(_) => Handed::Publish,
+        let (handed, answer) = match self.nats.send_request(subject, request).await {
+            Ok(reply) if reply.payload.as_ref() == subjects::HANDOFF_DONE => (Handed::Done, "done"),
+            Ok(_) => (Handed::Publish, "publish"),
             Err(error) => {
-                if matches!(
-                    error.kind(),
-                    RequestErrorKind::TimedOut | RequestErrorKind::NoResponders
-                ) {
+                let (answer, skip_shard) = match error.kind() {
+                    RequestErrorKind::TimedOut => ("unanswered", true),
+                    RequestErrorKind::NoResponders => ("no_coordinator", true),
+                    _ => ("failed", false),
+                };
+                if skip_shard {
                     lock(&self.paused).insert(shard, Instant::now() + HANDOFF_PAUSE);
                 }
                 tracing::debug!(shard, %error, "result hand-off not taken; publishing to the stream");
-                Handed::Publish
+                (Handed::Publish, answer)
             }
-        }
+        };
+        self.answers
+            .get_or_create(&[("answer", answer.to_owned())])
+            .inc();
+        handed
     }
 }

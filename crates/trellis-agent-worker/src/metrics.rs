@@ -8,7 +8,10 @@
 //! - `trellis_worker_tasks_handed_back`: attempts handed back unfinished (shutdown, no slot);
 //! - `trellis_worker_running` and `trellis_worker_slots`: handlers running now, and slots;
 //! - `trellis_worker_heartbeats`: heartbeats sent;
-//! - `trellis_worker_messages_set_aside` by `reason`: task messages that were not assignments.
+//! - `trellis_worker_messages_set_aside` by `reason`: task messages that were not assignments;
+//! - `trellis_worker_result_handoffs` by `answer` (`done`; `publish`, `unanswered`,
+//!   `no_coordinator` and `failed`, each then published to the results stream): messages of
+//!   results handed to a coordinator.
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -27,6 +30,7 @@ pub(crate) struct Metrics {
     pub(crate) slots: Gauge,
     pub(crate) heartbeats: Counter,
     pub(crate) set_aside: Family<Labels1, Counter>,
+    pub(crate) handoffs: Family<Labels1, Counter>,
 }
 
 impl Metrics {
@@ -70,6 +74,11 @@ impl Metrics {
             set_aside: registry.metric(
                 "trellis_worker_messages_set_aside",
                 "Task messages set aside because they are not valid assignments, by reason.",
+                Family::default,
+            ),
+            handoffs: registry.metric(
+                "trellis_worker_result_handoffs",
+                "Messages of results handed to a coordinator, by its answer (done, publish, unanswered, no_coordinator, failed).",
                 Family::default,
             ),
         }

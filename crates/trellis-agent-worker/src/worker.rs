@@ -132,7 +132,7 @@ pub(crate) async fn run(
             steps,
             config
                 .handoff
-                .then(|| Handoffs::new(client.clone(), config.shards)),
+                .then(|| Handoffs::new(client.clone(), config.shards, metrics.handoffs.clone())),
         )),
         running: Mutex::new(HashMap::new()),
         slots: Arc::new(Semaphore::new(config.slots)),

@@ -178,9 +178,11 @@ async fn a_scrape_after_an_execution_counts_its_tasks_events_and_workers() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    // Counted at least once, whatever the timing: heartbeats, appends, the log's ingest side.
+    // Counted at least once, whatever the timing: heartbeats, appends, the log's ingest side,
+    // the results handed to the coordinator (how many share a message varies).
     for series in [
         "trellis_worker_heartbeats_total",
+        r#"trellis_worker_result_handoffs_total{answer="done"}"#,
         "trellis_event_append_seconds_count",
         r#"trellis_coordinator_turn_seconds_count{phase="decide"}"#,
         r#"trellis_coordinator_turn_seconds_count{phase="append"}"#,
@@ -193,6 +195,10 @@ async fn a_scrape_after_an_execution_counts_its_tasks_events_and_workers() {
             scrape.get(series)
         );
     }
-    // Nothing was refused or set aside.
+    // Nothing was refused or set aside, and every hand-off was taken.
     assert_eq!(scrape.get("trellis_results_set_aside_total"), None);
+    for answer in ["publish", "unanswered", "no_coordinator", "failed"] {
+        let series = format!(r#"trellis_worker_result_handoffs_total{{answer="{answer}"}}"#);
+        assert_eq!(scrape.get(&series), None, "{series}");
+    }
 }
