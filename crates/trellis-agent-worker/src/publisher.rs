@@ -19,8 +19,7 @@ use trellis_telemetry::hops;
 
 use crate::handoff::Handed;
 use crate::publish::{
-    Backoff, Finished, ResultSink, STORE_RETRY_BOUND, headers, is_transient, message, nak,
-    publish_once,
+    Backoff, Finished, ResultSink, STORE_RETRY_BOUND, headers, is_transient, nak, publish_once,
 };
 use crate::task_ack::Settle;
 
@@ -89,8 +88,8 @@ pub(crate) async fn publisher(
         );
         let mut pending = Vec::new();
         for outgoing in batches(std::mem::take(&mut waiting)) {
-            let publish = match outgoing.message() {
-                Ok(publish) => publish,
+            let headers = match outgoing.headers() {
+                Ok(headers) => headers,
                 Err(error) => {
                     // It can never be published: set the tasks aside rather than retry them.
                     tracing::error!(%error, "task result cannot be published; task message terminated");
@@ -103,12 +102,12 @@ pub(crate) async fn publisher(
             if let Some(shard) = outgoing.handoff()
                 && sink.handoffs().is_some_and(|handoffs| handoffs.open(shard))
             {
-                pending.push(Sending::Handoff(shard, outgoing));
+                pending.push(Sending::Handoff(shard, headers, outgoing));
                 continue;
             }
             let sent = sink
                 .js()
-                .send_publish(outgoing.subject().clone(), publish)
+                .send_publish(outgoing.subject().clone(), outgoing.publish(headers))
                 .await;
             pending.push(Sending::Stream(sent, outgoing));
         }
@@ -224,24 +223,20 @@ impl Outgoing {
         }
     }
 
+    /// Its message to the results stream (see [`Outgoing::headers`]).
     fn message(&self) -> Result<PublishMessage, String> {
-        match self {
-            Outgoing::Lone(finished) => message(
-                &finished.msg_id,
-                finished.traceparent.as_deref(),
-                None,
-                &finished.payload,
-            ),
-            Outgoing::Batch {
-                msg_id,
-                payload,
-                finished,
-                ..
-            } => message(msg_id, None, Some(finished.len()), payload),
-        }
+        self.headers().map(|headers| self.publish(headers))
     }
 
-    /// The headers of its message (see [`Outgoing::message`]).
+    /// Its message to the results stream, with its `headers`.
+    fn publish(&self, headers: HeaderMap) -> PublishMessage {
+        PublishMessage::build()
+            .payload(self.payload().clone())
+            .headers(headers)
+    }
+
+    /// The headers of its message: its `Nats-Msg-Id`, a lone result's `traceparent`, a batch's
+    /// header; a hand-off carries the same.
     fn headers(&self) -> Result<HeaderMap, String> {
         match self {
             Outgoing::Lone(finished) => {
@@ -261,7 +256,7 @@ enum Sending {
         Result<jetstream::context::PublishAckFuture, PublishError>,
         Outgoing,
     ),
-    Handoff(u32, Outgoing),
+    Handoff(u32, HeaderMap, Outgoing),
 }
 
 /// Sees a message of results through: a hand-off the coordinator is done with settles its task
@@ -269,29 +264,22 @@ enum Sending {
 async fn deliver(sink: &ResultSink, sending: Sending) {
     let (sent, outgoing) = match sending {
         Sending::Stream(sent, outgoing) => (sent, outgoing),
-        Sending::Handoff(shard, outgoing) => {
-            let handed = match (sink.handoffs(), outgoing.headers()) {
-                (Some(handoffs), Ok(headers)) => {
+        Sending::Handoff(shard, headers, outgoing) => {
+            let handed = match sink.handoffs() {
+                Some(handoffs) => {
                     handoffs
-                        .hand_off(shard, headers, outgoing.payload().clone())
+                        .hand_off(shard, headers.clone(), outgoing.payload().clone())
                         .await
                 }
-                _ => Handed::Publish,
+                None => Handed::Publish,
             };
             if handed == Handed::Done {
                 return settle_tasks(sink, &Ok(()), outgoing).await;
             }
-            let sent = match outgoing.message() {
-                Ok(publish) => {
-                    sink.js()
-                        .send_publish(outgoing.subject().clone(), publish)
-                        .await
-                }
-                Err(error) => Err(PublishError::with_source(
-                    jetstream::context::PublishErrorKind::Other,
-                    error,
-                )),
-            };
+            let sent = sink
+                .js()
+                .send_publish(outgoing.subject().clone(), outgoing.publish(headers))
+                .await;
             (sent, outgoing)
         }
     };

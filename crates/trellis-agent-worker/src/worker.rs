@@ -452,13 +452,13 @@ impl Worker {
                 Ending::Done(outcome) => {
                     // A failure keeps the steps for the retry; every other outcome ends the
                     // instance (spawns and questions continue as new instances).
-                    let forget_steps = (running.steps_stored.load(Ordering::Relaxed)
+                    let steps_stored = running.steps_stored.load(Ordering::Relaxed);
+                    let forget_steps = (steps_stored
                         && !matches!(outcome, Outcome::Failed { .. } | Outcome::Lost { .. }))
                     .then(|| running.task_instance_id.clone());
                     // Step checkpoints went to the stream; the outcome follows them there, so the
                     // coordinator never sees it first.
-                    let handoff = (!running.steps_stored.load(Ordering::Relaxed))
-                        .then_some(running.results_shard);
+                    let handoff = (!steps_stored).then_some(running.results_shard);
                     let (subject, msg_id, payload) = worker.sink.encode(&running, outcome);
                     let finished = Finished {
                         subject,

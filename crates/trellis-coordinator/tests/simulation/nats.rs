@@ -163,6 +163,11 @@ impl Queue {
         self.push(payload, true, now)
     }
 
+    /// Publishes a worker's message of results: a batch, or a result alone (no message id).
+    pub fn publish_results(&mut self, payload: Bytes, batch: bool, now: u64) -> u64 {
+        self.push(payload, batch, now)
+    }
+
     fn push(&mut self, payload: Bytes, batch: bool, now: u64) -> u64 {
         self.next += 1;
         self.messages.insert(

@@ -148,15 +148,7 @@ impl World {
                 let Some((payload, _)) = queue.take(seq, idx, now + RESULT_ACK_WAIT) else {
                     continue;
                 };
-                // A batch is taken apart as the executor does; one that does not decode is a
-                // bug of the simulated worker.
-                let payloads: Vec<Bytes> = match results::unpack(batch, &payload, "", "") {
-                    Ok(entries) => entries
-                        .into_iter()
-                        .map(|entry| Bytes::from(entry.result))
-                        .collect(),
-                    Err(error) => panic!("result batch {shard}/{seq} does not decode: {error}"),
-                };
+                let payloads = unpacked(batch, &payload, format_args!("result {shard}/{seq}"));
                 let node = &mut self.nodes[idx];
                 let tokens = node
                     .consumed
@@ -204,14 +196,11 @@ impl World {
                 continue;
             };
             handoff.state = Handed::Taken(idx);
-            let payloads: Vec<Bytes> =
-                match results::unpack(handoff.batch, &handoff.payload, "", "") {
-                    Ok(entries) => entries
-                        .into_iter()
-                        .map(|entry| Bytes::from(entry.result))
-                        .collect(),
-                    Err(error) => panic!("hand-off {id} does not decode: {error}"),
-                };
+            let payloads = unpacked(
+                handoff.batch,
+                &handoff.payload,
+                format_args!("hand-off {id}"),
+            );
             let tokens = self.nodes[idx]
                 .consumed
                 .take(Taken::Handoff(id), payloads.len());
@@ -641,6 +630,18 @@ fn broken(err: recovery::RecoveryError, namespace: Option<&str>) -> Broken {
     match err.into_broken(namespace) {
         Ok(broken) => broken,
         Err(err) => panic!("the simulation's reads do not fail: {err}"),
+    }
+}
+
+/// The results a message carries, taken apart as the executor does; one that does not decode is
+/// a bug of the simulated worker.
+fn unpacked(batch: bool, payload: &Bytes, what: std::fmt::Arguments<'_>) -> Vec<Bytes> {
+    match results::unpack(batch, payload, "", "") {
+        Ok(entries) => entries
+            .into_iter()
+            .map(|entry| Bytes::from(entry.result))
+            .collect(),
+        Err(error) => panic!("{what} does not decode: {error}"),
     }
 }
 

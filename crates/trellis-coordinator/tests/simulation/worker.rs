@@ -207,11 +207,7 @@ impl Worker {
                 let (shard, payload, batch) =
                     (handoff.shard, handoff.payload.clone(), handoff.batch);
                 if let Some((queue, _)) = nats.results.get_mut(shard) {
-                    let seq = if batch {
-                        queue.publish_batch(payload, now)
-                    } else {
-                        queue.publish(None, payload, now, 0).unwrap_or_default()
-                    };
+                    let seq = queue.publish_results(payload, batch, now);
                     if crate::world::verbose() {
                         eprintln!(
                             "{now}: hand-off {} ({:?}) published as {shard}/{seq}",
@@ -496,13 +492,9 @@ fn publish_finals(
             let Some((queue, _)) = nats.results.get_mut(shard) else {
                 continue;
             };
-            let seq = if batch {
-                Some(queue.publish_batch(payload, now))
-            } else {
-                queue.publish(None, payload, now, 0)
-            };
+            let seq = queue.publish_results(payload, batch, now);
             for (_, result) in &carried {
-                trace(now, shard, seq, result);
+                trace(now, shard, Some(seq), result);
             }
         }
     }
