@@ -12,6 +12,7 @@ mod client;
 mod nats;
 mod node;
 mod plans;
+mod results;
 mod rng;
 mod runs;
 mod store;
