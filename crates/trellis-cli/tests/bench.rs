@@ -95,6 +95,14 @@ fn bench_splits_a_task_into_hops_and_measures_the_floor() {
         hop_us > 0.0 && hop_us <= seconds * 1e6,
         "a hop's parts add up to less than the whole chain: {chain}"
     );
+    // The mean hop times the hops seen whole is time the chain spent in them, within its whole
+    // (each part's mean rounded to a microsecond: 9 × 0.5 µs per hop at most).
+    let (mean_names, mean_us) = hop_list(chain, "hop_mean_us");
+    assert_eq!(mean_names, names, "{chain}");
+    assert!(
+        mean_us > 0.0 && (mean_us - 4.5) * 29.0 <= seconds * 1e6,
+        "the hops' mean parts, over 29 hops, fit in the chain: {chain}"
+    );
     assert_eq!(
         latency["unsplit"], 0,
         "every sample read along its path: {latency}"

@@ -85,9 +85,11 @@ const LOADED_PATH: Path<'static> = Path::joined(
     FROM_INDEX,
 );
 
-/// Where a chain's hops went: the median of each hop of [`CHAIN_HOP_PATH`] over every hop the
-/// trace holds whole, in path order, and how many hops that was.
-pub(super) fn chain_hops(trace: &[(&'static str, Instant)]) -> (Value, usize) {
+/// Where a chain's hops went, over every hop the trace holds whole: the median of each part of
+/// [`CHAIN_HOP_PATH`] and its mean, in path order, and how many hops that was. `per_hop_ms` is a
+/// mean, which the slow hops raise; the parts' means add up to the mean hop, their medians to
+/// less.
+pub(super) fn chain_hops(trace: &[(&'static str, Instant)]) -> ChainHops {
     let mut splits: Vec<Vec<f64>> = vec![Vec::new(); CHAIN_HOP_PATH.names().count()];
     let mut whole = 0;
     for (at, (point, _)) in trace.iter().enumerate() {
@@ -101,7 +103,29 @@ pub(super) fn chain_hops(trace: &[(&'static str, Instant)]) -> (Value, usize) {
             }
         }
     }
-    (medians(CHAIN_HOP_PATH, &mut splits), whole)
+    let means = CHAIN_HOP_PATH
+        .names()
+        .zip(&splits)
+        .map(|(name, took)| {
+            let mean = took.iter().sum::<f64>() / took.len().max(1) as f64;
+            json!([name, round(mean, 0)])
+        })
+        .collect();
+    ChainHops {
+        medians: medians(CHAIN_HOP_PATH, &mut splits),
+        means: Value::Array(means),
+        whole,
+    }
+}
+
+/// [`chain_hops`]'s answer.
+pub(super) struct ChainHops {
+    /// `[name, µs]` pairs: the median of each part.
+    pub(super) medians: Value,
+    /// `[name, µs]` pairs: the mean of each part.
+    pub(super) means: Value,
+    /// The hops seen whole.
+    pub(super) whole: usize,
 }
 
 /// The median of each hop's samples, as `[name, µs]` pairs in path order.

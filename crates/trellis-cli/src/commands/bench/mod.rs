@@ -356,12 +356,13 @@ async fn chain(client: CoordinatorClient<Channel>, n: usize) -> Result<Fields, S
     let took = run_one(client, plan).await;
     let trace = hops::take();
     let seconds = took?.as_secs_f64();
-    let (hops, whole) = latency::chain_hops(&trace);
+    let hops = latency::chain_hops(&trace);
     Ok(vec![
         ("seconds", json!(round(seconds, 3))),
         ("per_hop_ms", json!(round(seconds * 1000.0 / n as f64, 3))),
-        ("hop_p50_us", hops),
-        ("hops_whole", json!(whole)),
+        ("hop_p50_us", hops.medians),
+        ("hop_mean_us", hops.means),
+        ("hops_whole", json!(hops.whole)),
     ])
 }
 
