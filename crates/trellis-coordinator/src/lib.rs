@@ -230,6 +230,8 @@ pub async fn run(
             },
             dispatch_window: config.dispatch_window,
             build_off_the_loop: turn::BUILT_OFF_THE_LOOP,
+            // The executor does not offer assignments yet: every one goes to the stream.
+            offers: false,
         },
         &config.telemetry.registry,
     );

@@ -21,7 +21,7 @@ pub fn messages(
     // Per lane: the message being filled (an index into `messages`), its bytes, and the limit.
     let mut open: HashMap<(String, bool), (usize, usize, usize)> = HashMap::new();
     for assign in assignments {
-        if assign.alone {
+        if assign.alone || assign.offer {
             messages.push(vec![assign]);
             continue;
         }
@@ -58,6 +58,7 @@ mod tests {
             queue: queue.to_owned(),
             fast,
             alone: false,
+            offer: false,
             msg_id: format!("{queue}-{fast}-{n}"),
             payload: Bytes::from(vec![0u8; size]),
             trace: Context::new(),

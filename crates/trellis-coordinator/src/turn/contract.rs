@@ -56,6 +56,13 @@ pub enum Input {
     },
     /// The fences bucket holds `epoch` for the execution ([`Effects::fences`]).
     Fenced { id: ExecutionId, epoch: u64 },
+    /// An assignment offered ([`Assign::offer`]) that no worker took went to the tasks stream,
+    /// whose redelivery now brings it back if its worker dies: the turn stops watching it.
+    OfferRefused {
+        id: ExecutionId,
+        instance: TaskInstanceId,
+        attempt: u32,
+    },
     /// The index holds the entries of these reserved ids ([`Effects::reserve`]): starts may
     /// take them.
     Reserved(Vec<ExecutionId>),
@@ -428,6 +435,11 @@ pub struct Assign {
     /// It avoids a worker (the one its last attempt ran on): sent in a message of its own, so
     /// that worker hands back only it.
     pub alone: bool,
+    /// Offered to an idle worker of its queue before the stream (`trellis.offer.<queue>`),
+    /// alone in its message. The turn watches the attempt as it watches an inherited one: kept
+    /// while a heartbeat names it, lost after [`LAPSE_MS`](super::takeover) of silence; an
+    /// offer not taken goes to the stream, and [`Input::OfferRefused`] ends the watch.
+    pub offer: bool,
     /// `Nats-Msg-Id`: `<instance>:<attempt>`.
     pub msg_id: String,
     /// The encoded `TaskAssignment`.

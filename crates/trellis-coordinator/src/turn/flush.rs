@@ -202,6 +202,7 @@ impl Coordinator {
         // The execution's tasks in flight, this turn's dispatches among them: while they are
         // at most FAST_LANE_SHARE, this turn's ride the fast lane.
         let fast = live.machine.running() <= FAST_LANE_SHARE;
+        let mut offered = Vec::new();
         for instance in live.dispatch.drain(..) {
             let Some(assignment) = live.machine.assignment(instance) else {
                 continue;
@@ -216,9 +217,16 @@ impl Coordinator {
                     assignment.task_type,
                 ))
                 .inc();
+            // An assignment that avoids a worker goes through the queue, where that worker
+            // hands it back; an offer cannot say which worker takes it.
+            let offer = self.config.offers && fast && assignment.avoid_worker.is_none();
+            if offer {
+                offered.push((instance, assignment.attempt));
+            }
             dispatched.push(Assign {
                 queue: assignment.queue.to_owned(),
                 fast,
+                offer,
                 alone: assignment.avoid_worker.is_some(),
                 msg_id: subjects::task_msg_id(instance, assignment.attempt),
                 payload: Bytes::from(message.encode_to_vec()),
@@ -227,6 +235,12 @@ impl Coordinator {
                 instance,
                 attempt: assignment.attempt,
             });
+        }
+        if !offered.is_empty() {
+            for (instance, attempt) in offered {
+                live.watch_offered(instance, attempt, now);
+            }
+            self.inheriting.insert(id);
         }
         let reason = live.machine.reason().unwrap_or("cancelled");
         let stops = live

@@ -114,6 +114,8 @@ pub struct Config {
     /// A start of a plan of at least this many tasks has its starting state built off the loop
     /// (0: never), [`BUILT_OFF_THE_LOOP`] unless a test wants otherwise.
     pub build_off_the_loop: usize,
+    /// Fast-lane assignments are offered to idle workers before the stream ([`Assign::offer`]).
+    pub offers: bool,
 }
 
 /// The default [`Config::dispatch_window`]: enough in flight to keep two workers of 256 slots
@@ -410,6 +412,11 @@ impl Coordinator {
                 }
             }
             Input::Fenced { id, epoch } => self.fenced(id, epoch, now),
+            Input::OfferRefused {
+                id,
+                instance,
+                attempt,
+            } => self.offer_refused(id, instance, attempt),
             Input::Reserved(ids) => self.reserved(ids),
             Input::Tick => {
                 self.lapse_inherited(now);

@@ -20,8 +20,11 @@
 //!    not: the message of an attempt that finished but was not acknowledged by its worker is
 //!    delivered again, and once the fence is stored no worker starts it beside a retry.
 //!
-//! An attempt this owner dispatched itself needs none of this: JetStream hands its message to
-//! another worker when the one running it dies.
+//! An attempt this owner sent through the queue needs none of this: JetStream hands its message
+//! to another worker when the one running it dies. One it offered to a worker directly
+//! (`Assign::offer`) has no message, so it is watched the same way from its dispatch, without
+//! waiting for a fence (no former owner's copy can start), until a heartbeat names it in time,
+//! it ends, or the offer was refused and the queue took it (`Input::OfferRefused`).
 
 use trellis_core::ids::{ExecutionId, TaskInstanceId};
 use trellis_core::machine::{Applied, Event, EventBody};
@@ -37,12 +40,17 @@ use super::live::Live;
 pub(super) const LAPSE_MS: u64 = super::workers::MISSED_BEFORE_TERMINATED as u64
     * trellis_bus::HEARTBEAT_INTERVAL.as_millis() as u64;
 
-/// An attempt a former owner dispatched, still running when this coordinator took over.
+/// An attempt a former owner dispatched, still running when this coordinator took over; or one
+/// this coordinator offered to a worker directly ([`Assign::offer`](super::Assign)), which has
+/// no task message to bring it back if that worker dies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Inherited {
     pub(super) attempt: u32,
-    /// When a heartbeat last named it (at first, when it was inherited).
+    /// When a heartbeat last named it (at first, when it was inherited or offered).
     pub(super) seen_ms: u64,
+    /// Offered by this coordinator: lost after a lapse whether or not a fence is stored (no
+    /// former owner's message can start it).
+    pub(super) offered: bool,
 }
 
 impl Live {
@@ -60,6 +68,7 @@ impl Live {
                     Inherited {
                         attempt,
                         seen_ms: now,
+                        offered: false,
                     },
                 ))
             })
@@ -79,18 +88,19 @@ impl Live {
             machine.instance_state(*instance) == Some(TaskState::Running)
                 && machine.attempt(*instance) == Some(inherited.attempt)
         });
-        let mut lapsed: Vec<(TaskInstanceId, u32)> = self
+        // Until the fence is stored a worker may still start what a former owner sent; an
+        // attempt this coordinator offered waits for no fence.
+        let fenced = self.fenced;
+        let mut lapsed: Vec<(TaskInstanceId, u32, bool)> = self
             .inherited
             .iter()
-            .filter(|(_, inherited)| now >= inherited.seen_ms + LAPSE_MS)
-            .map(|(instance, inherited)| (*instance, inherited.attempt))
+            .filter(|(_, inherited)| {
+                now >= inherited.seen_ms + LAPSE_MS && (fenced || inherited.offered)
+            })
+            .map(|(instance, inherited)| (*instance, inherited.attempt, inherited.offered))
             .collect();
-        if !self.fenced {
-            // Until the fence is stored a worker may still start what the former owner sent.
-            return 0;
-        }
         lapsed.sort_unstable();
-        for (instance, attempt) in &lapsed {
+        for (instance, attempt, offered) in &lapsed {
             self.inherited.remove(instance);
             let lost = Event {
                 at_ms: now,
@@ -103,18 +113,52 @@ impl Live {
                 tracing::error!(%id, %instance, %err, "task_lost refused by the state machine");
                 continue;
             }
-            tracing::warn!(%id, %instance, attempt, "no worker runs an inherited attempt; dispatching it again");
-            self.abort.push((
-                *instance,
-                *attempt,
-                "no worker ran it after the coordinator took over".to_owned(),
-            ));
+            let why = if *offered {
+                "no worker ran it after it was offered"
+            } else {
+                "no worker ran it after the coordinator took over"
+            };
+            tracing::warn!(%id, %instance, attempt, why, "attempt lost; dispatching it again");
+            self.abort.push((*instance, *attempt, why.to_owned()));
         }
         lapsed.len()
     }
 }
 
+impl Live {
+    /// Watches an attempt offered to a worker directly until it ends, a heartbeat names it in
+    /// time, or it goes to the stream ([`Input::OfferRefused`](super::Input)).
+    pub(super) fn watch_offered(&mut self, instance: TaskInstanceId, attempt: u32, now: u64) {
+        self.inherited.insert(
+            instance,
+            Inherited {
+                attempt,
+                seen_ms: now,
+                offered: true,
+            },
+        );
+    }
+}
+
 impl Coordinator {
+    /// An offer no worker took went to the stream: JetStream brings the attempt back if its
+    /// worker dies, so the watch ends.
+    pub(super) fn offer_refused(
+        &mut self,
+        id: ExecutionId,
+        instance: TaskInstanceId,
+        attempt: u32,
+    ) {
+        if let Some(live) = self.executions.get_mut(&id)
+            && live
+                .inherited
+                .get(&instance)
+                .is_some_and(|watched| watched.offered && watched.attempt == attempt)
+        {
+            live.inherited.remove(&instance);
+        }
+    }
+
     /// A heartbeat names the attempts its worker runs: each of this coordinator's that has not
     /// recorded its start yet records it now (`TaskStarted`, with the worker's start time), and
     /// inherited ones among them stay.

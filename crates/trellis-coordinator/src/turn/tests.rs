@@ -82,6 +82,7 @@ mod attention {
             breakers: crate::turn::BreakerConfig::default(),
             dispatch_window: 0,
             build_off_the_loop: crate::turn::BUILT_OFF_THE_LOOP,
+            offers: false,
         };
         Coordinator::new(config, &trellis_telemetry::Registry::default())
     }
@@ -260,6 +261,15 @@ mod window {
         Coordinator::new(config, &trellis_telemetry::Registry::default())
     }
 
+    /// A coordinator that offers fast-lane assignments to idle workers first.
+    pub(super) fn coordinator_offering() -> Coordinator {
+        let config = Config {
+            offers: true,
+            ..config(None, 0)
+        };
+        Coordinator::new(config, &trellis_telemetry::Registry::default())
+    }
+
     /// One shard, no checkpoint-store, every interval a minute.
     fn config(
         access: Option<std::sync::Arc<trellis_grpc::access::AccessPolicy>>,
@@ -278,6 +288,7 @@ mod window {
             breakers: crate::turn::BreakerConfig::default(),
             dispatch_window,
             build_off_the_loop: crate::turn::BUILT_OFF_THE_LOOP,
+            offers: false,
         }
     }
 
@@ -595,6 +606,7 @@ mod window {
 
 mod built;
 mod observe;
+mod offers;
 mod plan_cache;
 mod reserve;
 mod timers;

@@ -548,6 +548,8 @@ pub(crate) fn coordinator(seed: u64, idx: usize, incarnation: u64) -> Coordinato
             // Starts of plans of five tasks or more come twice, their state built between the
             // passes, while shards move as they do.
             build_off_the_loop: 5,
+            // Nothing offers assignments yet (`Assign::offer`).
+            offers: false,
         },
         &trellis_telemetry::Registry::default(),
     )
