@@ -183,7 +183,7 @@ pub(crate) async fn run(
     // The fetch loops stop on shutdown, and also when this future is dropped (a child token of
     // `abandon`), so a dropped worker takes no more messages.
     let stop_fetching = abandon.child_token();
-    let mut fetchers: Vec<_> = consumers
+    let fetchers: Vec<_> = consumers
         .into_iter()
         .map(|(queue, lane, consumer)| {
             tokio::spawn(worker.clone().fetch_loop(
@@ -199,22 +199,6 @@ pub(crate) async fn run(
             ))
         })
         .collect();
-    // Offers are heard beside the fetch loops and stop with them; their tasks' results go with
-    // the fast lane's.
-    if config.offers {
-        for queue in &config.queues {
-            let subject = subjects::offer(queue);
-            let offers = client
-                .queue_subscribe(subject.clone(), subjects::OFFER_QUEUE_GROUP.to_owned())
-                .await
-                .map_err(|source| Error::Subscribe { subject, source })?;
-            fetchers.push(tokio::spawn(worker.clone().offer_loop(
-                offers,
-                fast_finished_tx.clone(),
-                stop_fetching.clone(),
-            )));
-        }
-    }
     drop((finished_tx, fast_finished_tx));
     readiness.set(true);
 

@@ -5,7 +5,6 @@ mod builtins;
 mod delivery;
 mod handoff;
 mod hostile;
-mod offers;
 mod outputs;
 mod restart;
 mod sigkill;

@@ -8,6 +8,5 @@ mod features;
 mod handoff;
 mod hostile;
 mod metrics;
-mod offers;
 mod recovery;
 mod relationships;
