@@ -80,6 +80,19 @@ impl Live {
         !self.inherited.is_empty()
     }
 
+    /// Watches an attempt offered to a worker directly until it ends, a heartbeat names it in
+    /// time, or it goes to the stream ([`Input::OfferRefused`](super::Input)).
+    pub(super) fn watch_offered(&mut self, instance: TaskInstanceId, attempt: u32, now: u64) {
+        self.inherited.insert(
+            instance,
+            Inherited {
+                attempt,
+                seen_ms: now,
+                offered: true,
+            },
+        );
+    }
+
     /// Records as lost the inherited attempts no heartbeat named for [`LAPSE_MS`] and forgets the
     /// ones that ended; returns how many were lost.
     fn lapse(&mut self, id: ExecutionId, now: u64, metrics: &crate::metrics::Metrics) -> usize {
@@ -122,21 +135,6 @@ impl Live {
             self.abort.push((*instance, *attempt, why.to_owned()));
         }
         lapsed.len()
-    }
-}
-
-impl Live {
-    /// Watches an attempt offered to a worker directly until it ends, a heartbeat names it in
-    /// time, or it goes to the stream ([`Input::OfferRefused`](super::Input)).
-    pub(super) fn watch_offered(&mut self, instance: TaskInstanceId, attempt: u32, now: u64) {
-        self.inherited.insert(
-            instance,
-            Inherited {
-                attempt,
-                seen_ms: now,
-                offered: true,
-            },
-        );
     }
 }
 

@@ -40,6 +40,26 @@ fn naming(assign: &Assign, now: u64) -> Input {
     Input::Heartbeat(heartbeat.encode_to_vec().into())
 }
 
+/// The turn's word that an offer of `assign`'s instance at `attempt` went to the stream.
+fn refused(assign: &Assign, attempt: u32) -> Input {
+    Input::OfferRefused {
+        id: assign.execution,
+        instance: assign.instance,
+        attempt,
+    }
+}
+
+/// Offers a one-task execution's task, gives the coordinator `input` about it (made from its
+/// assignment), then lets the clock run to `tick_at`: the offered assignment and the attempts
+/// dispatched again at that tick.
+fn after(input: impl FnOnce(&Assign) -> Input, tick_at: u64) -> (Assign, Vec<(ExecutionId, u32)>) {
+    let mut coordinator = coordinator_offering();
+    let offered = started(&mut coordinator);
+    turn(&mut coordinator, vec![input(&offered)], NOW + 1);
+    let ticked = turn(&mut coordinator, vec![Input::Tick], tick_at);
+    (offered, again(ticked))
+}
+
 /// The attempts a turn dispatched again, as (execution, attempt).
 fn again(effects: Effects) -> Vec<(ExecutionId, u32)> {
     dispatched(effects)
@@ -86,36 +106,22 @@ fn a_heartbeat_naming_an_offered_attempt_keeps_it() {
 /// watch ends. So does the attempt's end.
 #[test]
 fn a_refused_offer_or_a_result_ends_the_watch() {
-    let mut coordinator = coordinator_offering();
-    let offered = started(&mut coordinator);
-    let refused = Input::OfferRefused {
-        id: offered.execution,
-        instance: offered.instance,
-        attempt: offered.attempt,
-    };
-    turn(&mut coordinator, vec![refused], NOW + 1);
-    let after = turn(&mut coordinator, vec![Input::Tick], NOW + 10 * LAPSE_MS);
-    assert!(again(after).is_empty(), "refused: the stream has it");
-
-    let mut coordinator = coordinator_offering();
-    let offered = started(&mut coordinator);
-    let result = Input::Results(vec![completed(&offered.payload, 1)]);
-    turn(&mut coordinator, vec![result], NOW + 1);
-    let after = turn(&mut coordinator, vec![Input::Tick], NOW + 10 * LAPSE_MS);
-    assert!(again(after).is_empty(), "completed: nothing to watch");
+    let (_, again) = after(
+        |offered| refused(offered, offered.attempt),
+        NOW + 10 * LAPSE_MS,
+    );
+    assert!(again.is_empty(), "refused: the stream has it");
+    let completed = |offered: &Assign| Input::Results(vec![completed(&offered.payload, 1)]);
+    let (_, again) = after(completed, NOW + 10 * LAPSE_MS);
+    assert!(again.is_empty(), "completed: nothing to watch");
 }
 
 /// A refusal of another attempt changes nothing.
 #[test]
 fn a_refusal_of_another_attempt_keeps_the_watch() {
-    let mut coordinator = coordinator_offering();
-    let offered = started(&mut coordinator);
-    let stale = Input::OfferRefused {
-        id: offered.execution,
-        instance: offered.instance,
-        attempt: offered.attempt + 1,
-    };
-    turn(&mut coordinator, vec![stale], NOW + 1);
-    let lost = turn(&mut coordinator, vec![Input::Tick], NOW + LAPSE_MS);
-    assert_eq!(again(lost), [(offered.execution, offered.attempt + 1)]);
+    let (offered, again) = after(
+        |offered| refused(offered, offered.attempt + 1),
+        NOW + LAPSE_MS,
+    );
+    assert_eq!(again, [(offered.execution, offered.attempt + 1)]);
 }
