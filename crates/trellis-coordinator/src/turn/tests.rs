@@ -261,17 +261,8 @@ mod window {
         Coordinator::new(config, &trellis_telemetry::Registry::default())
     }
 
-    /// A coordinator that offers fast-lane assignments to idle workers first.
-    pub(super) fn coordinator_offering() -> Coordinator {
-        let config = Config {
-            offers: true,
-            ..config(None, 0)
-        };
-        Coordinator::new(config, &trellis_telemetry::Registry::default())
-    }
-
     /// One shard, no checkpoint-store, every interval a minute.
-    fn config(
+    pub(super) fn config(
         access: Option<std::sync::Arc<trellis_grpc::access::AccessPolicy>>,
         dispatch_window: u32,
     ) -> Config {

@@ -6,12 +6,19 @@ use trellis_core::ids::ExecutionId;
 use trellis_proto::v1;
 
 use super::super::takeover::LAPSE_MS;
-use super::window::{
-    completed, coordinator, coordinator_offering, dispatched, own_shard_0, start, turn,
-};
-use crate::turn::{Assign, Coordinator, Effects, Input};
+use super::window::{completed, config, coordinator, dispatched, own_shard_0, start, turn};
+use crate::turn::{Assign, Config, Coordinator, Effects, Input};
 
 const NOW: u64 = 1_700_000_000_000;
+
+/// A coordinator that offers fast-lane assignments to idle workers first.
+fn coordinator_offering() -> Coordinator {
+    let config = Config {
+        offers: true,
+        ..config(None, 0)
+    };
+    Coordinator::new(config, &trellis_telemetry::Registry::default())
+}
 
 /// Starts a one-task execution at [`NOW`] and returns its assignment.
 fn started(coordinator: &mut Coordinator) -> Assign {
