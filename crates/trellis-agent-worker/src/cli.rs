@@ -59,6 +59,11 @@ struct Args {
     /// stored; this changes the path, not what is kept.
     #[arg(long)]
     no_handoff: bool,
+    /// Take no assignment offered directly by a coordinator (`trellis.offer.<queue>`): every
+    /// task comes from the tasks stream. A coordinator whose offers no worker hears sends
+    /// them to the stream.
+    #[arg(long)]
+    no_offers: bool,
     /// Run no worker: ask the worker named by --worker-id (another process, e.g. this pod's own
     /// worker from a Kubernetes preStop hook) to drain, and return once it has exited. It takes
     /// no new task and finishes the running ones however long they take.
@@ -112,6 +117,7 @@ async fn main_async(args: Args) -> ExitCode {
             .output_inline_limit
             .unwrap_or(defaults.output_inline_limit),
         handoff: !args.no_handoff,
+        offers: !args.no_offers,
         telemetry: trellis_telemetry::Telemetry::new(),
     };
     if let Err(error) = config.validate() {

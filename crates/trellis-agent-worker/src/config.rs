@@ -34,6 +34,10 @@ pub struct Config {
     /// write and its delivery. A hand-off the coordinator does not confirm stored goes to the
     /// stream, so turning it off changes only the path, never what is stored.
     pub handoff: bool,
+    /// Take assignments offered directly (a core NATS request on `trellis.offer.<queue>`) when
+    /// a slot is free: the coordinator offers a small execution's tasks to an idle worker before
+    /// the tasks stream. Off, the worker takes every task from the stream.
+    pub offers: bool,
     /// Metrics and readiness ("worker": ready while it consumes its queues).
     #[serde(skip)]
     pub telemetry: Telemetry,
@@ -59,6 +63,7 @@ impl Default for Config {
             max_deliveries: 10,
             output_inline_limit: trellis_bus::DEFAULT_INLINE_LIMIT,
             handoff: true,
+            offers: true,
             telemetry: Telemetry::default(),
         }
     }

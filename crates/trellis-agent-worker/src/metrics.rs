@@ -11,7 +11,9 @@
 //! - `trellis_worker_messages_set_aside` by `reason`: task messages that were not assignments;
 //! - `trellis_worker_result_handoffs` by `answer` (`done`; `publish`, `unanswered`,
 //!   `no_coordinator` and `failed`, each then published to the results stream): messages of
-//!   results handed to a coordinator.
+//!   results handed to a coordinator;
+//! - `trellis_worker_offers` by `answer` (`taken`, `busy`): assignments a coordinator offered
+//!   this worker directly.
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -31,6 +33,7 @@ pub(crate) struct Metrics {
     pub(crate) heartbeats: Counter,
     pub(crate) set_aside: Family<Labels1, Counter>,
     pub(crate) handoffs: Family<Labels1, Counter>,
+    pub(crate) offers: Family<Labels1, Counter>,
 }
 
 impl Metrics {
@@ -79,6 +82,11 @@ impl Metrics {
             handoffs: registry.metric(
                 "trellis_worker_result_handoffs",
                 "Messages of results handed to a coordinator, by its answer (done, publish, unanswered, no_coordinator, failed).",
+                Family::default,
+            ),
+            offers: registry.metric(
+                "trellis_worker_offers",
+                "Assignments a coordinator offered this worker directly, by its answer (taken, busy).",
                 Family::default,
             ),
         }

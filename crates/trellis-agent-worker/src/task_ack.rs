@@ -66,7 +66,8 @@ impl Shares {
 /// One assignment's hold on its task message. Settling consumes it; one dropped unsettled (the
 /// worker abandoned) leaves the message to be delivered again after the ack wait.
 pub(crate) struct TaskAck {
-    acker: Arc<Acker>,
+    /// `None` for an assignment taken from an offer, which came in no task message.
+    acker: Option<Arc<Acker>>,
     /// `None` for an assignment alone in its message.
     shares: Option<Arc<Mutex<Shares>>>,
 }
@@ -75,7 +76,16 @@ impl TaskAck {
     /// The hold of an assignment alone in its message.
     pub(crate) fn alone(acker: Acker) -> Self {
         Self {
-            acker: Arc::new(acker),
+            acker: Some(Arc::new(acker)),
+            shares: None,
+        }
+    }
+
+    /// The hold of an assignment taken from an offer: there is no message to settle, and
+    /// settling it does nothing (the coordinator watches the attempt through heartbeats).
+    pub(crate) fn offered() -> Self {
+        Self {
+            acker: None,
             shares: None,
         }
     }
@@ -86,7 +96,7 @@ impl TaskAck {
         let shares = Arc::new(Mutex::new(Shares::new(n)));
         (0..n)
             .map(|_| Self {
-                acker: acker.clone(),
+                acker: Some(acker.clone()),
                 shares: Some(shares.clone()),
             })
             .collect()
@@ -104,15 +114,17 @@ impl TaskAck {
             None => Some(how),
             Some(shares) => lock(shares).settle(how),
         };
-        match whole {
-            Some(how) => self.acker.ack_with(how.kind()).await,
-            None => Ok(()),
+        match (whole, &self.acker) {
+            (Some(how), Some(acker)) => acker.ack_with(how.kind()).await,
+            _ => Ok(()),
         }
     }
 
     /// Keeps the message ours for another ack wait (`AckProgress`).
     pub(crate) async fn progress(&self) {
-        let _ = self.acker.ack_with(AckKind::Progress).await;
+        if let Some(acker) = &self.acker {
+            let _ = acker.ack_with(AckKind::Progress).await;
+        }
     }
 }
 

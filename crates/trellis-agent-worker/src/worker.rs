@@ -183,7 +183,7 @@ pub(crate) async fn run(
     // The fetch loops stop on shutdown, and also when this future is dropped (a child token of
     // `abandon`), so a dropped worker takes no more messages.
     let stop_fetching = abandon.child_token();
-    let fetchers: Vec<_> = consumers
+    let mut fetchers: Vec<_> = consumers
         .into_iter()
         .map(|(queue, lane, consumer)| {
             tokio::spawn(worker.clone().fetch_loop(
@@ -199,6 +199,22 @@ pub(crate) async fn run(
             ))
         })
         .collect();
+    // Offers are heard beside the fetch loops and stop with them; their tasks' results go with
+    // the fast lane's.
+    if config.offers {
+        for queue in &config.queues {
+            let subject = subjects::offer(queue);
+            let offers = client
+                .queue_subscribe(subject.clone(), subjects::OFFER_QUEUE_GROUP.to_owned())
+                .await
+                .map_err(|source| Error::Subscribe { subject, source })?;
+            fetchers.push(tokio::spawn(worker.clone().offer_loop(
+                offers,
+                fast_finished_tx.clone(),
+                stop_fetching.clone(),
+            )));
+        }
+    }
     drop((finished_tx, fast_finished_tx));
     readiness.set(true);
 
@@ -410,17 +426,20 @@ impl Worker {
         let finished_tx = finished_tx.clone();
         self.metrics.running.inc();
         let started = std::time::Instant::now();
-        let lost = (delivered > self.max_deliveries).then(|| {
+        // Earlier attempts lost with their worker spent deliveries this message does not count.
+        let spent = delivered.saturating_add(i64::from(assignment.lost_deliveries));
+        let lost = (spent > self.max_deliveries).then(|| {
             tracing::warn!(
                 execution_id = %assignment.execution_id,
                 task_instance_id = %assignment.task_instance_id,
                 attempt = assignment.attempt,
                 delivered,
+                lost_deliveries = assignment.lost_deliveries,
                 "task delivered again after its workers died {} times; not run again",
-                delivered - 1
+                spent - 1
             );
             Outcome::Lost {
-                deliveries: u32::try_from(delivered - 1).unwrap_or(u32::MAX),
+                deliveries: u32::try_from(spent - 1).unwrap_or(u32::MAX),
             }
         });
         let work = async move {

@@ -44,6 +44,9 @@ pub struct Options {
     /// Workers hand final results to the coordinator before the results stream
     /// (`trellis-agent-worker --no-handoff` turns it off).
     pub handoff: bool,
+    /// The coordinator offers small executions' tasks to idle workers before the tasks stream
+    /// (`trellis-coordinator --no-offers` and `trellis-agent-worker --no-offers` turn it off).
+    pub offers: bool,
 }
 
 /// How the nats-server Trellis starts writes JetStream's files (`--sync`); see the durability
@@ -279,6 +282,7 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         breaker_failures: options.breakers.failures,
         breaker_cooldown: options.breakers.cooldown,
         dispatch_window: options.dispatch_window,
+        offers: options.offers,
         ..trellis_coordinator::Config::default()
     };
     if options.coordinator {
@@ -295,6 +299,7 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         config.worker_id = Some(format!("local-{}-{i}", std::process::id()));
         config.slots = options.slots;
         config.handoff = options.handoff;
+        config.offers = options.offers;
         config.telemetry = telemetry.clone();
         let registry = trellis_agent_worker::HandlerRegistry::with_builtins();
         supervise(

@@ -96,6 +96,10 @@ pub struct Args {
     /// fleet with many more handler slots. 0: no limit (`max_concurrency` still applies).
     #[arg(long, env = "TRELLIS_DISPATCH_WINDOW", default_value_t = crate::turn::DEFAULT_DISPATCH_WINDOW)]
     dispatch_window: u32,
+    /// Send every assignment to the tasks stream, never offering a small execution's tasks to
+    /// an idle worker first (a core NATS request on `trellis.offer.<queue>`).
+    #[arg(long, env = "TRELLIS_NO_OFFERS")]
+    no_offers: bool,
     #[command(flatten)]
     server: trellis_grpc::ServerArgs,
     #[command(flatten)]
@@ -163,6 +167,7 @@ async fn main_async(args: Args, client: &trellis_grpc::ClientArgs) -> ExitCode {
         breaker_failures: args.breaker_failures,
         breaker_cooldown: args.breaker_cooldown,
         dispatch_window: args.dispatch_window,
+        offers: !args.no_offers,
         advertise: args.advertise,
         security,
         store_client,

@@ -80,6 +80,9 @@ pub struct Config {
     /// Most tasks of one execution dispatched and not yet finished (0: no limit), so a large
     /// execution cannot queue all its tasks ahead of everyone else's.
     pub dispatch_window: u32,
+    /// Offer a small execution's assignments to an idle worker of the queue before the tasks
+    /// stream (`trellis.offer.<queue>`); what no worker takes goes to the stream.
+    pub offers: bool,
     /// TLS of the gRPC port and token authentication with namespaces, quotas and limits.
     #[serde(skip)]
     pub security: ServerSecurity,
@@ -106,6 +109,7 @@ impl Default for Config {
             breaker_failures: 0,
             breaker_cooldown: Duration::from_secs(30),
             dispatch_window: turn::DEFAULT_DISPATCH_WINDOW,
+            offers: true,
             security: ServerSecurity::default(),
             store_client: ClientSecurity::default(),
             telemetry: Telemetry::default(),
@@ -230,8 +234,7 @@ pub async fn run(
             },
             dispatch_window: config.dispatch_window,
             build_off_the_loop: turn::BUILT_OFF_THE_LOOP,
-            // The executor does not offer assignments yet: every one goes to the stream.
-            offers: false,
+            offers: config.offers,
         },
         &config.telemetry.registry,
     );

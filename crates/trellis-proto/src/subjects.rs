@@ -40,6 +40,14 @@ pub const HANDOFF_QUEUE_GROUP: &str = "coordinators";
 pub const HANDOFF_DONE: &[u8] = b"done";
 /// A coordinator's reply to a hand-off it did not store: publish the results to the stream.
 pub const HANDOFF_PUBLISH: &[u8] = b"publish";
+/// Prefix of offer subjects: a queue's idle workers hear `trellis.offer.<queue>`.
+pub const OFFER_PREFIX: &str = "trellis.offer";
+/// Queue group a queue's workers hear offers in: one of them gets each.
+pub const OFFER_QUEUE_GROUP: &str = "workers";
+/// A worker's reply to an offer it took: the attempt is started there.
+pub const OFFER_TAKEN: &[u8] = b"taken";
+/// A worker's reply to an offer it has no free slot for (or takes none while draining).
+pub const OFFER_BUSY: &[u8] = b"busy";
 /// Prefix of event subjects; an execution's subject is `trellis.events.<execution_id>`.
 pub const EVENTS_PREFIX: &str = "trellis.events";
 /// Prefix of log subjects; an instance's lines go to `trellis.logs.<execution_id>.<instance_id>`.
@@ -112,6 +120,11 @@ pub fn results(shard: u32) -> String {
 /// bypassing the results stream: `trellis.handoff.<shard>`.
 pub fn handoff(shard: u32) -> String {
     format!("{HANDOFF_PREFIX}.{shard}")
+}
+
+/// Returns the subject assignments of `queue` are offered on: `trellis.offer.<queue>`.
+pub fn offer(queue: &str) -> String {
+    format!("{OFFER_PREFIX}.{queue}")
 }
 
 /// Returns the subject of an execution's event log: `trellis.events.<execution_id>`.

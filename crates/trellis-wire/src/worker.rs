@@ -66,6 +66,7 @@ pub fn assignment_to_proto(
         upstream,
         upstream_truncated,
         keep_output_inline: assignment.keep_output_inline,
+        lost_deliveries: assignment.lost_deliveries,
     }
 }
 
@@ -206,6 +207,7 @@ pub struct ReceivedAssignment {
     pub attempt: u32,
     pub deadline_ms: Option<u64>,
     pub avoid_worker: Option<WorkerId>,
+    pub lost_deliveries: u32,
     pub resume: Option<ResumeContext>,
     pub steps: Vec<StepRecord>,
     pub parent: Option<TaskInstanceId>,
@@ -230,6 +232,7 @@ impl ReceivedAssignment {
             attempt: self.attempt,
             deadline_ms: self.deadline_ms,
             avoid_worker: self.avoid_worker.as_ref(),
+            lost_deliveries: self.lost_deliveries,
             resume: self.resume.as_ref(),
             steps: &self.steps,
             parent: self.parent,
@@ -322,6 +325,7 @@ fn parse_assignment(
             .map(|unix_ms| parse_instant(&at.field("deadline_unix_ms"), unix_ms))
             .transpose()?,
         avoid_worker: assignment.avoid_worker_id.clone().map(WorkerId),
+        lost_deliveries: assignment.lost_deliveries,
         resume,
         steps,
         parent: parse_optional_id(

@@ -7,6 +7,7 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::consumer::pull::Batch;
 use async_nats::jetstream::{self, AckKind, stream};
+use bytes::Bytes;
 use futures::StreamExt as _;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -44,7 +45,7 @@ pub(super) struct Delivery {
 
 /// One assignment as received: alone in its message, or an entry of a batch.
 pub(super) struct Received {
-    pub(super) payload: bytes::Bytes,
+    pub(super) payload: Bytes,
     /// The trace context of its dispatch.
     pub(super) parent: propagation::Context,
     pub(super) ack: TaskAck,
@@ -72,6 +73,70 @@ enum FetchEnd {
 }
 
 impl Worker {
+    /// Answers the assignments offered on one queue's subject until `shutdown`: one taken when
+    /// a slot is free at once (and the worker is not draining) runs as a fast-lane task with
+    /// no task message, and is answered `taken` once started; any other is answered `busy`,
+    /// and its coordinator sends it to the tasks stream.
+    pub(super) async fn offer_loop(
+        self: Arc<Self>,
+        mut offers: async_nats::Subscriber,
+        finished_tx: mpsc::Sender<Finished>,
+        shutdown: CancellationToken,
+    ) {
+        loop {
+            let message = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = self.abandon.cancelled() => break,
+                message = offers.next() => match message {
+                    Some(message) => message,
+                    None => break,
+                },
+            };
+            let Some(reply) = message.reply.clone() else {
+                continue;
+            };
+            let permit = if self.draining.load(std::sync::atomic::Ordering::Acquire) {
+                None
+            } else {
+                self.slots.clone().try_acquire_owned().ok()
+            };
+            let Some(permit) = permit else {
+                self.metrics
+                    .offers
+                    .get_or_create(&[("answer", "busy".to_owned())])
+                    .inc();
+                let _ = self
+                    .client
+                    .publish(reply, Bytes::from_static(subjects::OFFER_BUSY))
+                    .await;
+                continue;
+            };
+            let delivery = Delivery {
+                subject: message.subject.clone(),
+                delivered: 1,
+                queued_seconds: None,
+                progress_subject: None,
+            };
+            let received = Received {
+                payload: message.payload,
+                parent: propagation::extract_nats(message.headers.as_ref()),
+                ack: TaskAck::offered(),
+            };
+            self.dispatch(&delivery, received, permit, &finished_tx)
+                .await;
+            self.metrics
+                .offers
+                .get_or_create(&[("answer", "taken".to_owned())])
+                .inc();
+            let _ = self
+                .client
+                .publish(reply, Bytes::from_static(subjects::OFFER_TAKEN))
+                .await;
+        }
+        // Offers already here and not looked at go unanswered: their coordinator watches them.
+        let _ = offers.unsubscribe().await;
+    }
+
     /// Pulls the queue's messages as slots free up: a long poll for one message while the queue
     /// is idle, then fetches that return at once while it is busy, each for as many messages as
     /// the free slots take. A message that was the last one waiting (JetStream says how many

@@ -5,6 +5,7 @@ mod builtins;
 mod delivery;
 mod handoff;
 mod hostile;
+mod offers;
 mod outputs;
 mod restart;
 mod sigkill;

@@ -38,6 +38,7 @@ pub async fn run(_args: DemoArgs) -> Result<(), Failure> {
         sync: local::SyncMode::default(),
         dispatch_window: trellis_coordinator::turn::DEFAULT_DISPATCH_WINDOW,
         handoff: true,
+        offers: true,
     })
     .await?;
     let plan = std::env::temp_dir().join(format!("trellis-demo-{}.yaml", std::process::id()));

@@ -74,6 +74,10 @@ pub struct DevArgs {
     /// and a delivery). Either way a result counts once its events are stored.
     #[arg(long)]
     pub no_handoff: bool,
+    /// Every task goes through the tasks stream: the coordinator offers none to an idle worker
+    /// first (a core NATS request; the stream takes a stored write and a delivery).
+    #[arg(long)]
+    pub no_offers: bool,
 }
 
 /// Runs `trellis dev` until Ctrl-C or SIGTERM.
@@ -100,6 +104,7 @@ pub async fn run(args: DevArgs) -> Result<(), Failure> {
         sync: args.sync,
         dispatch_window: args.dispatch_window,
         handoff: !args.no_handoff,
+        offers: !args.no_offers,
     })
     .await?;
     let admin = if args.admin_addr.eq_ignore_ascii_case("off") {

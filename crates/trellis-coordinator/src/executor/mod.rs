@@ -20,6 +20,7 @@ mod append;
 mod background;
 mod intake;
 mod lanes;
+mod offers;
 mod publish;
 
 pub(crate) use background::receive_heartbeats;
@@ -170,6 +171,8 @@ pub(crate) struct Executor {
     settled_groups: HashMap<ExecutionId, usize>,
     /// The queues whose workers take a fast lane.
     lanes: lanes::FastLanes,
+    /// The queues whose offers found no worker listening lately.
+    paused_offers: Arc<offers::Paused>,
 }
 
 impl Executor {
@@ -202,6 +205,7 @@ impl Executor {
             stats: setup.stats,
             settled_groups: HashMap::new(),
             lanes,
+            paused_offers: Arc::default(),
         };
         tokio::spawn(executor.run(rx));
         (Handle { tx: tx.clone() }, tx)

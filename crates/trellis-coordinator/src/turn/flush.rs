@@ -218,8 +218,13 @@ impl Coordinator {
                 ))
                 .inc();
             // An assignment that avoids a worker goes through the queue, where that worker
-            // hands it back; an offer cannot say which worker takes it.
-            let offer = self.config.offers && fast && assignment.avoid_worker.is_none();
+            // hands it back; an offer cannot say which worker takes it. One following an attempt
+            // lost with its worker goes there too: a task that kills its workers is brought back
+            // by JetStream, whose delivery count bounds it, not offered again after each loss.
+            let offer = self.config.offers
+                && fast
+                && assignment.avoid_worker.is_none()
+                && assignment.lost_deliveries == 0;
             if offer {
                 offered.push((instance, assignment.attempt));
             }

@@ -57,6 +57,8 @@ pub struct Setup {
     pub https: bool,
     /// The checkpoint-store the coordinator calls, if any.
     pub checkpoint_store: Option<String>,
+    /// The workers take no offered assignment: every task comes from the tasks stream.
+    pub workers_take_no_offers: bool,
 }
 
 /// Starts NATS, a coordinator with `setup` and `workers` workers.
@@ -96,12 +98,14 @@ pub async fn start_setup(
     });
     let mut handles = Vec::new();
     for i in 0..workers {
-        handles.push(spawn_worker_with(
+        let offers = !setup.workers_take_no_offers;
+        handles.push(spawn_worker_tuned(
             &nats.url(),
             &format!("worker-{i}"),
             registry(),
             setup.telemetry.clone(),
             shutdown.child_token(),
+            |config| config.offers = offers,
         ));
     }
     let url = if setup.https {
@@ -147,12 +151,25 @@ pub fn spawn_worker_with(
     telemetry: Telemetry,
     token: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
+    spawn_worker_tuned(nats_url, worker_id, registry, telemetry, token, |_| {})
+}
+
+/// [`spawn_worker_with`], with `tune` applied to the worker's configuration.
+pub fn spawn_worker_tuned(
+    nats_url: &str,
+    worker_id: &str,
+    registry: HandlerRegistry,
+    telemetry: Telemetry,
+    token: CancellationToken,
+    tune: impl FnOnce(&mut trellis_agent_worker::Config),
+) -> tokio::task::JoinHandle<()> {
     let mut config = trellis_agent_worker::Config::new(nats_url.to_owned());
     config.telemetry = telemetry;
     config.worker_id = Some(worker_id.to_owned());
     config.slots = 64;
     // A worker consumes the queues of every handler it has.
     config.queues = registry.task_types();
+    tune(&mut config);
     tokio::spawn(async move {
         if let Err(err) = trellis_agent_worker::run(config, registry, token).await {
             panic!("worker failed: {err}");

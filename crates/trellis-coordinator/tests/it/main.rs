@@ -8,5 +8,6 @@ mod features;
 mod handoff;
 mod hostile;
 mod metrics;
+mod offers;
 mod recovery;
 mod relationships;

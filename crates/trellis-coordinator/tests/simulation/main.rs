@@ -85,7 +85,8 @@ fn seeds_keep_every_invariant() {
     eprintln!(
         "simulation: {n_seeds} seeds in {:.1} s, {} appends fenced, {} checkpoints stored, \
          {} recoveries from a checkpoint, {} shards handed over, {} results and {} assignments sent in batches, \
-         {} results handed off, {} starts on a reserved id",
+         {} results handed off, {} starts on a reserved id, {} assignments offered and taken, \
+         {} refused, {} lost",
         started.elapsed().as_secs_f64(),
         world::FENCED.load(std::sync::atomic::Ordering::Relaxed),
         world::CHECKPOINTS.load(std::sync::atomic::Ordering::Relaxed),
@@ -94,7 +95,10 @@ fn seeds_keep_every_invariant() {
         world::BATCHED.load(std::sync::atomic::Ordering::Relaxed),
         world::ASSIGNMENTS_BATCHED.load(std::sync::atomic::Ordering::Relaxed),
         world::HANDED_OFF.load(std::sync::atomic::Ordering::Relaxed),
-        world::RESERVED_STARTS.load(std::sync::atomic::Ordering::Relaxed)
+        world::RESERVED_STARTS.load(std::sync::atomic::Ordering::Relaxed),
+        world::OFFERS_TAKEN.load(std::sync::atomic::Ordering::Relaxed),
+        world::OFFERS_REFUSED.load(std::sync::atomic::Ordering::Relaxed),
+        world::OFFERS_LOST.load(std::sync::atomic::Ordering::Relaxed)
     );
     if let Some((seed, why)) = failures.first() {
         panic!(

@@ -4,7 +4,8 @@
 
 use prost::Message as _;
 use trellis_coordinator::turn::{
-    Ack, Append, Appended, Broken, Effects, Input, LogMessage, Recoveries, Recovery, Token, Writes,
+    Ack, Append, Appended, Assign, Broken, Effects, Input, LogMessage, Recoveries, Recovery, Token,
+    Writes,
 };
 use trellis_coordinator::{checkpoints, recovery};
 use trellis_core::ids::ExecutionId;
@@ -269,6 +270,45 @@ impl World {
         self.carry_out(idx, effects)
     }
 
+    /// Offers an assignment to the workers: taken by one with a free slot (its answer lost or
+    /// not, the coordinator hears nothing it acts on), refused (to the queue, and the turn is
+    /// told), or lost on the way (the turn's watch finds the attempt lost).
+    fn offer(&mut self, idx: usize, assign: Assign) {
+        let now = self.now;
+        let roll = self.rng.between(0, 99);
+        if roll < 10 {
+            OFFERS_LOST.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return;
+        }
+        if roll >= 25
+            && let Ok(assignment) = v1::TaskAssignment::decode(assign.payload.clone())
+        {
+            let first = self.rng.between(0, self.workers.len() as u64 - 1) as usize;
+            let n = self.workers.len();
+            for k in 0..n {
+                let worker = &mut self.workers[(first + k) % n];
+                if worker.take_offered(&mut self.nats, &mut self.rng, assignment.clone(), now) {
+                    OFFERS_TAKEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    return;
+                }
+            }
+        }
+        OFFERS_REFUSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.nats
+            .tasks
+            .publish(Some(assign.msg_id), assign.payload, now, DUPLICATE_WINDOW);
+        let delay = self.rng.between(1, 30);
+        self.schedule(
+            idx,
+            delay,
+            Input::OfferRefused {
+                id: assign.execution,
+                instance: assign.instance,
+                attempt: assign.attempt,
+            },
+        );
+    }
+
     pub(crate) fn carry_out(&mut self, idx: usize, effects: Effects) -> Result<(), String> {
         let now = self.now;
         let Effects {
@@ -295,6 +335,7 @@ impl World {
                 return Ok(());
             }
             match <[_; 1]>::try_from(message) {
+                Ok([assign]) if assign.offer => self.offer(idx, assign),
                 Ok([assign]) => {
                     self.nats.tasks.publish(
                         Some(assign.msg_id),

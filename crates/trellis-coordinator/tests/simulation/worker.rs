@@ -22,15 +22,17 @@ const HANDOFF_WAIT: u64 = 100;
 #[derive(Debug)]
 pub struct Waiting {
     pub handoff: u64,
-    pub seqs: Vec<u64>,
+    /// The task messages of its results (`None`: an offered attempt's, which has none).
+    pub seqs: Vec<Option<u64>>,
     pub until: u64,
 }
 
 /// A task attempt being run.
 #[derive(Debug)]
 pub struct Run {
-    /// The task message's sequence in the work queue.
-    pub seq: u64,
+    /// The task message's sequence in the work queue; `None` for an attempt taken from an
+    /// offer, which came in no message.
+    pub seq: Option<u64>,
     pub assignment: v1::TaskAssignment,
     pub done_at: u64,
     /// When this worker took it: every result carries it, and so does each heartbeat.
@@ -101,11 +103,11 @@ impl Worker {
         if !self.up {
             return;
         }
-        for run in &self.runs {
-            nats.tasks.extend(run.seq, self.idx, now + ack_wait);
+        for seq in self.runs.iter().filter_map(|run| run.seq) {
+            nats.tasks.extend(seq, self.idx, now + ack_wait);
         }
         for waiting in &self.waiting {
-            for seq in &waiting.seqs {
+            for seq in waiting.seqs.iter().flatten() {
                 nats.tasks.extend(*seq, self.idx, now + ack_wait);
             }
         }
@@ -116,9 +118,9 @@ impl Worker {
         // Lost its message meanwhile (the ack wait passed): another worker has it.
         let done: Vec<Run> = done
             .into_iter()
-            .filter(|run| nats.tasks.holds(run.seq, self.idx))
+            .filter(|run| run.seq.is_none_or(|seq| nats.tasks.holds(seq, self.idx)))
             .collect();
-        let results: Vec<(usize, u64, v1::TaskResult)> = done
+        let results: Vec<(usize, Option<u64>, v1::TaskResult)> = done
             .iter()
             .map(|run| {
                 let outcome = outcome(&run.assignment, self.idx, now);
@@ -167,20 +169,23 @@ impl Worker {
                 v1::TaskAssignment::decode(payload).into_iter().collect()
             };
             for assignment in assignments {
-                self.start(nats, rng, seq, assignment, now);
+                self.start(nats, rng, Some(seq), assignment, now);
             }
-            self.settle(nats, seq);
+            self.settle(nats, Some(seq));
         }
     }
 
     /// Acknowledges the task message `seq` unless one of its assignments still runs here, or
     /// waits for the answer to its result's hand-off.
-    fn settle(&self, nats: &mut Nats, seq: u64) {
-        if !self.runs.iter().any(|run| run.seq == seq)
+    fn settle(&self, nats: &mut Nats, seq: Option<u64>) {
+        let Some(seq) = seq else {
+            return;
+        };
+        if !self.runs.iter().any(|run| run.seq == Some(seq))
             && !self
                 .waiting
                 .iter()
-                .any(|waiting| waiting.seqs.contains(&seq))
+                .any(|waiting| waiting.seqs.contains(&Some(seq)))
         {
             nats.tasks.ack(seq, self.idx);
         }
@@ -227,7 +232,7 @@ impl Worker {
         &mut self,
         nats: &mut Nats,
         rng: &mut Rng,
-        seq: u64,
+        seq: Option<u64>,
         assignment: v1::TaskAssignment,
         now: u64,
     ) {
@@ -263,6 +268,23 @@ impl Worker {
             publish_result(nats, self.idx, &run, started, now);
         }
         self.runs.push(run);
+    }
+
+    /// Takes an offered assignment if a slot is free: it runs as if delivered, with no task
+    /// message. Returns whether it was taken (the real worker answers `taken` once it has
+    /// started it, or set it aside as stale or late).
+    pub fn take_offered(
+        &mut self,
+        nats: &mut Nats,
+        rng: &mut Rng,
+        assignment: v1::TaskAssignment,
+        now: u64,
+    ) -> bool {
+        if !self.up || self.runs.len() >= self.slots {
+            return false;
+        }
+        self.start(nats, rng, None, assignment, now);
+        true
     }
 
     /// A cancel for an attempt: the run stops, and its message is acknowledged unless another
@@ -421,7 +443,9 @@ fn publish_result(
 
 /// A message of results: its payload, whether it is a batch, and the results it carries with
 /// the task messages they came from.
-type Outgoing = (Bytes, bool, Vec<(u64, v1::TaskResult)>);
+/// Results with the task messages they came in (`None`: an offered attempt's, which has none).
+type Carried = Vec<(Option<u64>, v1::TaskResult)>;
+type Outgoing = (Bytes, bool, Carried);
 
 /// Publishes the final results of runs that ended together, as the real worker's publisher does:
 /// those for one shard as one batch (most of the time: sometimes each alone), a lone one alone;
@@ -430,10 +454,10 @@ type Outgoing = (Bytes, bool, Vec<(u64, v1::TaskResult)>);
 fn publish_finals(
     nats: &mut Nats,
     rng: &mut Rng,
-    results: Vec<(usize, u64, v1::TaskResult)>,
+    results: Vec<(usize, Option<u64>, v1::TaskResult)>,
     now: u64,
-) -> Vec<(u64, Vec<u64>)> {
-    let mut by_shard: Vec<(usize, Vec<(u64, v1::TaskResult)>)> = Vec::new();
+) -> Vec<(u64, Vec<Option<u64>>)> {
+    let mut by_shard: Vec<(usize, Carried)> = Vec::new();
     for (shard, seq, result) in results {
         match by_shard.iter_mut().find(|(s, _)| *s == shard) {
             Some((_, group)) => group.push((seq, result)),

@@ -124,6 +124,11 @@ pub static RESTORED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64
 pub static CHECKPOINTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 /// Results handed off to a coordinator instead of published, over all seeds.
 pub static HANDED_OFF: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Assignments offered to the workers and taken, refused (sent to the queue) or lost, over all
+/// seeds.
+pub static OFFERS_TAKEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+pub static OFFERS_REFUSED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+pub static OFFERS_LOST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 /// Results published in batches of several, over all seeds.
 pub static BATCHED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 /// Assignments coordinators sent in batches, over every seed run.
@@ -548,8 +553,10 @@ pub(crate) fn coordinator(seed: u64, idx: usize, incarnation: u64) -> Coordinato
             // Starts of plans of five tasks or more come twice, their state built between the
             // passes, while shards move as they do.
             build_off_the_loop: 5,
-            // Nothing offers assignments yet (`Assign::offer`).
-            offers: false,
+            // Small executions' assignments are offered to the workers first (`node::offer`) by
+            // every other incarnation, so the queue still carries batches of assignments, and a
+            // takeover meets attempts offered by the former owner.
+            offers: (seed ^ incarnation ^ idx as u64).is_multiple_of(2),
         },
         &trellis_telemetry::Registry::default(),
     )

@@ -240,6 +240,7 @@ impl Execution {
         self.archive_attempt(idx, at, "its worker was lost".to_owned());
         let inst = &mut self.instances[idx as usize];
         inst.avoid_worker = inst.worker.take();
+        inst.lost = inst.lost.saturating_add(1);
         self.schedule_retry(idx, at);
         Ok(Applied::Changed { stop: Vec::new() })
     }

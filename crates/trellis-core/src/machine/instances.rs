@@ -119,6 +119,7 @@ impl Execution {
             started_at_ms: None,
             earlier_attempts: Vec::new(),
             validation: Vec::new(),
+            lost: 0,
         });
         self.by_id.insert(id, idx);
         self.by_state.add(TaskState::Pending, 1);

@@ -136,6 +136,10 @@ struct Instance {
     /// The current attempt's `validate:` results (`task_validated`).
     #[serde(default)]
     validation: Vec<CheckResult>,
+    /// Attempts that ended with their worker lost (`task_lost`). Each spent a delivery that no
+    /// task message counts, so assignments carry them (`Assignment::lost_deliveries`).
+    #[serde(default)]
+    lost: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

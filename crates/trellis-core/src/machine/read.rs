@@ -54,6 +54,7 @@ impl Execution {
             attempt: inst.attempt.max(1),
             deadline_ms: inst.deadline_ms,
             avoid_worker: inst.avoid_worker.as_ref(),
+            lost_deliveries: inst.lost,
             resume: inst.resume.as_deref(),
             steps: &inst.steps,
             parent,

@@ -203,6 +203,9 @@ pub struct Assignment<'a> {
     pub deadline_ms: Option<u64>,
     /// Set on a reassignment: the worker that should not take it.
     pub avoid_worker: Option<&'a WorkerId>,
+    /// Earlier attempts of the instance that ended with their worker lost: deliveries spent that
+    /// the worker counts against its `max_deliveries` beside the message's own.
+    pub lost_deliveries: u32,
     pub resume: Option<&'a ResumeContext>,
     /// Durable steps already recorded for this instance: the handler skips them.
     pub steps: &'a [StepRecord],

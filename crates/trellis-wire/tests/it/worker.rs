@@ -561,6 +561,7 @@ fn assignment_carries_group_summary_and_steps() {
         attempt: 3,
         deadline_ms: Some(AT_MS + 5_000),
         avoid_worker: Some(&avoid),
+        lost_deliveries: 2,
         resume: Some(&resume),
         steps: &steps,
         parent: None,
@@ -586,6 +587,7 @@ fn assignment_carries_group_summary_and_steps() {
         Some(group_id(3).to_string())
     );
     assert_eq!(proto.avoid_worker_id.as_deref(), Some("worker-3"));
+    assert_eq!(proto.lost_deliveries, 2);
     assert_eq!(proto.deadline_unix_ms, Some((AT_MS + 5_000) as i64));
     let resume = proto
         .resume
@@ -626,6 +628,7 @@ fn assignment_carries_answer() {
         attempt: 1,
         deadline_ms: None,
         avoid_worker: None,
+        lost_deliveries: 0,
         resume: Some(&resume),
         steps: &[],
         parent: None,
@@ -662,6 +665,7 @@ fn fresh_member_assignment_has_no_resume_context() {
         attempt: 1,
         deadline_ms: None,
         avoid_worker: None,
+        lost_deliveries: 0,
         resume: None,
         steps: &[],
         parent: Some(instance_id(2)),
@@ -695,6 +699,7 @@ fn malformed_assignments_are_precise_errors() {
         attempt: 1,
         deadline_ms: None,
         avoid_worker: None,
+        lost_deliveries: 0,
         resume: None,
         steps: &steps,
         parent: None,
@@ -730,6 +735,7 @@ fn upstream_outputs_past_the_byte_limit_are_left_out_and_flagged() {
         attempt: 1,
         deadline_ms: None,
         avoid_worker: None,
+        lost_deliveries: 0,
         resume: None,
         steps: &[],
         parent: None,

@@ -123,6 +123,10 @@ pub struct BenchArgs {
     /// and a delivery). Either way a result counts once its events are stored.
     #[arg(long)]
     pub no_handoff: bool,
+    /// The coordinator sends every assignment to the tasks stream instead of first offering a
+    /// small execution's tasks to an idle worker (a core NATS request).
+    #[arg(long)]
+    pub no_offers: bool,
     /// Print JSON lines (the default and only format; accepted for compatibility).
     #[arg(long)]
     pub json: bool,
@@ -148,6 +152,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         sync: args.sync,
         dispatch_window: args.dispatch_window,
         handoff: !args.no_handoff,
+        offers: !args.no_offers,
     })
     .await?;
     let client = CoordinatorClient::connect(local.coordinator_url.clone())
@@ -167,6 +172,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
     let setup: Fields = vec![
         ("sync", json!(local.sync.name())),
         ("handoff", json!(!args.no_handoff)),
+        ("offers", json!(!args.no_offers)),
         (
             "nats",
             json!(

@@ -243,6 +243,7 @@ pub(super) async fn workers_only(args: &BenchArgs) -> Result<local::Local, Strin
         sync: args.sync,
         dispatch_window: args.dispatch_window,
         handoff: !args.no_handoff,
+        offers: !args.no_offers,
     })
     .await
     .map_err(|f| f.message)

@@ -96,6 +96,24 @@ fn an_offered_attempt_no_heartbeat_names_is_lost_and_dispatched_again() {
     assert_eq!(again(late), [(offered.execution, offered.attempt + 1)]);
 }
 
+/// The attempt after a lost one is not offered: it goes to the stream, whose delivery count
+/// bounds a task that kills its workers, and carries the delivery the lost attempt spent, which
+/// the worker counts with the message's own against its `max_deliveries`.
+#[test]
+fn the_attempt_after_a_lost_one_goes_to_the_stream_counting_the_lost_delivery() {
+    let mut coordinator = coordinator_offering();
+    let offered = started(&mut coordinator);
+    let first = v1::TaskAssignment::decode(offered.payload.clone()).expect("an assignment");
+    assert_eq!(first.lost_deliveries, 0);
+    let late = turn(&mut coordinator, vec![Input::Tick], NOW + LAPSE_MS);
+    let [next] = dispatched(late)
+        .try_into()
+        .expect("one attempt dispatched again");
+    assert!(next.fast && !next.offer, "{next:?}");
+    let message = v1::TaskAssignment::decode(next.payload).expect("an assignment");
+    assert_eq!((message.attempt, message.lost_deliveries), (2, 1));
+}
+
 /// A heartbeat that names it keeps it, for a lapse from that heartbeat.
 #[test]
 fn a_heartbeat_naming_an_offered_attempt_keeps_it() {
