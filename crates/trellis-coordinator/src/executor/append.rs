@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::context::PublishErrorKind;
-use async_nats::jetstream::kv;
+use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
 use futures::future::join_all;
 use tokio_util::sync::CancellationToken;
@@ -247,6 +247,24 @@ pub(super) async fn put_index_entries(
             retry_until(shutdown, || index.put(key, Bytes::from_static(b"1"))).await;
         }
     }
+}
+
+/// Publishes one message to JetStream until it is stored or the coordinator stops (its message
+/// id, in `headers`, makes a repeat harmless).
+pub(super) async fn store_until(
+    js: &jetstream::Context,
+    shutdown: &CancellationToken,
+    subject: String,
+    headers: HeaderMap,
+    payload: Bytes,
+) {
+    retry_until(shutdown, || async {
+        js.publish_with_headers(subject.clone(), headers.clone(), payload.clone())
+            .await?
+            .await
+            .map(|_| ())
+    })
+    .await;
 }
 
 /// Runs `attempt` until it succeeds or the coordinator stops, backing off between tries.

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use trellis_proto::subjects;
 
 use super::Inbound;
-use super::append::retry_until;
+use super::append::store_until;
 use crate::turn::{Assign, Input};
 
 /// How long an offer waits for a worker's answer: a worker answers at once, so a longer
@@ -127,13 +127,7 @@ pub(super) async fn to_stream(
         refused,
         ..
     } = offer;
-    retry_until(&shutdown, || async {
-        js.publish_with_headers(subject.clone(), headers.clone(), payload.clone())
-            .await?
-            .await
-            .map(|_| ())
-    })
-    .await;
+    store_until(&js, &shutdown, subject, headers, payload).await;
     if !shutdown.is_cancelled() {
         let _ = tx.send(Inbound::Input(refused)).await;
     }

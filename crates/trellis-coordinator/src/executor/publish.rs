@@ -15,7 +15,7 @@ use futures::future::join_all;
 use trellis_proto::{subjects, v1};
 use trellis_telemetry::{hops, propagation};
 
-use super::append::retry_until;
+use super::append::store_until;
 use super::{Executor, Flushed};
 use crate::shards;
 use crate::turn::{Ack, Assign, Effects};
@@ -232,13 +232,7 @@ async fn await_assignments(
     }
     for (subject, headers, payload) in again {
         tracing::warn!(%subject, "task assignment not stored; publishing it again");
-        retry_until(&shutdown, || async {
-            js.publish_with_headers(subject.clone(), headers.clone(), payload.clone())
-                .await?
-                .await
-                .map(|_| ())
-        })
-        .await;
+        store_until(&js, &shutdown, subject, headers, payload).await;
     }
 }
 

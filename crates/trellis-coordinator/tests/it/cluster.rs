@@ -17,6 +17,18 @@ use trellis_testkit::NatsServer;
 /// cores; more only makes every test slower and timing-sensitive.
 static SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
 
+/// How many messages the stream `name` ever stored (its last sequence).
+pub async fn stored(nats: &async_nats::Client, name: &str) -> u64 {
+    let js = async_nats::jetstream::new(nats.clone());
+    let mut stream = js.get_stream(name).await.expect("the stream exists");
+    stream
+        .info()
+        .await
+        .expect("stream info")
+        .state
+        .last_sequence
+}
+
 pub struct Cluster {
     _slot: tokio::sync::SemaphorePermit<'static>,
     pub nats: NatsServer,

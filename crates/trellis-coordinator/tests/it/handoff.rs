@@ -43,21 +43,6 @@ async fn hand_off(
         .map(|reply| reply.payload)
 }
 
-/// How many messages the results stream ever stored.
-async fn results_stored(nats: &async_nats::Client) -> u64 {
-    let js = async_nats::jetstream::new(nats.clone());
-    let mut stream = js
-        .get_stream(subjects::RESULTS_STREAM)
-        .await
-        .expect("results stream");
-    stream
-        .info()
-        .await
-        .expect("stream info")
-        .state
-        .last_sequence
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handed_off_results_complete_an_execution_without_the_stream() {
     let mut cluster = cluster::start(2).await;
@@ -76,7 +61,7 @@ async fn handed_off_results_complete_an_execution_without_the_stream() {
     assert_eq!(completed, 4, "every task's completion is in the log");
     let nats = async_nats::connect(cluster.nats.url()).await.expect("nats");
     assert_eq!(
-        results_stored(&nats).await,
+        cluster::stored(&nats, subjects::RESULTS_STREAM).await,
         0,
         "results went through the stream instead of being handed off"
     );

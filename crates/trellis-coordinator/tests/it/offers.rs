@@ -10,21 +10,6 @@ use trellis_proto::v1::{ExecutionState, event::Kind};
 
 use crate::cluster::{self, Setup};
 
-/// How many messages the tasks stream ever stored.
-async fn tasks_stored(nats: &async_nats::Client) -> u64 {
-    let js = async_nats::jetstream::new(nats.clone());
-    let mut stream = js
-        .get_stream(subjects::TASKS_STREAM)
-        .await
-        .expect("tasks stream");
-    stream
-        .info()
-        .await
-        .expect("stream info")
-        .state
-        .last_sequence
-}
-
 const CHAIN: &str = "name: offered\ntasks:\n- {id: a, type: noop}\n\
                      - {id: b, type: noop, depends_on: [a]}\n- {id: c, type: noop, depends_on: [b]}\n";
 
@@ -36,11 +21,11 @@ async fn a_small_execution_runs_on_offers_without_the_tasks_stream() {
     // offers that queue nothing for 5 s; the run after that may not.
     assert_eq!(cluster.run(CHAIN).await.state(), ExecutionState::Completed);
     tokio::time::sleep(Duration::from_secs(6)).await;
-    let before = tasks_stored(&nats).await;
+    let before = cluster::stored(&nats, subjects::TASKS_STREAM).await;
     let run = cluster.run(CHAIN).await;
     assert_eq!(run.state(), ExecutionState::Completed);
     assert_eq!(
-        tasks_stored(&nats).await,
+        cluster::stored(&nats, subjects::TASKS_STREAM).await,
         before,
         "every task of the second run was offered and taken"
     );
