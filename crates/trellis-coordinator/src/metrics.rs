@@ -3,6 +3,9 @@
 //! - `trellis_tasks_dispatched`, `trellis_tasks_completed`, `trellis_tasks_failed`,
 //!   `trellis_tasks_lost` by `queue` and `type`: task attempts sent to workers, and the outcomes
 //!   the state machine applied (a failed attempt counts whatever its retry does next);
+//! - `trellis_task_offers` by `queue` and `answer` (`taken`, `busy`, `no_worker`, `unanswered`,
+//!   `paused`): fast-lane assignments offered to idle workers and how each offer ended (`paused`:
+//!   sent to the stream unoffered while the queue's offers pause after a `no_worker`);
 //! - `trellis_task_dispatch_latency_seconds` by `queue`: from an instance becoming ready to its
 //!   first assignment being sent to the queue (seed 003's "task dispatch", goal p95 < 50 ms;
 //!   concurrency limits and file conflicts count in it); the workers measure the wait in the
@@ -51,6 +54,7 @@ pub(crate) struct Metrics {
     pub(crate) completed: Family<Labels2, Counter>,
     pub(crate) failed: Family<Labels2, Counter>,
     pub(crate) lost: Family<Labels2, Counter>,
+    pub(crate) offers: Family<Labels2, Counter>,
     pub(crate) dispatch_latency: HistogramFamily<Labels1>,
     pub(crate) queue_depth: Family<Labels1, Gauge>,
     pub(crate) queue_in_flight: Family<Labels1, Gauge>,
@@ -88,6 +92,12 @@ impl Metrics {
             breaker_transitions: registry.metric(
                 "trellis_circuit_breaker_transitions",
                 "Circuit breaker state changes, by queue, task type and the state entered.",
+                Family::default,
+            ),
+            offers: registry.metric(
+                "trellis_task_offers",
+                "Fast-lane assignments offered to an idle worker, by queue and how the offer \
+                 ended: taken, busy, no_worker, unanswered, or paused (not offered).",
                 Family::default,
             ),
             dispatched: registry.metric(
@@ -219,6 +229,13 @@ impl Metrics {
     /// Records how long one turn of the loop spent in `phase`.
     pub(crate) fn turn_phase(&self, phase: TurnPhase, took: Duration) {
         self.turn_seconds[phase as usize].observe(took.as_secs_f64());
+    }
+
+    /// Counts one offer of `queue`'s that ended with `answer`.
+    pub(crate) fn offer(&self, queue: &str, answer: &'static str) {
+        self.offers
+            .get_or_create(&[("queue", queue.to_owned()), ("answer", answer.to_owned())])
+            .inc();
     }
 
     pub(crate) fn set_aside(&self, reason: &'static str) {

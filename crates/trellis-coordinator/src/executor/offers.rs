@@ -19,6 +19,7 @@ use trellis_proto::subjects;
 
 use super::Inbound;
 use super::append::store_until;
+use crate::metrics::Metrics;
 use crate::turn::{Assign, Input};
 
 /// How long an offer waits for a worker's answer: a worker answers at once, so a longer
@@ -90,6 +91,7 @@ pub(super) async fn offer(
     paused: Arc<Paused>,
     tx: mpsc::Sender<Inbound>,
     shutdown: CancellationToken,
+    metrics: Metrics,
     offer: Offer,
 ) {
     let request = async_nats::Request::new()
@@ -100,13 +102,20 @@ pub(super) async fn offer(
         .send_request(subjects::offer(&offer.queue), request)
         .await
     {
-        Ok(reply) if reply.payload.as_ref() == subjects::OFFER_TAKEN => {}
-        Ok(_) => to_stream(js, tx, shutdown, offer).await,
+        Ok(reply) if reply.payload.as_ref() == subjects::OFFER_TAKEN => {
+            metrics.offer(&offer.queue, "taken");
+        }
+        Ok(_) => {
+            metrics.offer(&offer.queue, "busy");
+            to_stream(js, tx, shutdown, offer).await;
+        }
         Err(error) if error.kind() == RequestErrorKind::NoResponders => {
+            metrics.offer(&offer.queue, "no_worker");
             paused.pause(&offer.queue);
             to_stream(js, tx, shutdown, offer).await;
         }
         Err(error) => {
+            metrics.offer(&offer.queue, "unanswered");
             tracing::debug!(queue = %offer.queue, %error, "an offer was not answered; the turn watches its attempt");
         }
     }

@@ -84,9 +84,11 @@ impl Executor {
                             self.paused_offers.clone(),
                             tx,
                             shutdown,
+                            self.metrics.clone(),
                             offer,
                         ));
                     } else {
+                        self.metrics.offer(&first.queue, "paused");
                         tokio::spawn(super::offers::to_stream(js, tx, shutdown, offer));
                     }
                     continue;

@@ -15,7 +15,16 @@ const CHAIN: &str = "name: offered\ntasks:\n- {id: a, type: noop}\n\
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_execution_runs_on_offers_without_the_tasks_stream() {
-    let mut cluster = cluster::start(2).await;
+    let telemetry = trellis_telemetry::Telemetry::new();
+    let mut cluster = cluster::start_setup(
+        2,
+        HandlerRegistry::with_builtins,
+        Setup {
+            telemetry: telemetry.clone(),
+            ..Setup::default()
+        },
+    )
+    .await;
     let nats = async_nats::connect(cluster.nats.url()).await.expect("nats");
     // The first run may meet workers not yet listening for offers, after which the coordinator
     // offers that queue nothing for 5 s; the run after that may not.
@@ -28,6 +37,18 @@ async fn a_small_execution_runs_on_offers_without_the_tasks_stream() {
         cluster::stored(&nats, subjects::TASKS_STREAM).await,
         before,
         "every task of the second run was offered and taken"
+    );
+    let metrics = telemetry.registry.encode();
+    let taken: f64 = metrics
+        .lines()
+        .filter(|line| {
+            line.starts_with("trellis_task_offers_total{") && line.contains("answer=\"taken\"")
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(
+        taken >= 3.0,
+        "the coordinator counts the second run's three offers taken:\n{metrics}"
     );
 }
 
