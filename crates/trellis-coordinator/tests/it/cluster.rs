@@ -47,6 +47,18 @@ impl Drop for Cluster {
     }
 }
 
+/// Starts NATS, a coordinator and `workers` workers with the built-in handlers, reporting
+/// their metrics to the returned telemetry.
+pub async fn start_measured(workers: usize) -> (Cluster, Telemetry) {
+    let telemetry = Telemetry::new();
+    let setup = Setup {
+        telemetry: telemetry.clone(),
+        ..Setup::default()
+    };
+    let cluster = start_setup(workers, HandlerRegistry::with_builtins, setup).await;
+    (cluster, telemetry)
+}
+
 /// Starts NATS, a coordinator and `workers` workers with the built-in handlers.
 pub async fn start(workers: usize) -> Cluster {
     start_with(workers, HandlerRegistry::with_builtins).await

@@ -4,10 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use trellis_agent_worker::HandlerRegistry;
-use trellis_telemetry::Telemetry;
-
-use crate::cluster::{self, Setup};
+use crate::cluster;
 
 const PLAN: &str = "name: counted\ntasks:\n\
     - {id: a, type: noop}\n\
@@ -66,16 +63,7 @@ async fn scrape(url: &str) -> Scrape {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scrape_after_an_execution_counts_its_tasks_events_and_workers() {
-    let telemetry = Telemetry::new();
-    let mut cluster = cluster::start_setup(
-        1,
-        HandlerRegistry::with_builtins,
-        Setup {
-            telemetry: telemetry.clone(),
-            ..Setup::default()
-        },
-    )
-    .await;
+    let (mut cluster, telemetry) = cluster::start_measured(1).await;
     let admin = trellis_telemetry::admin::spawn(
         "127.0.0.1:0".parse().expect("an address"),
         telemetry,

@@ -15,16 +15,7 @@ const CHAIN: &str = "name: offered\ntasks:\n- {id: a, type: noop}\n\
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_execution_runs_on_offers_without_the_tasks_stream() {
-    let telemetry = trellis_telemetry::Telemetry::new();
-    let mut cluster = cluster::start_setup(
-        2,
-        HandlerRegistry::with_builtins,
-        Setup {
-            telemetry: telemetry.clone(),
-            ..Setup::default()
-        },
-    )
-    .await;
+    let (mut cluster, telemetry) = cluster::start_measured(2).await;
     let nats = async_nats::connect(cluster.nats.url()).await.expect("nats");
     // The first run may meet workers not yet listening for offers, after which the coordinator
     // offers that queue nothing for 5 s; the run after that may not.
