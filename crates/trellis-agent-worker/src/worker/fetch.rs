@@ -101,14 +101,7 @@ impl Worker {
                 self.slots.clone().try_acquire_owned().ok()
             };
             let Some(permit) = permit else {
-                self.metrics
-                    .offers
-                    .get_or_create(&[("answer", "busy".to_owned())])
-                    .inc();
-                let _ = self
-                    .client
-                    .publish(reply, Bytes::from_static(subjects::OFFER_BUSY))
-                    .await;
+                self.answer_offer(reply, "busy", subjects::OFFER_BUSY).await;
                 continue;
             };
             let delivery = Delivery {
@@ -124,17 +117,26 @@ impl Worker {
             };
             self.dispatch(&delivery, received, permit, &finished_tx)
                 .await;
-            self.metrics
-                .offers
-                .get_or_create(&[("answer", "taken".to_owned())])
-                .inc();
-            let _ = self
-                .client
-                .publish(reply, Bytes::from_static(subjects::OFFER_TAKEN))
+            self.answer_offer(reply, "taken", subjects::OFFER_TAKEN)
                 .await;
         }
         // Offers already here and not looked at go unanswered: their coordinator watches them.
         let _ = offers.unsubscribe().await;
+    }
+
+    /// Answers an offer and counts the answer (`trellis_worker_offers`); an answer lost on the
+    /// way leaves the attempt to its coordinator's watch.
+    async fn answer_offer(
+        &self,
+        reply: async_nats::Subject,
+        label: &'static str,
+        answer: &'static [u8],
+    ) {
+        self.metrics
+            .offers
+            .get_or_create(&[("answer", label.to_owned())])
+            .inc();
+        let _ = self.client.publish(reply, Bytes::from_static(answer)).await;
     }
 
     /// Pulls the queue's messages as slots free up: a long poll for one message while the queue

@@ -17,8 +17,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use trellis_proto::subjects;
 
-use super::Inbound;
 use super::append::store_until;
+use super::{Executor, Inbound};
 use crate::metrics::Metrics;
 use crate::turn::{Assign, Input};
 
@@ -84,14 +84,36 @@ impl Offer {
     }
 }
 
+impl Executor {
+    /// Offers an assignment from a task of its own, or sends it to the stream at once while its
+    /// queue's offers pause.
+    pub(super) fn send_offer(&self, offer: Offer) {
+        let stream = ToStream {
+            js: self.js.clone(),
+            tx: self.tx.clone(),
+            shutdown: self.shutdown.clone(),
+        };
+        if self.paused_offers.open(&offer.queue) {
+            tokio::spawn(ask(
+                self.nats.clone(),
+                self.paused_offers.clone(),
+                self.metrics.clone(),
+                stream,
+                offer,
+            ));
+        } else {
+            self.metrics.offer(&offer.queue, "paused");
+            tokio::spawn(stream.send(offer));
+        }
+    }
+}
+
 /// Offers `offer` and settles it: taken, to the stream and refused, or left to the turn's watch.
-pub(super) async fn offer(
+async fn ask(
     nats: async_nats::Client,
-    js: jetstream::Context,
     paused: Arc<Paused>,
-    tx: mpsc::Sender<Inbound>,
-    shutdown: CancellationToken,
     metrics: Metrics,
+    stream: ToStream,
     offer: Offer,
 ) {
     let request = async_nats::Request::new()
@@ -107,12 +129,12 @@ pub(super) async fn offer(
         }
         Ok(_) => {
             metrics.offer(&offer.queue, "busy");
-            to_stream(js, tx, shutdown, offer).await;
+            stream.send(offer).await;
         }
         Err(error) if error.kind() == RequestErrorKind::NoResponders => {
             metrics.offer(&offer.queue, "no_worker");
             paused.pause(&offer.queue);
-            to_stream(js, tx, shutdown, offer).await;
+            stream.send(offer).await;
         }
         Err(error) => {
             metrics.offer(&offer.queue, "unanswered");
@@ -121,23 +143,28 @@ pub(super) async fn offer(
     }
 }
 
-/// Publishes an assignment not taken to the stream until it is stored (its message id makes a
-/// repeat harmless), then tells the turn, whose watch of the attempt the queue now replaces.
-pub(super) async fn to_stream(
+/// What an assignment not taken needs to reach the stream and tell the turn.
+struct ToStream {
     js: jetstream::Context,
     tx: mpsc::Sender<Inbound>,
     shutdown: CancellationToken,
-    offer: Offer,
-) {
-    let Offer {
-        subject,
-        headers,
-        payload,
-        refused,
-        ..
-    } = offer;
-    store_until(&js, &shutdown, subject, headers, payload).await;
-    if !shutdown.is_cancelled() {
-        let _ = tx.send(Inbound::Input(refused)).await;
+}
+
+impl ToStream {
+    /// Publishes an assignment not taken to the stream until it is stored (its message id
+    /// makes a repeat harmless), then tells the turn, whose watch of the attempt the queue now
+    /// replaces.
+    async fn send(self, offer: Offer) {
+        let Offer {
+            subject,
+            headers,
+            payload,
+            refused,
+            ..
+        } = offer;
+        store_until(&self.js, &self.shutdown, subject, headers, payload).await;
+        if !self.shutdown.is_cancelled() {
+            let _ = self.tx.send(Inbound::Input(refused)).await;
+        }
     }
 }

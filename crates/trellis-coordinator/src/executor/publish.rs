@@ -74,23 +74,7 @@ impl Executor {
                 let subject = self.lanes.subject(&first.queue, first.fast);
                 let (headers, payload) = task_message(message);
                 if first.offer {
-                    let offer = super::offers::Offer::of(first, subject, headers, payload);
-                    let (js, tx, shutdown) =
-                        (self.js.clone(), self.tx.clone(), self.shutdown.clone());
-                    if self.paused_offers.open(&first.queue) {
-                        tokio::spawn(super::offers::offer(
-                            self.nats.clone(),
-                            js,
-                            self.paused_offers.clone(),
-                            tx,
-                            shutdown,
-                            self.metrics.clone(),
-                            offer,
-                        ));
-                    } else {
-                        self.metrics.offer(&first.queue, "paused");
-                        tokio::spawn(super::offers::to_stream(js, tx, shutdown, offer));
-                    }
+                    self.send_offer(super::offers::Offer::of(first, subject, headers, payload));
                     continue;
                 }
                 let publish = self
