@@ -217,6 +217,72 @@ impl Coordinator {
             tokio::time::sleep(Duration::from_millis(200 << n_reopens)).await;
         }
     }
+
+    /// Starts an execution and follows its events in one `RunExecution` call: `on_started` gets
+    /// the start's answer once it is stored, `on_item` each later item as in [`Self::observe`].
+    /// A stream that breaks after the start is followed on with `ObserveExecution` from the
+    /// sequence after the last one seen; the call itself is never sent twice, which would start
+    /// a second execution (but with an idempotency key).
+    ///
+    /// # Errors
+    ///
+    /// The coordinator's refusal of the start (an invalid plan, ...), a stream that breaks
+    /// before naming the execution or keeps breaking after, or what the callbacks return.
+    pub async fn run(
+        &mut self,
+        start: v1::StartExecutionRequest,
+        what: &str,
+        on_started: impl FnOnce(&v1::StartExecutionResponse) -> Result<(), Failure>,
+        mut on_item: impl FnMut(ObserveExecutionResponse) -> Result<ControlFlow<()>, Failure>,
+    ) -> Result<String, Failure> {
+        let request = v1::RunExecutionRequest {
+            start: Some(start),
+            progress_only: false,
+        };
+        let mut stream = self
+            .client
+            .run_execution(request)
+            .await
+            .map_err(|status| self.status_failure(&status, what))?
+            .into_inner();
+        let started = match stream.message().await {
+            Ok(Some(v1::RunExecutionResponse {
+                started: Some(started),
+                ..
+            })) => started,
+            Ok(_) => {
+                return Err(Failure::failed(format!(
+                    "{what}: the coordinator's answer did not name the execution it started"
+                )));
+            }
+            Err(status) => return Err(self.status_failure(&status, what)),
+        };
+        on_started(&started)?;
+        let execution_id = started.execution_id;
+        let mut next_sequence = 1;
+        loop {
+            match stream.message().await {
+                Ok(Some(item)) => {
+                    let Some(item) = item.observed else {
+                        continue;
+                    };
+                    if let Some(event) = &item.event {
+                        next_sequence = event.sequence + 1;
+                    }
+                    if on_item(item)?.is_break() {
+                        return Ok(execution_id);
+                    }
+                }
+                Ok(None) => return Ok(execution_id),
+                Err(status) if is_transient(&status) => break,
+                Err(status) => {
+                    return Err(self.status_failure(&status, &format!("execution {execution_id}")));
+                }
+            }
+        }
+        self.observe(&execution_id, next_sequence, on_item).await?;
+        Ok(execution_id)
+    }
 }
 
 /// The message for a coordinator that cannot be reached, naming the fix.

@@ -568,6 +568,8 @@ mod fake {
         pub started: Mutex<Option<StartExecutionRequest>>,
         /// How many times `GetExecution` was called.
         pub n_get_execution: AtomicUsize,
+        /// How many times `RunExecution` was called.
+        pub n_run_execution: AtomicUsize,
         /// Whether the first event stream was already broken on purpose.
         broke_once: AtomicBool,
         /// The last `PauseExecution` and `PauseFleet` requests.
@@ -1012,6 +1014,50 @@ mod fake {
             Ok(Response::new(tokio_stream::iter(items)))
         }
 
+        type RunExecutionStream =
+            tokio_stream::Iter<std::vec::IntoIter<Result<RunExecutionResponse, Status>>>;
+
+        /// `start_execution`, then `observe_execution`'s items from the first event (which
+        /// break once, as there).
+        async fn run_execution(
+            &self,
+            request: Request<RunExecutionRequest>,
+        ) -> Result<Response<Self::RunExecutionStream>, Status> {
+            use tokio_stream::StreamExt as _;
+            self.n_run_execution.fetch_add(1, Ordering::SeqCst);
+            let request = request.into_inner();
+            let start = request
+                .start
+                .ok_or_else(|| Status::invalid_argument("start: missing"))?;
+            let started = self
+                .start_execution(Request::new(start))
+                .await?
+                .into_inner();
+            let observe = ObserveExecutionRequest {
+                execution_id: started.execution_id.clone(),
+                from_sequence: 1,
+                progress_only: request.progress_only,
+            };
+            let observed = self.observe_execution(Request::new(observe)).await?;
+            let mut items = vec![Ok(RunExecutionResponse {
+                started: Some(started),
+                observed: None,
+            })];
+            items.extend(
+                observed
+                    .into_inner()
+                    .map(|item| {
+                        item.map(|observed| RunExecutionResponse {
+                            started: None,
+                            observed: Some(observed),
+                        })
+                    })
+                    .collect::<Vec<_>>()
+                    .await,
+            );
+            Ok(Response::new(tokio_stream::iter(items)))
+        }
+
         async fn get_execution_graph(
             &self,
             request: Request<GetExecutionGraphRequest>,
@@ -1188,6 +1234,11 @@ fn submit_wait_json_follows_every_event_across_a_broken_stream() {
         fake.n_get_execution.load(Ordering::SeqCst),
         0,
         "the snapshot of the last event says how it ended"
+    );
+    assert_eq!(
+        fake.n_run_execution.load(Ordering::SeqCst),
+        1,
+        "one call starts and follows; the broken stream is followed on with ObserveExecution"
     );
 
     let started = fake.started.lock().expect("lock").clone().expect("started");

@@ -1,6 +1,7 @@
 //! `trellis submit`: check a plan locally, start an execution of it, and optionally follow it to
 //! the end with a live progress bar or a JSON line per event.
 
+use std::cell::OnceCell;
 use std::io::{self, BufWriter, IsTerminal, Write};
 use std::ops::ControlFlow;
 use std::time::Duration;
@@ -10,7 +11,8 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
 use trellis_proto::v1::start_execution_request::PlanSource;
 use trellis_proto::v1::{
-    ExecutionOptions, ExecutionState, GetExecutionRequest, Progress, StartExecutionRequest,
+    ExecutionOptions, ExecutionState, GetExecutionRequest, ObserveExecutionResponse, Progress,
+    StartExecutionRequest, StartExecutionResponse,
 };
 
 use super::{Failure, plan};
@@ -84,30 +86,19 @@ pub async fn run_with_id(coordinator_url: &str, args: SubmitArgs) -> Result<Stri
             namespace: args.namespace.clone().unwrap_or_default(),
         }),
     };
-    let started = coordinator
-        .client
-        .start_execution(request)
-        .await
-        .map_err(|status| coordinator.status_failure(&status, &format!("plan {:?}", plan.name)))?
-        .into_inner();
-    let execution_id = started.execution_id;
-
-    let mut out = BufWriter::new(io::stdout().lock());
-    if args.json && !args.wait {
-        writeln!(
-            out,
-            "{}",
-            json!({"execution_id": execution_id, "created": started.created})
-        )?;
-    } else if !args.json {
-        writeln!(out, "{execution_id}")?;
-    }
-    out.flush()?;
-    drop(out);
+    let what = format!("plan {:?}", plan.name);
     if !args.wait {
-        return Ok(execution_id);
+        let started = coordinator
+            .client
+            .start_execution(request)
+            .await
+            .map_err(|status| coordinator.status_failure(&status, &what))?
+            .into_inner();
+        print_started(&started, args.json)?;
+        return Ok(started.execution_id);
     }
 
+    // With --wait, one call starts the execution and follows it.
     let mode = if args.json {
         Mode::Json
     } else if io::stdout().is_terminal() && io::stderr().is_terminal() {
@@ -116,19 +107,53 @@ pub async fn run_with_id(coordinator_url: &str, args: SubmitArgs) -> Result<Stri
         Mode::Quiet
     };
     let mut tracker = progress::Tracker::new();
-    let watch = watch(&mut coordinator, &execution_id, &mut tracker, &mode);
+    let started_id = OnceCell::new();
+    let watch = coordinator.run(
+        request,
+        &what,
+        |started| {
+            let _ = started_id.set(started.execution_id.clone());
+            if args.json {
+                // With --wait, JSON is one object per event and the summary.
+                return Ok(());
+            }
+            print_started(started, false)
+        },
+        |item| show(item, &mut tracker, &mode),
+    );
     let watched = tokio::select! {
         watched = watch => watched,
-        _ = tokio::signal::ctrl_c() => Err(Failure::failed(format!(
-            "stopped watching; the execution keeps running: `trellis events {execution_id} --follow`"
-        ))),
+        _ = tokio::signal::ctrl_c() => Err(Failure::failed(match started_id.get() {
+            Some(id) => format!(
+                "stopped watching; the execution keeps running: `trellis events {id} --follow`"
+            ),
+            None => "stopped before the coordinator answered; the execution may have started: \
+                `trellis list` shows it"
+                .to_owned(),
+        })),
     };
     if let Mode::Bar(bar) = &mode {
         bar.finish_and_clear();
     }
-    watched?;
+    let execution_id = watched?;
     finish(&mut coordinator, &execution_id, &tracker, &mode).await?;
     Ok(execution_id)
+}
+
+/// Prints a start's answer: the id, or with `json` the id and whether it is new.
+fn print_started(started: &StartExecutionResponse, json: bool) -> Result<(), Failure> {
+    let mut out = BufWriter::new(io::stdout().lock());
+    if json {
+        writeln!(
+            out,
+            "{}",
+            json!({"execution_id": started.execution_id, "created": started.created})
+        )?;
+    } else {
+        writeln!(out, "{}", started.execution_id)?;
+    }
+    out.flush()?;
+    Ok(())
 }
 
 /// How `--wait` shows what happens.
@@ -153,47 +178,42 @@ fn new_bar() -> ProgressBar {
     bar
 }
 
-/// Follows the execution's events until it is over (or the stream ends), feeding `tracker` and
-/// showing progress.
-async fn watch(
-    coordinator: &mut Coordinator,
-    execution_id: &str,
+/// Feeds one item of the execution's stream to `tracker` and shows progress; breaks once the
+/// execution is over.
+fn show(
+    item: ObserveExecutionResponse,
     tracker: &mut progress::Tracker,
     mode: &Mode,
-) -> Result<(), Failure> {
-    coordinator
-        .observe(execution_id, 1, |item| {
-            tracker.apply(&item);
-            match mode {
-                Mode::Bar(bar) => {
-                    if let Some(snapshot) = tracker.snapshot() {
-                        bar.set_position((snapshot.percent.clamp(0.0, 100.0) * 10.0) as u64);
-                        bar.set_message(bar_message(snapshot, tracker));
-                    } else if let Some(event) = &item.event {
-                        // Replayed history carries no snapshot: say where the replay is.
-                        bar.set_message(format!(
-                            "#{} {}",
-                            event.sequence,
-                            events::kind_name(event.kind.as_ref())
-                        ));
-                    }
-                }
-                Mode::Json => {
-                    if let Some(event) = &item.event {
-                        let mut out = io::stdout().lock();
-                        writeln!(out, "{}", events::json(event))?;
-                    }
-                }
-                Mode::Quiet => {}
+) -> Result<ControlFlow<()>, Failure> {
+    tracker.apply(&item);
+    match mode {
+        Mode::Bar(bar) => {
+            if let Some(snapshot) = tracker.snapshot() {
+                bar.set_position((snapshot.percent.clamp(0.0, 100.0) * 10.0) as u64);
+                bar.set_message(bar_message(snapshot, tracker));
+            } else if let Some(event) = &item.event {
+                // Replayed history carries no snapshot: say where the replay is.
+                bar.set_message(format!(
+                    "#{} {}",
+                    event.sequence,
+                    events::kind_name(event.kind.as_ref())
+                ));
             }
-            // The last event of an execution ends the log; no need to wait for the stream to close.
-            Ok(if tracker.is_over() {
-                ControlFlow::Break(())
-            } else {
-                ControlFlow::Continue(())
-            })
-        })
-        .await
+        }
+        Mode::Json => {
+            if let Some(event) = &item.event {
+                let mut out = io::stdout().lock();
+                writeln!(out, "{}", events::json(event))?;
+            }
+        }
+        Mode::Quiet => {}
+    }
+    // The last event of an execution ends the log; no need to wait for the stream to close.
+    Ok(if tracker.is_over() {
+        ControlFlow::Break(())
+    } else {
+        ControlFlow::Continue(())
+    })
 }
 
 fn bar_message(snapshot: &Progress, tracker: &progress::Tracker) -> String {

@@ -43,10 +43,10 @@ mod logs;
 mod observe;
 mod outputs;
 mod pauses;
+mod run;
 mod start;
 
 use list::{merge, page};
-use observe::{async_stream, backfill};
 
 /// The gRPC face of the coordinator.
 pub struct CoordinatorService {
@@ -283,37 +283,13 @@ impl Coordinator for CoordinatorService {
         request: Request<v1::StartExecutionRequest>,
     ) -> Result<Response<v1::StartExecutionResponse>, Status> {
         trellis_telemetry::hops::mark("coordinator.received");
-        let caller = principal(&request)?;
-        let options = request.get_ref().options.clone().unwrap_or_default();
-        // With an idempotency key the start lands on the key's shard; without one, on any shard
-        // this coordinator holds, or at one that holds some.
-        let shard = caller
-            .namespace_for(&options.namespace)
-            .ok()
-            .and_then(|namespace| {
-                turn::start_shard(&namespace, &options.idempotency_key, self.router.shards())
-            });
+        let shard = self.start_shard(&request, request.get_ref().options.as_ref())?;
         self.routed(
             request,
             shard,
-            move |principal, request: v1::StartExecutionRequest| Box::pin(async move {
-                let Some(source) = request.plan_source else {
-                    return Err(Status::invalid_argument(
-                        "plan_source: missing (send plan_source.spec or a compiled plan_source.plan)",
-                    ));
-                };
-                let options = request.options.unwrap_or_default();
-                let traceparent = trellis_telemetry::propagation::traceparent(
-                    &trellis_telemetry::propagation::current(),
-                )
-                .unwrap_or_default();
-                let plan = self.prepare(source).await?;
-                let (id, created) = self.start(plan, options, principal, traceparent).await?;
-                Ok(v1::StartExecutionResponse {
-                    execution_id: id.to_string(),
-                    created,
-                })
-            }),
+            move |principal, request: v1::StartExecutionRequest| {
+                Box::pin(self.start_here(principal, request))
+            },
             forward!(start_execution),
         )
         .await
@@ -507,33 +483,47 @@ impl Coordinator for CoordinatorService {
             request,
             Some(shard),
             move |principal, request: v1::ObserveExecutionRequest| {
-                Box::pin(async move {
-                    let (mut observation, live) = self
-                        .executor
-                        .observe(turn::Request::On {
-                            id,
-                            scope: principal.scope,
-                            action: Action::Observe {
-                                from: request.from_sequence,
-                                progress_only: request.progress_only,
-                            },
-                        })
-                        .await
-                        .map_err(status)?;
-                    let mut older = Vec::new();
-                    if let Some((from, until)) = observation.backfill.take() {
-                        // The coordinator holds the log after its checkpoint only; older events come
-                        // from JetStream.
-                        older = backfill(&self.events, id, from, until).await?;
-                    }
-                    let stream: EventStream = Box::pin(async_stream(observation, older, live));
-                    Ok(stream)
-                })
+                Box::pin(self.observation(
+                    principal.scope,
+                    id,
+                    request.from_sequence,
+                    request.progress_only,
+                ))
             },
             |mut client: Client, request| {
                 Box::pin(async move {
                     let response = client.observe_execution(request).await?;
                     let stream: EventStream = Box::pin(response.into_inner());
+                    Ok(Response::new(stream))
+                })
+            },
+        )
+        .await
+    }
+
+    type RunExecutionStream = run::RunStream;
+
+    async fn run_execution(
+        &self,
+        request: Request<v1::RunExecutionRequest>,
+    ) -> Result<Response<Self::RunExecutionStream>, Status> {
+        trellis_telemetry::hops::mark("coordinator.received");
+        let Some(start) = request.get_ref().start.as_ref() else {
+            return Err(Status::invalid_argument(
+                "start: missing (send the StartExecutionRequest to run)",
+            ));
+        };
+        let shard = self.start_shard(&request, start.options.as_ref())?;
+        self.routed(
+            request,
+            shard,
+            move |principal, request: v1::RunExecutionRequest| {
+                Box::pin(self.run_here(principal, request))
+            },
+            |mut client: Client, request| {
+                Box::pin(async move {
+                    let response = client.run_execution(request).await?;
+                    let stream: run::RunStream = Box::pin(response.into_inner());
                     Ok(Response::new(stream))
                 })
             },

@@ -7,11 +7,46 @@ use tonic::Status;
 use trellis_core::ids::ExecutionId;
 use trellis_proto::v1;
 
+use trellis_grpc::access::Scope;
+
+use super::{CoordinatorService, EventStream, status};
 use crate::executor::Flushed;
-use crate::turn;
+use crate::turn::{self, Action};
+
+impl CoordinatorService {
+    /// Opens an observer's stream of execution `id` here, from event `from` (or its progress
+    /// alone): its history, older events read from JetStream, then the live batches.
+    pub(super) async fn observation(
+        &self,
+        scope: Scope,
+        id: ExecutionId,
+        from: u64,
+        progress_only: bool,
+    ) -> Result<EventStream, Status> {
+        let (mut observation, live) = self
+            .executor
+            .observe(turn::Request::On {
+                id,
+                scope,
+                action: Action::Observe {
+                    from,
+                    progress_only,
+                },
+            })
+            .await
+            .map_err(status)?;
+        let mut older = Vec::new();
+        if let Some((from, until)) = observation.backfill.take() {
+            // The coordinator holds the log after its checkpoint only; older events come from
+            // JetStream.
+            older = backfill(&self.events, id, from, until).await?;
+        }
+        Ok(Box::pin(async_stream(observation, older, live)))
+    }
+}
 
 /// Reads events `from..=until` of an execution's log from JetStream.
-pub(super) async fn backfill(
+async fn backfill(
     events: &async_nats::jetstream::stream::Stream,
     id: ExecutionId,
     from: u64,
@@ -42,7 +77,7 @@ pub(super) async fn backfill(
 /// The history's batches are decoded here, one at a time as the caller takes them, not in the
 /// coordinator's turn. The stream reads the execution's channel itself, with no task between
 /// them: each live batch reaches the caller one hop after the loop sends it.
-pub(super) fn async_stream(
+fn async_stream(
     observation: turn::Observation,
     older: Vec<v1::Event>,
     live: tokio::sync::broadcast::Receiver<std::sync::Arc<Flushed>>,

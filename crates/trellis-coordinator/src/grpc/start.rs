@@ -1,9 +1,10 @@
 //! `StartExecution` here: the plan compiled outside the coordinator's turn, and a large plan's
 //! starting state built outside it too, so neither holds up the turn or the other calls.
 
-use tonic::Status;
+use tonic::{Request, Status};
 use trellis_core::ids::ExecutionId;
 use trellis_grpc::access::Principal;
+use trellis_grpc::server::principal;
 use trellis_proto::v1;
 
 use super::{CoordinatorService, status};
@@ -11,6 +12,47 @@ use crate::executor;
 use crate::turn::{self, Answer};
 
 impl CoordinatorService {
+    /// The shard a start lands on: with an idempotency key the key's shard (so one coordinator
+    /// remembers the key); without one, `None`: any shard this coordinator holds, or one that
+    /// holds some.
+    pub(super) fn start_shard<T>(
+        &self,
+        request: &Request<T>,
+        options: Option<&v1::ExecutionOptions>,
+    ) -> Result<Option<u32>, Status> {
+        let caller = principal(request)?;
+        let (namespace, key) = options.map_or(("", ""), |options| {
+            (options.namespace.as_str(), options.idempotency_key.as_str())
+        });
+        Ok(caller
+            .namespace_for(namespace)
+            .ok()
+            .and_then(|namespace| turn::start_shard(&namespace, key, self.router.shards())))
+    }
+
+    /// `StartExecution` answered here: the plan compiled, then the execution started.
+    pub(super) async fn start_here(
+        &self,
+        principal: Principal,
+        request: v1::StartExecutionRequest,
+    ) -> Result<v1::StartExecutionResponse, Status> {
+        let Some(source) = request.plan_source else {
+            return Err(Status::invalid_argument(
+                "plan_source: missing (send plan_source.spec or a compiled plan_source.plan)",
+            ));
+        };
+        let options = request.options.unwrap_or_default();
+        let traceparent =
+            trellis_telemetry::propagation::traceparent(&trellis_telemetry::propagation::current())
+                .unwrap_or_default();
+        let plan = self.prepare(source).await?;
+        let (id, created) = self.start(plan, options, principal, traceparent).await?;
+        Ok(v1::StartExecutionResponse {
+            execution_id: id.to_string(),
+            created,
+        })
+    }
+
     /// Compiles a start's plan outside the coordinator's turn (a small one compiled before comes
     /// from the cache); a large one on a blocking thread, so it holds up neither the turn nor
     /// the other calls.

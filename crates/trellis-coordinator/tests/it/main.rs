@@ -11,3 +11,4 @@ mod metrics;
 mod offers;
 mod recovery;
 mod relationships;
+mod run;

@@ -260,6 +260,35 @@ async fn a_restarted_coordinator_recovers_its_executions_from_the_log() {
 /// Observes an execution to its `ExecutionFinished`, reopening the stream from the next sequence
 /// whenever it breaks (as `trellis events --follow` does); returns the sequences received and how
 /// many times the stream was reopened.
+/// Runs `start` with `RunExecution` to its end: the start's answer and the last progress's state.
+async fn run_keyed(
+    client: &mut CoordinatorClient<Channel>,
+    start: v1::StartExecutionRequest,
+) -> (v1::StartExecutionResponse, Option<i32>) {
+    let request = v1::RunExecutionRequest {
+        start: Some(start),
+        progress_only: true,
+    };
+    let mut stream = client
+        .run_execution(request)
+        .await
+        .expect("a keyed run")
+        .into_inner();
+    let started = stream
+        .message()
+        .await
+        .expect("the run's stream")
+        .and_then(|first| first.started)
+        .expect("the first item names the execution");
+    let mut last_state = None;
+    while let Some(item) = stream.message().await.expect("the run's stream") {
+        if let Some(progress) = item.observed.and_then(|observed| observed.progress) {
+            last_state = Some(progress.state);
+        }
+    }
+    (started, last_state)
+}
+
 async fn follow(mut client: CoordinatorClient<Channel>, id: String) -> (Vec<u64>, usize) {
     let mut sequences = Vec::new();
     let mut reopened = 0;
@@ -368,6 +397,7 @@ async fn a_second_coordinator_takes_half_the_shards_answers_for_the_first_and_fi
             idempotency_key: key.to_owned(),
             ..Default::default()
         });
+        let keyed_run = keyed.clone();
         let once = first
             .client
             .start_execution(keyed.clone())
@@ -385,6 +415,11 @@ async fn a_second_coordinator_takes_half_the_shards_answers_for_the_first_and_fi
             "{key}: {once:?} then {again:?}"
         );
         assert_eq!(once.execution_id, again.execution_id, "{key}");
+        // So does a run, forwarded when the other holds the key's shard, and followed there.
+        let (started, last_state) = run_keyed(&mut second.client, keyed_run).await;
+        assert!(!started.created, "{key}: {started:?}");
+        assert_eq!(started.execution_id, once.execution_id, "{key}");
+        assert_eq!(last_state, Some(ExecutionState::Completed as i32), "{key}");
     }
     // An observer through the second coordinator follows the fan-out to its end, through the
     // crash below, resuming from the last sequence it saw whenever its stream breaks.

@@ -5,8 +5,9 @@
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use serde_json::{Value, json};
+use tonic::Status;
 use tonic::transport::Channel;
 use trellis_proto::v1::coordinator_client::CoordinatorClient;
 use trellis_proto::v1::{self, ExecutionState};
@@ -455,24 +456,43 @@ async fn run_one(client: CoordinatorClient<Channel>, plan: String) -> Result<Dur
     run_one_split(client, plan).await.map(|(_, _, took)| took)
 }
 
-/// Runs one plan to its end: its execution's id, how long until its start was answered, and
-/// until it completed.
+/// Runs one plan to its end in one `RunExecution` call: its execution's id, how long until the
+/// call named it, and until it completed.
 async fn run_one_split(
     mut client: CoordinatorClient<Channel>,
     plan: String,
 ) -> Result<(String, Duration, Duration), String> {
     let start = Instant::now();
-    let id = start_plan(&mut client, plan).await?;
+    let request = v1::RunExecutionRequest {
+        start: Some(start_request(plan)),
+        progress_only: true,
+    };
+    let mut stream = client
+        .run_execution(request)
+        .await
+        .map_err(|s| s.message().to_owned())?
+        .into_inner();
+    let id = stream
+        .message()
+        .await
+        .map_err(|s| s.message().to_owned())?
+        .and_then(|first| first.started)
+        .map(|started| started.execution_id)
+        .ok_or_else(|| "the RunExecution stream did not begin with the execution".to_owned())?;
     let started = start.elapsed();
-    wait_completed(client, id.clone()).await?;
+    let observed = stream.map(|item| {
+        item.and_then(|item| {
+            item.observed
+                .ok_or_else(|| Status::internal("a RunExecution item without `observed`"))
+        })
+    });
+    follow_to_end(client, id.clone(), observed).await?;
     Ok((id, started, start.elapsed()))
 }
 
-async fn start_plan(
-    client: &mut CoordinatorClient<Channel>,
-    text: String,
-) -> Result<String, String> {
-    let request = v1::StartExecutionRequest {
+/// The start of `text`, a YAML plan.
+fn start_request(text: String) -> v1::StartExecutionRequest {
+    v1::StartExecutionRequest {
         plan_source: Some(v1::start_execution_request::PlanSource::Spec(
             v1::PlanSpec {
                 text,
@@ -482,9 +502,15 @@ async fn start_plan(
             },
         )),
         options: None,
-    };
+    }
+}
+
+async fn start_plan(
+    client: &mut CoordinatorClient<Channel>,
+    text: String,
+) -> Result<String, String> {
     client
-        .start_execution(request)
+        .start_execution(start_request(text))
         .await
         .map(|r| r.into_inner().execution_id)
         .map_err(|s| s.message().to_owned())
@@ -498,14 +524,25 @@ async fn wait_completed(mut client: CoordinatorClient<Channel>, id: String) -> R
         from_sequence: 1,
         progress_only: true,
     };
-    let mut stream = client
+    let stream = client
         .observe_execution(request)
         .await
         .map_err(|s| s.message().to_owned())?
         .into_inner();
+    follow_to_end(client, id, stream).await
+}
+
+/// Reads a progress-only observer's `stream` of execution `id` to its end and checks the
+/// execution completed.
+async fn follow_to_end(
+    mut client: CoordinatorClient<Channel>,
+    id: String,
+    mut stream: impl Stream<Item = Result<v1::ObserveExecutionResponse, Status>> + Unpin,
+) -> Result<(), String> {
     let mut last_state = None;
     let mut ended = false;
-    while let Some(item) = stream.message().await.map_err(|s| s.message().to_owned())? {
+    while let Some(item) = stream.next().await {
+        let item = item.map_err(|s| s.message().to_owned())?;
         if let Some(progress) = item.progress {
             if !ended
                 && ExecutionState::try_from(progress.state).is_ok_and(crate::render::is_terminal)
