@@ -105,6 +105,105 @@ where
     Next::Run(received)
 }
 
+/// How long one pull waits for a first message before the next pull asks again.
+const FIRST_WAIT: Duration = Duration::from_secs(5);
+
+/// Most messages one pull of a run takes.
+const PULL_CHUNK: usize = 250;
+
+/// Takes runs of a durable pull consumer's messages in pulls of its own, instead of as the server
+/// pushes each one: while messages come one at a time (one small execution after another), the
+/// server would deliver each as it is stored, waking this process and working itself once per
+/// message right beside the executions' own path. Here a run waits for its first message (a long
+/// poll), lets [`RunLimits::linger`] pass, then takes what the consumer holds in one pull, so
+/// the server delivers a run in two pulls however many messages it holds. After a full run the
+/// next one is pulled at once, as a backlog is read.
+pub(crate) struct Puller {
+    consumer: async_nats::jetstream::consumer::PullConsumer,
+    limits: RunLimits,
+    /// The last run was full: more may be waiting.
+    full: bool,
+}
+
+impl Puller {
+    pub(crate) fn new(
+        consumer: async_nats::jetstream::consumer::PullConsumer,
+        limits: RunLimits,
+    ) -> Self {
+        Self {
+            consumer,
+            limits,
+            full: false,
+        }
+    }
+
+    /// The next run: at least one message when the consumer held or got one, none when a pull
+    /// after a full run found nothing. A message a shutdown leaves untaken comes again later.
+    ///
+    /// # Errors
+    ///
+    /// A pull the server refused or a delivery error, said with the server's words.
+    pub(crate) async fn next(&mut self, shutdown: &CancellationToken) -> Result<Next, String> {
+        let mut received = Vec::new();
+        let mut bytes = 0;
+        if !self.full {
+            let first = loop {
+                let mut pull = self
+                    .consumer
+                    .batch()
+                    .max_messages(1)
+                    .expires(FIRST_WAIT)
+                    .messages()
+                    .await
+                    .map_err(|err| format!("cannot pull: {err}"))?;
+                let first = tokio::select! {
+                    () = shutdown.cancelled() => return Ok(Next::ShutDown),
+                    first = pull.next() => first,
+                };
+                match first {
+                    Some(message) => break message.map_err(|err| err.to_string())?,
+                    // The pull expired with nothing: ask again.
+                    None => continue,
+                }
+            };
+            bytes += first.payload_len();
+            received.push(first);
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(Next::ShutDown),
+                () = tokio::time::sleep(self.limits.linger) => {}
+            }
+        }
+        // The rest in pulls of at most `PULL_CHUNK`, until the consumer has no more or the run
+        // is full: a run overshoots its bytes by at most one pull's messages.
+        loop {
+            let room = self.limits.messages.saturating_sub(received.len());
+            if room == 0 || bytes >= self.limits.bytes {
+                break;
+            }
+            let asked = room.min(PULL_CHUNK);
+            let mut pull = self
+                .consumer
+                .fetch()
+                .max_messages(asked)
+                .messages()
+                .await
+                .map_err(|err| format!("cannot pull: {err}"))?;
+            let mut got = 0;
+            while let Some(message) = pull.next().await {
+                let message = message.map_err(|err| err.to_string())?;
+                bytes += message.payload_len();
+                received.push(message);
+                got += 1;
+            }
+            if got < asked {
+                break;
+            }
+        }
+        self.full = received.len() >= self.limits.messages || bytes >= self.limits.bytes;
+        Ok(Next::Run(received))
+    }
+}
+
 /// Runs `write` until it succeeds, pausing between tries (50 ms, doubling up to 5 s) and logging
 /// each failure with `what`; returns false when `shutdown` comes first.
 pub(crate) async fn write_until_done<F, Fut>(
@@ -272,5 +371,149 @@ mod tests {
             .await
             .expect("a run past its byte limit returns at once");
         assert_eq!(run(taken), [Sent(600), Sent(500)]);
+    }
+}
+
+/// [`Puller`] against a real `nats-server -js`.
+#[cfg(test)]
+mod pulls {
+    use std::time::Duration;
+
+    use async_nats::jetstream::{self, consumer, stream};
+    use tokio_util::sync::CancellationToken;
+    use trellis_testkit::NatsServer;
+
+    use super::{Next, Puller, RunLimits};
+
+    /// A stream `T` of subjects `t.>`, a durable pull consumer of it, and a publisher.
+    async fn consumer(nats: &NatsServer) -> (jetstream::Context, consumer::PullConsumer) {
+        let client = async_nats::connect(nats.url()).await.expect("connect");
+        let js = jetstream::new(client);
+        let stream = js
+            .create_stream(stream::Config {
+                name: "T".to_owned(),
+                subjects: vec!["t.>".to_owned()],
+                ..Default::default()
+            })
+            .await
+            .expect("the stream");
+        let consumer = stream
+            .create_consumer(consumer::pull::Config {
+                durable_name: Some("reader".to_owned()),
+                ack_policy: consumer::AckPolicy::None,
+                ..Default::default()
+            })
+            .await
+            .expect("the consumer");
+        (js, consumer)
+    }
+
+    async fn publish(js: &jetstream::Context, from: usize, n: usize) {
+        for i in from..from + n {
+            js.publish("t.x", i.to_string().into())
+                .await
+                .expect("publish")
+                .await
+                .expect("stored");
+        }
+    }
+
+    fn payloads(next: Next) -> Vec<usize> {
+        match next {
+            Next::Run(run) => run
+                .iter()
+                .map(|m| {
+                    std::str::from_utf8(&m.payload)
+                        .ok()
+                        .and_then(|text| text.parse().ok())
+                        .expect("a number")
+                })
+                .collect(),
+            Next::ShutDown => panic!("a run was expected, not a shutdown"),
+            Next::Ended => panic!("a run was expected, not the end"),
+        }
+    }
+
+    fn limits(messages: usize, linger: Duration) -> RunLimits {
+        RunLimits {
+            messages,
+            bytes: 1 << 20,
+            linger,
+        }
+    }
+
+    #[tokio::test]
+    async fn messages_that_come_one_at_a_time_within_the_linger_share_a_run() {
+        let nats = NatsServer::start().expect("a nats-server (apt-get install nats-server)");
+        let (js, consumer) = consumer(&nats).await;
+        let shutdown = CancellationToken::new();
+        let mut puller = Puller::new(consumer, limits(100, Duration::from_millis(300)));
+        let publisher = {
+            let js = js.clone();
+            tokio::spawn(async move {
+                for i in 0..3 {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    publish(&js, i, 1).await;
+                }
+            })
+        };
+        let run = payloads(puller.next(&shutdown).await.expect("a run"));
+        publisher.await.expect("the publisher");
+        assert_eq!(
+            run,
+            [0, 1, 2],
+            "the first message waited for, then the linger's"
+        );
+        publish(&js, 3, 1).await;
+        let run = payloads(puller.next(&shutdown).await.expect("a run"));
+        assert_eq!(run, [3]);
+    }
+
+    #[tokio::test]
+    async fn a_backlog_comes_in_full_runs_pulled_back_to_back() {
+        let nats = NatsServer::start().expect("a nats-server (apt-get install nats-server)");
+        let (js, consumer) = consumer(&nats).await;
+        publish(&js, 0, 700).await;
+        let shutdown = CancellationToken::new();
+        // A linger no full run waits for: the test ends long before it.
+        let mut puller = Puller::new(consumer, limits(300, Duration::from_millis(100)));
+        let mut runs = Vec::new();
+        for _ in 0..3 {
+            runs.push(payloads(puller.next(&shutdown).await.expect("a run")));
+        }
+        let lengths: Vec<usize> = runs.iter().map(Vec::len).collect();
+        assert_eq!(
+            lengths,
+            [300, 300, 100],
+            "runs of at most 300, in pulls of 250"
+        );
+        let all: Vec<usize> = runs.into_iter().flatten().collect();
+        assert_eq!(
+            all,
+            (0..700).collect::<Vec<_>>(),
+            "every message once, in order"
+        );
+        // After a run that was not full the next waits for a message of its own.
+        let waiting =
+            tokio::time::timeout(Duration::from_millis(300), puller.next(&shutdown)).await;
+        assert!(waiting.is_err(), "nothing more was published");
+    }
+
+    #[tokio::test]
+    async fn a_shutdown_ends_the_wait_for_a_first_message() {
+        let nats = NatsServer::start().expect("a nats-server (apt-get install nats-server)");
+        let (_js, consumer) = consumer(&nats).await;
+        let shutdown = CancellationToken::new();
+        let mut puller = Puller::new(consumer, limits(10, Duration::from_millis(10)));
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            stop.cancel();
+        });
+        let next = tokio::time::timeout(Duration::from_secs(5), puller.next(&shutdown))
+            .await
+            .expect("the shutdown ends the wait")
+            .expect("no error");
+        assert!(matches!(next, Next::ShutDown));
     }
 }

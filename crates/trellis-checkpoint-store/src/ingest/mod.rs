@@ -134,15 +134,10 @@ impl Ingest {
                     .map_err(|err| format!("cannot create consumer {name}: {err}"))?
             }
         };
-        let mut messages = consumer
-            .stream()
-            .max_messages_per_batch(1_000)
-            .messages()
-            .await
-            .map_err(|err| format!("cannot consume the event log: {err}"))?;
+        let mut puller = crate::runs::Puller::new(consumer, RUN);
         tracing::info!(consumer = %name, "read model consuming the event log");
         loop {
-            let received = match crate::runs::next(&mut messages, shutdown, RUN, "event").await {
+            let received = match puller.next(shutdown).await? {
                 Next::Run(received) => received,
                 Next::ShutDown => return Ok(()),
                 Next::Ended => return Err("the event consumer ended".to_owned()),
