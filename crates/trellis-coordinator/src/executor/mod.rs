@@ -68,7 +68,7 @@ pub(crate) struct Flushed {
 }
 
 /// An answer, with the live channel of an observer.
-type Answered = (Answer, Option<broadcast::Receiver<Arc<Flushed>>>);
+pub(crate) type Answered = (Answer, Option<broadcast::Receiver<Arc<Flushed>>>);
 
 /// What reaches the executor task.
 pub(crate) enum Inbound {
@@ -112,7 +112,9 @@ impl Handle {
         }
     }
 
-    async fn ask_live(&self, request: Request) -> Result<Answered, Error> {
+    /// Asks and waits for the answer, with the live channel of an observer when the answer
+    /// opens one ([`Answer::Observation`], [`Answer::Following`]).
+    pub(crate) async fn ask_live(&self, request: Request) -> Result<Answered, Error> {
         let (reply, rx) = oneshot::channel();
         let stopping = || Error::unavailable("the coordinator is shutting down");
         self.tx
@@ -394,16 +396,22 @@ impl Executor {
                 continue;
             };
             let answered = answer.map(|answer| {
-                let live = match &answer {
-                    Answer::Observation(observation) if !observation.terminal => Some(
+                let observation = match &answer {
+                    Answer::Observation(observation) | Answer::Following { observation, .. } => {
+                        Some(observation)
+                    }
+                    _ => None,
+                };
+                let live = observation.map(|observation| {
+                    if observation.terminal {
+                        broadcast::channel(1).1
+                    } else {
                         self.observers
                             .entry(observation.execution)
                             .or_insert_with(|| broadcast::channel(OBSERVER_CAPACITY).0)
-                            .subscribe(),
-                    ),
-                    Answer::Observation(_) => Some(broadcast::channel(1).1),
-                    _ => None,
-                };
+                            .subscribe()
+                    }
+                });
                 (answer, live)
             });
             let _ = sender.send(answered);

@@ -23,7 +23,7 @@ impl CoordinatorService {
         from: u64,
         progress_only: bool,
     ) -> Result<EventStream, Status> {
-        let (mut observation, live) = self
+        let (observation, live) = self
             .executor
             .observe(turn::Request::On {
                 id,
@@ -35,11 +35,20 @@ impl CoordinatorService {
             })
             .await
             .map_err(status)?;
+        self.open(observation, live).await
+    }
+
+    /// An observer's stream from the turn's `observation` and the execution's `live` channel.
+    pub(super) async fn open(
+        &self,
+        mut observation: turn::Observation,
+        live: tokio::sync::broadcast::Receiver<std::sync::Arc<Flushed>>,
+    ) -> Result<EventStream, Status> {
         let mut older = Vec::new();
         if let Some((from, until)) = observation.backfill.take() {
             // The coordinator holds the log after its checkpoint only; older events come from
             // JetStream.
-            older = backfill(&self.events, id, from, until).await?;
+            older = backfill(&self.events, observation.execution, from, until).await?;
         }
         Ok(Box::pin(async_stream(observation, older, live)))
     }

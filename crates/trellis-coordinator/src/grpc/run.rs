@@ -7,19 +7,22 @@ use tonic::Status;
 use trellis_grpc::access::Principal;
 use trellis_proto::v1;
 
-use super::{CoordinatorService, execution_id};
+use super::{CoordinatorService, status};
+use crate::executor;
+use crate::turn::{self, Answer};
 
 /// The `RunExecution` stream.
 pub(crate) type RunStream =
     Pin<Box<dyn Stream<Item = Result<v1::RunExecutionResponse, Status>> + Send + 'static>>;
 
 impl CoordinatorService {
-    /// Starts the execution here, then follows it from its first event.
+    /// Starts the execution here and follows it from its first event: the turn that stores the
+    /// start opens its observer (`Answer::Following`), with no turn of its own.
     ///
-    /// Once the start is stored the call answers with a stream, whatever happens next: an
-    /// observer that cannot be opened (the shard moved meanwhile, the coordinator is stopping)
-    /// is the stream's error after the item naming the execution, so the call is never tried
-    /// again as a whole, which would start the execution twice.
+    /// Once the start is stored the call answers with a stream, whatever happens next: history
+    /// that cannot be read (older events from JetStream) is the stream's error after the item
+    /// naming the execution, so the call is never tried again as a whole, which would start the
+    /// execution twice.
     pub(super) async fn run_here(
         &self,
         principal: Principal,
@@ -32,14 +35,27 @@ impl CoordinatorService {
         let start = start.ok_or_else(|| {
             Status::invalid_argument("start: missing (send the StartExecutionRequest to run)")
         })?;
-        let scope = principal.scope.clone();
-        let started = self.start_here(principal, start).await?;
-        let id = execution_id("execution_id", &started.execution_id)?;
+        let follow = turn::Follow { progress_only };
+        let (answer, live) = self.start_answered(principal, start, Some(follow)).await?;
+        let (id, created, observation) = expect!(
+            answer,
+            Answer::Following { id, created, observation } => (id, created, observation)
+        )?;
+        let started = v1::StartExecutionResponse {
+            execution_id: id.to_string(),
+            created,
+        };
         let first = futures::stream::once(std::future::ready(Ok(v1::RunExecutionResponse {
             started: Some(started),
             observed: None,
         })));
-        let observed = match self.observation(scope, id, 1, progress_only).await {
+        let opened = match live {
+            Some(live) => self.open(observation, live).await,
+            None => Err(Status::internal(
+                "the coordinator followed a start without its channel",
+            )),
+        };
+        let observed = match opened {
             Ok(stream) => stream,
             Err(status) => Box::pin(futures::stream::once(std::future::ready(Err(status)))),
         };

@@ -2,7 +2,6 @@
 //! starting state built outside it too, so neither holds up the turn or the other calls.
 
 use tonic::{Request, Status};
-use trellis_core::ids::ExecutionId;
 use trellis_grpc::access::Principal;
 use trellis_grpc::server::principal;
 use trellis_proto::v1;
@@ -36,6 +35,22 @@ impl CoordinatorService {
         principal: Principal,
         request: v1::StartExecutionRequest,
     ) -> Result<v1::StartExecutionResponse, Status> {
+        let (answer, _) = self.start_answered(principal, request, None).await?;
+        let (id, created) = expect!(answer, Answer::Started { id, created } => (id, created))?;
+        Ok(v1::StartExecutionResponse {
+            execution_id: id.to_string(),
+            created,
+        })
+    }
+
+    /// Compiles the start's plan and starts it here, followed as `follow` says: the turn's
+    /// answer, with an observer's live channel when it is followed.
+    pub(super) async fn start_answered(
+        &self,
+        principal: Principal,
+        request: v1::StartExecutionRequest,
+        follow: Option<turn::Follow>,
+    ) -> Result<executor::Answered, Status> {
         let Some(source) = request.plan_source else {
             return Err(Status::invalid_argument(
                 "plan_source: missing (send plan_source.spec or a compiled plan_source.plan)",
@@ -46,11 +61,13 @@ impl CoordinatorService {
             trellis_telemetry::propagation::traceparent(&trellis_telemetry::propagation::current())
                 .unwrap_or_default();
         let plan = self.prepare(source).await?;
-        let (id, created) = self.start(plan, options, principal, traceparent).await?;
-        Ok(v1::StartExecutionResponse {
-            execution_id: id.to_string(),
-            created,
-        })
+        let start = Start {
+            options,
+            principal,
+            traceparent,
+            follow,
+        };
+        self.start(plan, start).await
     }
 
     /// Compiles a start's plan outside the coordinator's turn (a small one compiled before comes
@@ -71,26 +88,29 @@ impl CoordinatorService {
         prepared.map_err(status)
     }
 
-    /// Starts an execution of `plan` here; returns its id and whether it is new. A large plan
-    /// is admitted first, then its starting state is built on a blocking thread for the id and
-    /// time the turn gave (`Answer::Build`), and the start sent again with it: building holds
-    /// up neither the turn nor the other calls.
-    pub(super) async fn start(
+    /// Starts an execution of `plan` here; returns the turn's answer (`Started`, or `Following`
+    /// with its live channel). A large plan is admitted first, then its starting state is built
+    /// on a blocking thread for the id and time the turn gave (`Answer::Build`), and the start
+    /// sent again with it: building holds up neither the turn nor the other calls.
+    async fn start(
         &self,
         plan: turn::Prepared,
-        options: v1::ExecutionOptions,
-        principal: Principal,
-        traceparent: String,
-    ) -> Result<(ExecutionId, bool), Status> {
-        let start = |plan| turn::Request::Start {
+        start: Start,
+    ) -> Result<executor::Answered, Status> {
+        let request = |plan| turn::Request::Start {
             plan: Box::new(plan),
-            options: options.clone(),
-            principal: principal.clone(),
-            traceparent: traceparent.clone(),
+            options: start.options.clone(),
+            principal: start.principal.clone(),
+            traceparent: start.traceparent.clone(),
+            follow: start.follow,
         };
-        let answer = self.executor.ask(start(plan)).await.map_err(status)?;
-        let answer = match answer {
-            Answer::Build { id, at_ms, plan } => {
+        let answered = self
+            .executor
+            .ask_live(request(plan))
+            .await
+            .map_err(status)?;
+        match answered {
+            (Answer::Build { id, at_ms, plan }, _) => {
                 let plan = crate::priority::lowered(move || {
                     let mut plan = *plan;
                     plan.build(id, at_ms);
@@ -101,10 +121,17 @@ impl CoordinatorService {
                     Status::internal(format!("building the execution stopped: {err}"))
                 })?;
                 // The turn asks for a build once per start: the second pass starts or refuses.
-                self.executor.ask(start(plan)).await.map_err(status)?
+                self.executor.ask_live(request(plan)).await.map_err(status)
             }
-            answer => answer,
-        };
-        expect!(answer, Answer::Started { id, created } => (id, created))
+            answered => Ok(answered),
+        }
     }
+}
+
+/// What a start carries besides its plan.
+struct Start {
+    options: v1::ExecutionOptions,
+    principal: Principal,
+    traceparent: String,
+    follow: Option<turn::Follow>,
 }

@@ -166,6 +166,8 @@ pub enum Request {
         principal: Principal,
         /// The W3C `traceparent` of the call, recorded for the execution's later spans.
         traceparent: String,
+        /// Follow the execution from its first event: the answer is [`Answer::Following`].
+        follow: Option<Follow>,
     },
     /// A request about one execution, which the caller's scope must allow: an execution of
     /// another namespace is answered NOT_FOUND, as if it did not exist.
@@ -182,6 +184,13 @@ pub enum Request {
         queue: String,
         include_terminated: bool,
     },
+}
+
+/// How a start is followed (`RunExecution`).
+#[derive(Clone, Copy, Debug)]
+pub struct Follow {
+    /// Progress alone, as [`Action::Observe`]'s.
+    pub progress_only: bool,
 }
 
 /// What to do with one execution.
@@ -236,6 +245,15 @@ pub enum Answer {
         id: ExecutionId,
         at_ms: u64,
         plan: Box<super::Prepared>,
+    },
+    /// A start asked to be followed: what [`Answer::Started`] says, and an observation of the
+    /// execution from its first event, made once the start is stored, in the same step that
+    /// hands the start's events to observers: the observer subscribed with this answer misses
+    /// nothing and is sent nothing twice.
+    Following {
+        id: ExecutionId,
+        created: bool,
+        observation: Observation,
     },
     /// The execution's state after a pause, resume or cancel (a `v1::ExecutionState`).
     State(i32),

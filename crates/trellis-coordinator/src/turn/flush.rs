@@ -344,21 +344,36 @@ impl Coordinator {
     }
 
     /// Returns the answers to this turn's writes: a write to an execution whose append was
-    /// refused did not happen, and says so.
+    /// refused did not happen, and says so. A followed start's observation is made here, once
+    /// its events are stored and handed to observers.
     pub(super) fn write_replies(&mut self) -> Vec<(ReplyTo, Result<Answer, Error>)> {
         let refused = std::mem::take(&mut self.refused);
-        std::mem::take(&mut self.pending.replies)
+        let not_done = |id: ExecutionId| {
+            Error::unavailable(format!(
+                "execution {id} was changed by another coordinator meanwhile; \
+                 nothing was done: try again"
+            ))
+        };
+        let mut replies: Vec<_> = std::mem::take(&mut self.pending.replies)
             .into_iter()
             .map(|(reply, id, answer)| match id {
-                Some(id) if refused.contains(&id) => (
-                    reply,
-                    Err(Error::unavailable(format!(
-                        "execution {id} was changed by another coordinator meanwhile; \
-                         nothing was done: try again"
-                    ))),
-                ),
+                Some(id) if refused.contains(&id) => (reply, Err(not_done(id))),
                 _ => (reply, answer),
             })
-            .collect()
+            .collect();
+        for (reply, id, created, follow) in std::mem::take(&mut self.pending.follows) {
+            let answer = if refused.contains(&id) {
+                Err(not_done(id))
+            } else {
+                self.observation(id, 1, follow.progress_only, self.now)
+                    .map(|observation| Answer::Following {
+                        id,
+                        created,
+                        observation,
+                    })
+            };
+            replies.push((reply, answer));
+        }
+        replies
     }
 }

@@ -53,7 +53,7 @@ pub use checkpoint::{CheckpointJob, FULL_EVERY, KEEP_FULL};
 pub use consumed::Consumed;
 pub use contract::{
     Ack, Action, Answer, Append, Appended, Assign, Broken, Delivery, Effects, FAST_LANE_SHARE,
-    History, Input, Observation, Observed, Publish, Recoveries, Recovery, Request, Writes,
+    Follow, History, Input, Observation, Observed, Publish, Recoveries, Recovery, Request, Writes,
 };
 pub use error::{Error, ErrorKind};
 pub use reserve::{ORPHAN_AFTER_MS, RECHECK_UNBORN_MS, RESERVED_PER_SHARD, USE_WITHIN_MS};
@@ -228,6 +228,9 @@ struct Pending {
     writes: Writes,
     /// Answers that wait for the appends, with the execution the write changed.
     replies: Vec<(ReplyTo, Option<ExecutionId>, Result<Answer, Error>)>,
+    /// Followed starts, answered once their appends are stored: the execution, whether it is
+    /// new, and how it is followed.
+    follows: Vec<(ReplyTo, ExecutionId, bool, Follow)>,
     /// Consumed results, with the execution each fed (none: set aside).
     acks: Vec<(Token, Option<ExecutionId>)>,
     /// Results handed back at once: their execution is not in memory yet.

@@ -32,12 +32,21 @@ impl Coordinator {
                 options,
                 principal,
                 traceparent,
+                follow,
             } => {
                 match self.start(*plan, options, &principal, traceparent, now) {
                     Ok(Started::Started { id, created }) => {
                         self.mark(id);
                         // The caller learns the id once `ExecutionStarted` is durable.
-                        self.reply_after(reply, Some(id), Ok(Answer::Started { id, created }));
+                        match follow {
+                            Some(follow) => {
+                                self.pending.follows.push((reply, id, created, follow));
+                            }
+                            None => {
+                                let started = Ok(Answer::Started { id, created });
+                                self.reply_after(reply, Some(id), started);
+                            }
+                        }
                     }
                     Ok(Started::Build {
                         id,
@@ -154,34 +163,8 @@ impl Coordinator {
                 from,
                 progress_only,
             } => {
-                let answer = match self.executions.get(&id) {
-                    None => Err(Error::not_found(id)),
-                    Some(live) => {
-                        let terminal =
-                            live.machine.state().is_terminal() && live.pending.is_empty();
-                        let from = from.max(1);
-                        let (backfill, history) = if progress_only {
-                            (None, History::default())
-                        } else {
-                            (
-                                (from < live.log_base).then(|| (from, live.log_base - 1)),
-                                live.history(from.max(live.log_base)),
-                            )
-                        };
-                        Ok(Answer::Observation(Observation {
-                            execution: id,
-                            backfill,
-                            history,
-                            terminal,
-                            // Not from events this turn has yet to store: a progress-only
-                            // observer then hears of them from their live batch.
-                            progress: (terminal || (progress_only && live.pending.is_empty()))
-                                .then(|| live.progress(id, now)),
-                            progress_only,
-                        }))
-                    }
-                };
-                self.reply_now(reply, answer);
+                let answer = self.observation(id, from, progress_only, now);
+                self.reply_now(reply, answer.map(Answer::Observation));
                 return;
             }
         };
@@ -192,6 +175,42 @@ impl Coordinator {
             }
             Err(err) => self.reply_now(reply, Err(err)),
         }
+    }
+
+    /// An observer's start: execution `id`'s history from event `from` (or its progress alone),
+    /// as far as it is stored.
+    pub(super) fn observation(
+        &self,
+        id: ExecutionId,
+        from: u64,
+        progress_only: bool,
+        now: u64,
+    ) -> Result<Observation, Error> {
+        let live = self
+            .executions
+            .get(&id)
+            .ok_or_else(|| Error::not_found(id))?;
+        let terminal = live.machine.state().is_terminal() && live.pending.is_empty();
+        let from = from.max(1);
+        let (backfill, history) = if progress_only {
+            (None, History::default())
+        } else {
+            (
+                (from < live.log_base).then(|| (from, live.log_base - 1)),
+                live.history(from.max(live.log_base)),
+            )
+        };
+        Ok(Observation {
+            execution: id,
+            backfill,
+            history,
+            terminal,
+            // Not from events this turn has yet to store: a progress-only observer then hears
+            // of them from their live batch.
+            progress: (terminal || (progress_only && live.pending.is_empty()))
+                .then(|| live.progress(id, now)),
+            progress_only,
+        })
     }
 
     /// Records a human's answer to an open question.

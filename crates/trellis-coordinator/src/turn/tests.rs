@@ -332,6 +332,7 @@ mod window {
                 options: v1::ExecutionOptions::default(),
                 principal,
                 traceparent: String::new(),
+                follow: None,
             },
         }
     }

@@ -40,6 +40,23 @@ impl World {
                 }
                 (
                     Call::Start { plan },
+                    Ok(Answer::Following {
+                        id,
+                        created,
+                        observation,
+                    }),
+                ) => {
+                    if self.nats.events.last_seq(id).is_none() {
+                        return Err(format!(
+                            "the followed start of {id} (created: {created}) was answered by \
+                             coordinator {idx} before it was logged"
+                        ));
+                    }
+                    check_followed(&self.nats, idx, observation)?;
+                    self.plans[plan].2 = true;
+                }
+                (
+                    Call::Start { plan },
                     Ok(Answer::Build {
                         id,
                         at_ms,
@@ -171,7 +188,47 @@ impl World {
     }
 }
 
-/// The start of plan `plan`, under the idempotency key of the plan.
+/// Checks what a followed start's observer begins with: every stored event of the execution
+/// from its first, once (the older ones as the range to read from the log), or with
+/// `progress_only` the progress now.
+fn check_followed(nats: &Nats, idx: usize, observation: turn::Observation) -> Result<(), String> {
+    let id = observation.execution;
+    if observation.progress_only {
+        return match observation.progress {
+            Some(_) => Ok(()),
+            None => Err(format!(
+                "coordinator {idx} followed {id} for its progress without the progress"
+            )),
+        };
+    }
+    let last = nats
+        .events
+        .log(id)
+        .last()
+        .and_then(|record| log::decode_event_batch(&record.payload).ok())
+        .map_or(0, |batch| {
+            batch.first_sequence + batch.entries.len() as u64 - 1
+        });
+    let first = observation.backfill.map_or(1, |(_, until)| until + 1);
+    let (from, batches) = observation.history.into_batches();
+    let mut seen = Vec::new();
+    for batch in batches {
+        let batch = log::decode_event_batch(&batch)
+            .map_err(|err| format!("coordinator {idx} followed {id} with a bad batch: {err}"))?;
+        let sequences = batch.first_sequence..batch.first_sequence + batch.entries.len() as u64;
+        seen.extend(sequences.filter(|sequence| *sequence >= from));
+    }
+    let expected: Vec<u64> = (first..=last).collect();
+    if seen != expected {
+        return Err(format!(
+            "coordinator {idx} followed {id} from {seen:?}, not from the stored {expected:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// The start of plan `plan`, under the idempotency key of the plan; every other plan's start
+/// is followed (`RunExecution`), every fourth for its progress alone.
 fn start(plan: usize, prepared: Box<turn::Prepared>) -> Request {
     Request::Start {
         plan: prepared,
@@ -181,6 +238,9 @@ fn start(plan: usize, prepared: Box<turn::Prepared>) -> Request {
         },
         principal: Principal::anonymous(),
         traceparent: String::new(),
+        follow: (plan % 2 == 1).then_some(turn::Follow {
+            progress_only: plan % 4 == 3,
+        }),
     }
 }
 

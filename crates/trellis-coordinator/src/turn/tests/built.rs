@@ -29,6 +29,7 @@ fn start(plan: Prepared, key: &str) -> Input {
             },
             principal: Principal::anonymous(),
             traceparent: String::new(),
+            follow: None,
         },
     }
 }

@@ -157,3 +157,129 @@ fn a_progress_only_observation_is_the_progress_now() {
         "after a start, a dispatch and an end"
     );
 }
+
+/// A start of a one-task plan asking to be followed.
+fn followed_start(progress_only: bool) -> Input {
+    let Input::Request {
+        reply,
+        request:
+            Request::Start {
+                plan,
+                options,
+                principal,
+                traceparent,
+                ..
+            },
+    } = start(1)
+    else {
+        unreachable!("`start` makes a start request");
+    };
+    Input::Request {
+        reply,
+        request: Request::Start {
+            plan,
+            options,
+            principal,
+            traceparent,
+            follow: Some(crate::turn::Follow { progress_only }),
+        },
+    }
+}
+
+/// A followed start is answered only once its events are stored, with an observation that holds
+/// them: the observer subscribed with it is sent what later turns store, and the start's own
+/// batch, which the same step hands to the observers already there, is in its history.
+#[test]
+fn a_followed_start_is_answered_with_its_stored_history_after_its_append() {
+    let mut coordinator = coordinator(0);
+    own_shard_0(&mut coordinator);
+    let writes = coordinator.turn(vec![followed_start(false)], 3);
+    assert!(
+        writes.replies.is_empty(),
+        "nothing is answered before the append"
+    );
+    let [append] = writes.appends.as_slice() else {
+        panic!("one append: {:?}", writes.appends);
+    };
+    let id = append.id;
+    let effects = super::window::stored(&mut coordinator, &writes, 3);
+    let [
+        (
+            1,
+            Ok(Answer::Following {
+                id: followed,
+                created: true,
+                observation,
+            }),
+        ),
+    ] = effects.replies.as_slice()
+    else {
+        panic!("the start, followed: {:?}", effects.replies);
+    };
+    assert_eq!(*followed, id);
+    assert_eq!(observation.execution, id);
+    assert!(!observation.terminal);
+    let (from, batches) = observation.history.clone().into_batches();
+    assert_eq!(from, 1);
+    let sequences: Vec<u64> = batches
+        .flat_map(|batch| {
+            v1::EventBatch::decode(batch)
+                .expect("an event batch")
+                .events
+                .into_iter()
+                .map(|event| event.sequence)
+        })
+        .collect();
+    let stored: Vec<u64> = effects
+        .observed
+        .iter()
+        .filter(|observed| observed.id == id)
+        .flat_map(|observed| observed.events.iter().map(|event| event.sequence))
+        .collect();
+    assert!(
+        !stored.is_empty(),
+        "the start's batch goes to the observers"
+    );
+    assert_eq!(sequences, stored, "the history is exactly the stored batch");
+}
+
+/// Followed for its progress alone, the answer carries the progress after the start's events.
+#[test]
+fn a_start_followed_for_its_progress_is_answered_with_the_progress_after_it() {
+    let mut coordinator = coordinator(0);
+    own_shard_0(&mut coordinator);
+    let effects = turn(&mut coordinator, vec![followed_start(true)], 3);
+    let [(1, Ok(Answer::Following { observation, .. }))] = effects.replies.as_slice() else {
+        panic!("the start, followed: {:?}", effects.replies);
+    };
+    assert!(observation.progress_only);
+    let progress = observation.progress.as_ref().expect("the progress now");
+    assert_eq!(progress.state, v1::ExecutionState::Running as i32);
+    let counts = progress.counts.expect("counts");
+    assert_eq!(counts.running + counts.pending, 1, "{counts:?}");
+}
+
+/// A followed start whose append another coordinator's write refused did not happen, and says so.
+#[test]
+fn a_followed_start_whose_append_is_refused_is_refused() {
+    let mut coordinator = coordinator(0);
+    own_shard_0(&mut coordinator);
+    let writes = coordinator.turn(vec![followed_start(false)], 3);
+    let refused: Vec<_> = writes
+        .appends
+        .iter()
+        .map(|append| {
+            (
+                append.id,
+                crate::turn::Appended::Fenced {
+                    why: "wrong last sequence".to_owned(),
+                },
+            )
+        })
+        .collect();
+    let effects = coordinator.appended(refused, 3);
+    let [(1, Err(err))] = effects.replies.as_slice() else {
+        panic!("a refusal: {:?}", effects.replies);
+    };
+    assert_eq!(err.kind, crate::turn::ErrorKind::Unavailable);
+}

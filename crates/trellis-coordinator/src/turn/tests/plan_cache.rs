@@ -109,6 +109,7 @@ fn start(prepared: Prepared, principal: Principal) -> Input {
             options: v1::ExecutionOptions::default(),
             principal,
             traceparent: String::new(),
+            follow: None,
         },
     }
 }
