@@ -40,6 +40,7 @@ fn services_have_their_rpcs() {
                 "GetExecution",
                 "ListExecutions",
                 "ObserveExecution",
+                "RunExecution",
                 "GetExecutionGraph",
                 "GetTaskLogs",
                 "GetTaskOutput",
@@ -124,17 +125,16 @@ fn services_have_their_rpcs() {
         let expected: BTreeSet<&str> = rpc_names.iter().copied().collect();
         assert_eq!(actual, &expected, "rpcs of {service_name}");
     }
-    let observe = descriptor_set
-        .file
-        .iter()
-        .flat_map(|file| &file.service)
-        .flat_map(|service| &service.method)
-        .find(|method| method.name() == "ObserveExecution")
-        .expect("ObserveExecution exists");
-    assert!(
-        observe.server_streaming(),
-        "ObserveExecution streams events"
-    );
+    for streamed in ["ObserveExecution", "RunExecution"] {
+        let method = descriptor_set
+            .file
+            .iter()
+            .flat_map(|file| &file.service)
+            .flat_map(|service| &service.method)
+            .find(|method| method.name() == streamed)
+            .unwrap_or_else(|| panic!("{streamed} exists"));
+        assert!(method.server_streaming(), "{streamed} streams events");
+    }
 }
 
 #[test]
