@@ -145,40 +145,52 @@ impl Puller {
     /// A pull the server refused or a delivery error, said with the server's words.
     pub(crate) async fn next(&mut self, shutdown: &CancellationToken) -> Result<Next, String> {
         let mut received = Vec::new();
-        let mut bytes = 0;
         if !self.full {
-            let first = loop {
-                let mut pull = self
-                    .consumer
-                    .batch()
-                    .max_messages(1)
-                    .expires(FIRST_WAIT)
-                    .messages()
-                    .await
-                    .map_err(|err| format!("cannot pull: {err}"))?;
-                let first = tokio::select! {
-                    () = shutdown.cancelled() => return Ok(Next::ShutDown),
-                    first = pull.next() => first,
-                };
-                match first {
-                    Some(message) => break message.map_err(|err| err.to_string())?,
-                    // The pull expired with nothing: ask again.
-                    None => continue,
-                }
+            let Some(first) = self.first(shutdown).await? else {
+                return Ok(Next::ShutDown);
             };
-            bytes += first.payload_len();
             received.push(first);
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(Next::ShutDown),
                 () = tokio::time::sleep(self.limits.linger) => {}
             }
         }
-        // The rest in pulls of at most `PULL_CHUNK`, until the consumer has no more or the run
-        // is full: a run overshoots its bytes by at most one pull's messages.
+        let bytes = self.rest(&mut received).await?;
+        self.full = received.len() >= self.limits.messages || bytes >= self.limits.bytes;
+        Ok(Next::Run(received))
+    }
+
+    /// Waits for one message, in pulls of [`FIRST_WAIT`] each; `None` when shut down first.
+    async fn first(&self, shutdown: &CancellationToken) -> Result<Option<Message>, String> {
+        loop {
+            let mut pull = self
+                .consumer
+                .batch()
+                .max_messages(1)
+                .expires(FIRST_WAIT)
+                .messages()
+                .await
+                .map_err(|err| format!("cannot pull: {err}"))?;
+            let first = tokio::select! {
+                () = shutdown.cancelled() => return Ok(None),
+                first = pull.next() => first,
+            };
+            // A pull that expired with nothing asks again.
+            if let Some(message) = first {
+                return message.map(Some).map_err(|err| err.to_string());
+            }
+        }
+    }
+
+    /// Adds what the consumer holds to `received`, in pulls of at most [`PULL_CHUNK`], until it
+    /// has no more or the run is full (overshooting its bytes by at most one pull's messages);
+    /// returns the run's payload bytes.
+    async fn rest(&self, received: &mut Vec<Message>) -> Result<usize, String> {
+        let mut bytes: usize = received.iter().map(Payload::payload_len).sum();
         loop {
             let room = self.limits.messages.saturating_sub(received.len());
             if room == 0 || bytes >= self.limits.bytes {
-                break;
+                return Ok(bytes);
             }
             let asked = room.min(PULL_CHUNK);
             let mut pull = self
@@ -196,11 +208,9 @@ impl Puller {
                 got += 1;
             }
             if got < asked {
-                break;
+                return Ok(bytes);
             }
         }
-        self.full = received.len() >= self.limits.messages || bytes >= self.limits.bytes;
-        Ok(Next::Run(received))
     }
 }
 

@@ -4,9 +4,11 @@
 
 use std::error::Error as _;
 use std::ops::ControlFlow;
+use std::pin::Pin;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use futures::{Stream, StreamExt};
 use tonic::{Code, Status};
 use trellis_grpc::{AuthChannel, ClientSecurity};
 use trellis_proto::v1::coordinator_client::CoordinatorClient;
@@ -24,6 +26,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How many times in a row a broken event stream is reopened before giving up.
 const MAX_REOPENS: u32 = 5;
+
+/// An observer's items, from `ObserveExecution` or the rest of a `RunExecution`.
+type Items = Pin<Box<dyn Stream<Item = Result<ObserveExecutionResponse, Status>> + Send>>;
 
 /// The credentials of this process's calls.
 static SECURITY: OnceLock<ClientSecurity> = OnceLock::new();
@@ -178,36 +183,55 @@ impl Coordinator {
         &mut self,
         execution_id: &str,
         from_sequence: u64,
+        on_item: impl FnMut(ObserveExecutionResponse) -> Result<ControlFlow<()>, Failure>,
+    ) -> Result<(), Failure> {
+        self.follow(execution_id, from_sequence, None, on_item)
+            .await
+    }
+
+    /// [`Self::observe`], reading `opened` first when there is one (the rest of a
+    /// `RunExecution` stream), then observers opened from the sequence after the last one seen.
+    async fn follow(
+        &mut self,
+        execution_id: &str,
+        from_sequence: u64,
+        mut opened: Option<Items>,
         mut on_item: impl FnMut(ObserveExecutionResponse) -> Result<ControlFlow<()>, Failure>,
     ) -> Result<(), Failure> {
         let what = format!("execution {execution_id}");
         let mut next_sequence = from_sequence.max(1);
         let mut n_reopens = 0;
         loop {
-            let request = ObserveExecutionRequest {
-                execution_id: execution_id.to_owned(),
-                from_sequence: next_sequence,
-                progress_only: false,
-            };
-            let broken = match self.client.observe_execution(request).await {
-                Ok(response) => {
-                    let mut stream = response.into_inner();
-                    loop {
-                        match stream.message().await {
-                            Ok(Some(item)) => {
-                                n_reopens = 0;
-                                if let Some(event) = &item.event {
-                                    next_sequence = event.sequence + 1;
-                                }
-                                if on_item(item)?.is_break() {
-                                    return Ok(());
-                                }
-                            }
-                            Ok(None) => return Ok(()),
-                            Err(status) => break status,
-                        }
-                    }
+            let stream = match opened.take() {
+                Some(stream) => Ok(stream),
+                None => {
+                    let request = ObserveExecutionRequest {
+                        execution_id: execution_id.to_owned(),
+                        from_sequence: next_sequence,
+                        progress_only: false,
+                    };
+                    self.client
+                        .observe_execution(request)
+                        .await
+                        .map(|response| -> Items { Box::pin(response.into_inner()) })
                 }
+            };
+            let broken = match stream {
+                Ok(mut stream) => loop {
+                    match stream.next().await {
+                        Some(Ok(item)) => {
+                            n_reopens = 0;
+                            if let Some(event) = &item.event {
+                                next_sequence = event.sequence + 1;
+                            }
+                            if on_item(item)?.is_break() {
+                                return Ok(());
+                            }
+                        }
+                        None => return Ok(()),
+                        Some(Err(status)) => break status,
+                    }
+                },
                 Err(status) => status,
             };
             if !is_transient(&broken) || n_reopens >= MAX_REOPENS {
@@ -233,7 +257,7 @@ impl Coordinator {
         start: v1::StartExecutionRequest,
         what: &str,
         on_started: impl FnOnce(&v1::StartExecutionResponse) -> Result<(), Failure>,
-        mut on_item: impl FnMut(ObserveExecutionResponse) -> Result<ControlFlow<()>, Failure>,
+        on_item: impl FnMut(ObserveExecutionResponse) -> Result<ControlFlow<()>, Failure>,
     ) -> Result<String, Failure> {
         let request = v1::RunExecutionRequest {
             start: Some(start),
@@ -259,28 +283,14 @@ impl Coordinator {
         };
         on_started(&started)?;
         let execution_id = started.execution_id;
-        let mut next_sequence = 1;
-        loop {
-            match stream.message().await {
-                Ok(Some(item)) => {
-                    let Some(item) = item.observed else {
-                        continue;
-                    };
-                    if let Some(event) = &item.event {
-                        next_sequence = event.sequence + 1;
-                    }
-                    if on_item(item)?.is_break() {
-                        return Ok(execution_id);
-                    }
-                }
-                Ok(None) => return Ok(execution_id),
-                Err(status) if is_transient(&status) => break,
-                Err(status) => {
-                    return Err(self.status_failure(&status, &format!("execution {execution_id}")));
-                }
-            }
-        }
-        self.observe(&execution_id, next_sequence, on_item).await?;
+        let observed = stream.filter_map(|item| {
+            std::future::ready(match item {
+                Ok(item) => item.observed.map(Ok),
+                Err(status) => Some(Err(status)),
+            })
+        });
+        self.follow(&execution_id, 1, Some(Box::pin(observed)), on_item)
+            .await?;
         Ok(execution_id)
     }
 }

@@ -509,9 +509,7 @@ impl Coordinator for CoordinatorService {
     ) -> Result<Response<Self::RunExecutionStream>, Status> {
         trellis_telemetry::hops::mark("coordinator.received");
         let Some(start) = request.get_ref().start.as_ref() else {
-            return Err(Status::invalid_argument(
-                "start: missing (send the StartExecutionRequest to run)",
-            ));
+            return Err(run::missing_start());
         };
         let shard = self.start_shard(&request, start.options.as_ref())?;
         self.routed(

@@ -15,6 +15,11 @@ use crate::turn::{self, Answer};
 pub(crate) type RunStream =
     Pin<Box<dyn Stream<Item = Result<v1::RunExecutionResponse, Status>> + Send + 'static>>;
 
+/// The refusal of a run without its start.
+pub(super) fn missing_start() -> Status {
+    Status::invalid_argument("start: missing (send the StartExecutionRequest to run)")
+}
+
 impl CoordinatorService {
     /// Starts the execution here and follows it from its first event: the turn that stores the
     /// start opens its observer (`Answer::Following`), with no turn of its own.
@@ -32,9 +37,7 @@ impl CoordinatorService {
             start,
             progress_only,
         } = request;
-        let start = start.ok_or_else(|| {
-            Status::invalid_argument("start: missing (send the StartExecutionRequest to run)")
-        })?;
+        let start = start.ok_or_else(missing_start)?;
         let follow = turn::Follow { progress_only };
         let (answer, live) = self.start_answered(principal, start, Some(follow)).await?;
         let (id, created, observation) = expect!(

@@ -13,7 +13,7 @@ use trellis_proto::v1::coordinator_client::CoordinatorClient;
 use trellis_proto::v1::{self, ExecutionState, event::Kind};
 use trellis_telemetry::redact::Secret;
 
-use crate::cluster::{self, Cluster, Setup};
+use crate::cluster::{self, Cluster, Setup, spec};
 
 const TOKEN_A: &str = "token-of-team-a-7d1e";
 const TOKEN_B: &str = "token-of-team-b-03c9";
@@ -78,24 +78,6 @@ async fn client(cluster: &Cluster, token: Option<&str>) -> CoordinatorClient<Aut
             .await
             .expect("the coordinator accepts connections"),
     )
-}
-
-fn spec(yaml: &str, namespace: &str, key: &str) -> v1::StartExecutionRequest {
-    v1::StartExecutionRequest {
-        plan_source: Some(v1::start_execution_request::PlanSource::Spec(
-            v1::PlanSpec {
-                text: yaml.to_owned(),
-                format: v1::PlanFormat::Yaml as i32,
-                source_name: "auth.yaml".to_owned(),
-                params: Default::default(),
-            },
-        )),
-        options: Some(v1::ExecutionOptions {
-            namespace: namespace.to_owned(),
-            idempotency_key: key.to_owned(),
-            ..v1::ExecutionOptions::default()
-        }),
-    }
 }
 
 const SLOW: &str = "name: slow\ntasks:\n  - {id: nap, type: sleep, input: {ms: 1500}}\n  - {id: ask, type: question, input: {text: go?}, depends_on: [nap]}\n";

@@ -279,19 +279,29 @@ impl Run {
     }
 }
 
+/// The start of the YAML plan `yaml` in `namespace` under idempotency key `key` (each empty:
+/// the default, none).
+pub fn spec(yaml: &str, namespace: &str, key: &str) -> v1::StartExecutionRequest {
+    v1::StartExecutionRequest {
+        plan_source: Some(v1::start_execution_request::PlanSource::Spec(
+            v1::PlanSpec {
+                text: yaml.to_owned(),
+                format: v1::PlanFormat::Yaml as i32,
+                source_name: "test.yaml".to_owned(),
+                params: Default::default(),
+            },
+        )),
+        options: Some(v1::ExecutionOptions {
+            namespace: namespace.to_owned(),
+            idempotency_key: key.to_owned(),
+            ..v1::ExecutionOptions::default()
+        }),
+    }
+}
+
 impl Cluster {
     pub async fn start_plan(&mut self, yaml: &str) -> String {
-        let request = v1::StartExecutionRequest {
-            plan_source: Some(v1::start_execution_request::PlanSource::Spec(
-                v1::PlanSpec {
-                    text: yaml.to_owned(),
-                    format: v1::PlanFormat::Yaml as i32,
-                    source_name: "test.yaml".to_owned(),
-                    params: Default::default(),
-                },
-            )),
-            options: None,
-        };
+        let request = spec(yaml, "", "");
         self.client
             .start_execution(request)
             .await

@@ -12,6 +12,8 @@ use trellis_proto::v1::coordinator_client::CoordinatorClient;
 use trellis_proto::v1::{self, ExecutionState};
 use trellis_testkit::NatsServer;
 
+use crate::cluster::spec;
+
 /// Shards of the coordinators here: more than one, so results are routed per shard.
 const SHARDS: u32 = 4;
 
@@ -105,20 +107,6 @@ impl Coordinator {
     fn crash(self) {
         self.task.abort();
         self.token.cancel();
-    }
-}
-
-fn plan_request(yaml: &str) -> v1::StartExecutionRequest {
-    v1::StartExecutionRequest {
-        plan_source: Some(v1::start_execution_request::PlanSource::Spec(
-            v1::PlanSpec {
-                text: yaml.to_owned(),
-                format: v1::PlanFormat::Yaml as i32,
-                source_name: "recovery.yaml".to_owned(),
-                params: Default::default(),
-            },
-        )),
-        options: None,
     }
 }
 
@@ -233,7 +221,7 @@ async fn a_restarted_coordinator_recovers_its_executions_from_the_log() {
     let mut first = Coordinator::start(&nats.url(), "coordinator-a", Duration::from_secs(2)).await;
     let id = first
         .client
-        .start_execution(plan_request(FANOUT_PLAN))
+        .start_execution(spec(FANOUT_PLAN, "", ""))
         .await
         .expect("execution starts")
         .into_inner()
@@ -364,7 +352,7 @@ async fn a_second_coordinator_takes_half_the_shards_answers_for_the_first_and_fi
     let id = loop {
         let id = first
             .client
-            .start_execution(plan_request(&slow_fanout_plan()))
+            .start_execution(spec(&slow_fanout_plan(), "", ""))
             .await
             .expect("execution starts")
             .into_inner()
@@ -392,11 +380,7 @@ async fn a_second_coordinator_takes_half_the_shards_answers_for_the_first_and_fi
     // A start with an idempotency key lands on the key's shard, whichever coordinator is
     // asked: the second ask finds the first's execution.
     for key in ["key-1", "key-2", "key-3"] {
-        let mut keyed = plan_request("name: keyed\ntasks:\n- {id: t, type: noop}\n");
-        keyed.options = Some(v1::ExecutionOptions {
-            idempotency_key: key.to_owned(),
-            ..Default::default()
-        });
+        let keyed = spec("name: keyed\ntasks:\n- {id: t, type: noop}\n", "", key);
         let keyed_run = keyed.clone();
         let once = first
             .client
@@ -430,9 +414,11 @@ async fn a_second_coordinator_takes_half_the_shards_answers_for_the_first_and_fi
     for n in 0..8 {
         let started = second
             .client
-            .start_execution(plan_request(&format!(
-                "name: small-{n}\ntasks:\n- {{id: t, type: noop}}\n"
-            )))
+            .start_execution(spec(
+                &format!("name: small-{n}\ntasks:\n- {{id: t, type: noop}}\n"),
+                "",
+                "",
+            ))
             .await
             .expect("a start through either coordinator lands on a held shard")
             .into_inner();
@@ -511,7 +497,7 @@ async fn retry_runs_again_only_what_did_not_complete() {
 - {id: slow, type: sleep, input: {ms: 400}, depends_on: [quick]}\n";
     let id = coordinator
         .client
-        .start_execution(plan_request(plan))
+        .start_execution(spec(plan, "", ""))
         .await
         .expect("execution starts")
         .into_inner()
@@ -638,8 +624,10 @@ async fn an_execution_whose_messages_left_the_event_log_is_read_from_the_read_mo
     .await;
     let id = coordinator
         .client
-        .start_execution(plan_request(
+        .start_execution(spec(
             "name: purged\ntasks:\n- {id: t, type: noop}\n",
+            "",
+            "",
         ))
         .await
         .expect("execution starts")

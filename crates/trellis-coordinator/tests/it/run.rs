@@ -7,23 +7,6 @@ use trellis_proto::v1::{self, ExecutionState};
 
 use crate::cluster;
 
-fn start(yaml: &str, key: &str) -> v1::StartExecutionRequest {
-    v1::StartExecutionRequest {
-        plan_source: Some(v1::start_execution_request::PlanSource::Spec(
-            v1::PlanSpec {
-                text: yaml.to_owned(),
-                format: v1::PlanFormat::Yaml as i32,
-                source_name: "run.yaml".to_owned(),
-                params: Default::default(),
-            },
-        )),
-        options: Some(v1::ExecutionOptions {
-            idempotency_key: key.to_owned(),
-            ..Default::default()
-        }),
-    }
-}
-
 /// What one `RunExecution` stream carried: the start's answer and every later item.
 struct Ran {
     started: v1::StartExecutionResponse,
@@ -82,7 +65,7 @@ const CHAIN: &str =
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_execution_starts_and_follows_every_event_to_the_end() {
     let mut cluster = cluster::start(1).await;
-    let ran = run(&mut cluster, start(CHAIN, ""), false)
+    let ran = run(&mut cluster, cluster::spec(CHAIN, "", ""), false)
         .await
         .expect("the run");
     assert!(ran.started.created);
@@ -105,7 +88,7 @@ async fn run_execution_starts_and_follows_every_event_to_the_end() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_execution_with_progress_only_ends_with_the_final_progress() {
     let mut cluster = cluster::start(1).await;
-    let ran = run(&mut cluster, start(CHAIN, ""), true)
+    let ran = run(&mut cluster, cluster::spec(CHAIN, "", ""), true)
         .await
         .expect("the run");
     assert!(
@@ -120,10 +103,10 @@ async fn run_execution_with_progress_only_ends_with_the_final_progress() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_execution_with_a_used_idempotency_key_follows_the_first_execution() {
     let mut cluster = cluster::start(1).await;
-    let first = run(&mut cluster, start(CHAIN, "nightly"), true)
+    let first = run(&mut cluster, cluster::spec(CHAIN, "", "nightly"), true)
         .await
         .expect("the first run");
-    let again = run(&mut cluster, start(CHAIN, "nightly"), false)
+    let again = run(&mut cluster, cluster::spec(CHAIN, "", "nightly"), false)
         .await
         .expect("the same key again");
     assert!(first.started.created && !again.started.created);
@@ -155,8 +138,9 @@ async fn run_execution_refuses_a_bad_request_and_starts_nothing() {
     );
     let bad = run(
         &mut cluster,
-        start(
+        cluster::spec(
             "name: bad\ntasks:\n- {id: a, type: noop, depends_on: [nowhere]}\n",
+            "",
             "",
         ),
         true,
