@@ -130,14 +130,36 @@ async fn browser_reads_a_task_in_full_and_finds_things_in_big_runs() {
     .await;
     close_drawer().await;
     tab(&client, "timeline").await;
+    // The chart is painted on the frame after the tab shows: until then the canvas has its
+    // default size and rows sit elsewhere, so wait for the painted, laid-out chart.
+    wait_page(
+        &client,
+        "the timeline is painted with its rows",
+        Duration::from_secs(10),
+        || async {
+            let painted = client
+                .execute(
+                    "const c = document.getElementById('timeline-canvas');\
+                     return c != null && c.style.height !== '' \
+                     && c.getBoundingClientRect().height === c.parentElement.clientHeight;",
+                    vec![],
+                )
+                .await
+                .ok()
+                .and_then(|v| v.as_bool())
+                .unwrap_or(false);
+            painted && text(&client, "#timeline-info").await.ends_with("instances")
+        },
+    )
+    .await;
     let canvas = client
         .find(Locator::Css("#timeline-canvas"))
         .await
         .expect("the timeline");
-    let (_, _, _, height) = canvas.rectangle().await.expect("its size");
     let mut from_timeline = String::new();
     for row in 0..3 {
         use fantoccini::actions::{InputSource, MOUSE_BUTTON_LEFT, MouseActions, PointerAction};
+        let (_, _, _, height) = canvas.rectangle().await.expect("its size");
         // Rows are 18 px under a 26 px axis; the bar spans the middle of the time axis.
         let y = -height / 2.0 + 26.0 + 18.0 * f64::from(row) + 9.0;
         let press = MouseActions::new("mouse".to_owned())
@@ -154,8 +176,15 @@ async fn browser_reads_a_task_in_full_and_finds_things_in_big_runs() {
                 button: MOUSE_BUTTON_LEFT,
             });
         client.perform_actions(press).await.expect("a click");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        from_timeline = drawer_title().await;
+        // The drawer names a known instance as it opens; give the click's events time to land.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        loop {
+            from_timeline = drawer_title().await;
+            if !from_timeline.is_empty() || tokio::time::Instant::now() > deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         if from_timeline == "tick" {
             break;
         }
