@@ -18,6 +18,7 @@ use crate::commands::Failure;
 use background::in_background;
 
 mod background;
+mod cores;
 
 /// Settings of a local cluster.
 #[derive(Debug, Clone)]
@@ -120,6 +121,9 @@ pub struct Local {
     nats: Option<NatsChild>,
     /// The version of the nats-server started here (`2.15.1`); `None` for one given by URL.
     pub nats_version: Option<String>,
+    /// The `GOMAXPROCS` of the nats-server started here (empty: Go's default, every core);
+    /// `None` for one given by URL.
+    pub nats_procs: Option<String>,
     pub sync: SyncMode,
     /// Why a service of the cluster stopped before it was told to (`the planner stopped:
     /// ...`): a cluster that lost a part must say so, not serve on without it.
@@ -195,6 +199,7 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         }
     };
     let nats_version = nats.as_ref().map(|child| child.version.to_string());
+    let nats_procs = nats.as_ref().map(|child| child.procs.clone());
     let shutdown = CancellationToken::new();
     let telemetry = Telemetry::new();
     let (report, stopped) = mpsc::unbounded_channel();
@@ -344,6 +349,7 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         shutdown,
         nats,
         nats_version,
+        nats_procs,
         sync: options.sync,
         stopped,
     })
@@ -395,6 +401,9 @@ struct NatsChild {
     port: u16,
     store: PathBuf,
     version: NatsVersion,
+    /// The `GOMAXPROCS` it runs with (`cores::nats_procs`, or the environment's); empty for
+    /// Go's default, every core.
+    procs: String,
 }
 
 /// A nats-server's version, as `nats-server --version` prints it (`nats-server: v2.15.1`).
@@ -478,13 +487,22 @@ impl NatsChild {
         }
         std::fs::write(&config, text)
             .map_err(|e| Failure::failed(format!("cannot write {}: {e}", config.display())))?;
-        let child = Command::new(binary)
+        let mut command = Command::new(binary);
+        command
             .arg("-c")
             .arg(&config)
             .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
             .arg(&store)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::null());
+        let procs = match cores::nats_procs(sync) {
+            Some(procs) => {
+                command.env(cores::NATS_PROCS_ENV, procs.to_string());
+                procs.to_string()
+            }
+            None => std::env::var(cores::NATS_PROCS_ENV).unwrap_or_default(),
+        };
+        let child = command
             .spawn()
             .map_err(|e| Failure::failed(format!("cannot start {binary}: {e}")))?;
         let nats = Self {
@@ -492,6 +510,7 @@ impl NatsChild {
             port,
             store,
             version,
+            procs,
         };
         wait_for_port(
             SocketAddr::from(([127, 0, 0, 1], port)),
@@ -539,10 +558,12 @@ pub fn nats_from_env() -> Result<Option<String>, Failure> {
 /// Runs a command that hosts services on a multi-threaded runtime and maps its outcome to an exit
 /// code.
 pub fn run_local(command: impl Future<Output = Result<(), Failure>>) -> std::process::ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    if let Some(threads) = cores::runtime_threads() {
+        builder.worker_threads(threads);
+    }
+    let runtime = match builder.build() {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("trellis: cannot start the async runtime: {e}");

@@ -80,7 +80,9 @@ const LONG_SCENARIOS: [&str; 2] = ["soak", "scale"];
         durability on), runs each scenario with `noop` tasks, and prints one JSON object per \
         scenario on stdout, for example\n  \
         {\"system\":\"trellis\",\"scenario\":\"fanout\",\"n\":10000,\"seconds\":0.84,\"tasks_per_s\":11905}\n\
-        A scenario that fails prints {\"scenario\":...,\"error\":...} and the command exits 1.",
+        A scenario that fails prints {\"scenario\":...,\"error\":...} and the command exits 1.\n\n\
+        As `trellis dev`, the process and its nats-server share the cores (TOKIO_WORKER_THREADS \
+        and GOMAXPROCS override); each line's `threads` says how.",
     after_help = "Examples:\n  \
         trellis bench\n  \
         trellis bench --scenario fanout --n 10000\n  \
@@ -182,6 +184,14 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
                     .clone()
                     .unwrap_or_else(|| "NATS_URL".to_owned())
             ),
+        ),
+        (
+            "threads",
+            json!({
+                "runtime": tokio::runtime::Handle::current().metrics().num_workers(),
+                // `null`: Go's default (every core), or a server given by URL.
+                "nats": local.nats_procs.as_deref().and_then(|procs| procs.parse::<u64>().ok()),
+            }),
         ),
     ];
     // The disk the server stores on; `None` for a server given by URL or a device without the
