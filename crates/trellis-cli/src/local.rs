@@ -121,9 +121,9 @@ pub struct Local {
     nats: Option<NatsChild>,
     /// The version of the nats-server started here (`2.15.1`); `None` for one given by URL.
     pub nats_version: Option<String>,
-    /// The `GOMAXPROCS` of the nats-server started here (empty: Go's default, every core);
-    /// `None` for one given by URL.
-    pub nats_procs: Option<String>,
+    /// The `GOMAXPROCS` of the nats-server started here; `None` for Go's default (every core)
+    /// or a server given by URL.
+    pub nats_procs: Option<usize>,
     pub sync: SyncMode,
     /// Why a service of the cluster stopped before it was told to (`the planner stopped:
     /// ...`): a cluster that lost a part must say so, not serve on without it.
@@ -199,7 +199,7 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         }
     };
     let nats_version = nats.as_ref().map(|child| child.version.to_string());
-    let nats_procs = nats.as_ref().map(|child| child.procs.clone());
+    let nats_procs = nats.as_ref().and_then(|child| child.procs);
     let shutdown = CancellationToken::new();
     let telemetry = Telemetry::new();
     let (report, stopped) = mpsc::unbounded_channel();
@@ -401,9 +401,9 @@ struct NatsChild {
     port: u16,
     store: PathBuf,
     version: NatsVersion,
-    /// The `GOMAXPROCS` it runs with (`cores::nats_procs`, or the environment's); empty for
+    /// The `GOMAXPROCS` it runs with (`cores::nats_procs`, or the environment's); `None` for
     /// Go's default, every core.
-    procs: String,
+    procs: Option<usize>,
 }
 
 /// A nats-server's version, as `nats-server --version` prints it (`nats-server: v2.15.1`).
@@ -498,9 +498,11 @@ impl NatsChild {
         let procs = match cores::nats_procs(sync) {
             Some(procs) => {
                 command.env(cores::NATS_PROCS_ENV, procs.to_string());
-                procs.to_string()
+                Some(procs)
             }
-            None => std::env::var(cores::NATS_PROCS_ENV).unwrap_or_default(),
+            None => std::env::var(cores::NATS_PROCS_ENV)
+                .ok()
+                .and_then(|procs| procs.parse().ok()),
         };
         let child = command
             .spawn()

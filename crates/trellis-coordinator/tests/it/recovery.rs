@@ -245,9 +245,6 @@ async fn a_restarted_coordinator_recovers_its_executions_from_the_log() {
     second.token.cancel();
 }
 
-/// Observes an execution to its `ExecutionFinished`, reopening the stream from the next sequence
-/// whenever it breaks (as `trellis events --follow` does); returns the sequences received and how
-/// many times the stream was reopened.
 /// Runs `start` with `RunExecution` to its end: the start's answer and the last progress's state.
 async fn run_keyed(
     client: &mut CoordinatorClient<Channel>,
@@ -277,6 +274,9 @@ async fn run_keyed(
     (started, last_state)
 }
 
+/// Observes an execution to its `ExecutionFinished`, reopening the stream from the next sequence
+/// whenever it breaks (as `trellis events --follow` does); returns the sequences received and how
+/// many times the stream was reopened.
 async fn follow(mut client: CoordinatorClient<Channel>, id: String) -> (Vec<u64>, usize) {
     let mut sequences = Vec::new();
     let mut reopened = 0;
@@ -381,7 +381,6 @@ async fn a_second_coordinator_takes_half_the_shards_answers_for_the_first_and_fi
     // asked: the second ask finds the first's execution.
     for key in ["key-1", "key-2", "key-3"] {
         let keyed = spec("name: keyed\ntasks:\n- {id: t, type: noop}\n", "", key);
-        let keyed_run = keyed.clone();
         let once = first
             .client
             .start_execution(keyed.clone())
@@ -390,7 +389,7 @@ async fn a_second_coordinator_takes_half_the_shards_answers_for_the_first_and_fi
             .into_inner();
         let again = second
             .client
-            .start_execution(keyed)
+            .start_execution(keyed.clone())
             .await
             .expect("the same keyed start elsewhere")
             .into_inner();
@@ -400,7 +399,7 @@ async fn a_second_coordinator_takes_half_the_shards_answers_for_the_first_and_fi
         );
         assert_eq!(once.execution_id, again.execution_id, "{key}");
         // So does a run, forwarded when the other holds the key's shard, and followed there.
-        let (started, last_state) = run_keyed(&mut second.client, keyed_run).await;
+        let (started, last_state) = run_keyed(&mut second.client, keyed).await;
         assert!(!started.created, "{key}: {started:?}");
         assert_eq!(started.execution_id, once.execution_id, "{key}");
         assert_eq!(last_state, Some(ExecutionState::Completed as i32), "{key}");
