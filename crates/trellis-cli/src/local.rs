@@ -557,15 +557,10 @@ pub fn nats_from_env() -> Result<Option<String>, Failure> {
     }
 }
 
-/// Runs a command that hosts services on a multi-threaded runtime and maps its outcome to an exit
-/// code.
+/// Runs a command that hosts services on a runtime of the cores' split ([`cores::Scheduler`]) and
+/// maps its outcome to an exit code.
 pub fn run_local(command: impl Future<Output = Result<(), Failure>>) -> std::process::ExitCode {
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    builder.enable_all();
-    if let Some(threads) = cores::runtime_threads() {
-        builder.worker_threads(threads);
-    }
-    let runtime = match builder.build() {
+    let runtime = match cores::Scheduler::here().builder().enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("trellis: cannot start the async runtime: {e}");

@@ -18,8 +18,9 @@ use crate::local;
         UI) serves on --monitor; its controls need the token printed at start (or the one given \
         with --monitor-token). Ctrl-C or SIGTERM stops everything and removes its temporary NATS store.\n\n\
         This process and the nats-server it starts share the cores: half of them (at least one; \
-        every core with --sync always) for the server's GOMAXPROCS, the rest for this process's async runtime; set \
-        TOKIO_WORKER_THREADS or GOMAXPROCS to choose otherwise.",
+        every core with --sync always) for the server's GOMAXPROCS, the rest for this process's async runtime \
+        (one core: a single thread runs every task); set TOKIO_WORKER_THREADS or GOMAXPROCS to choose \
+        otherwise.",
     after_help = "Examples:\n  \
         trellis dev\n  \
         trellis dev --workers 4 --slots 64\n  \

@@ -83,7 +83,7 @@ const LONG_SCENARIOS: [&str; 2] = ["soak", "scale"];
         {\"system\":\"trellis\",\"scenario\":\"fanout\",\"n\":10000,\"seconds\":0.84,\"tasks_per_s\":11905}\n\
         A scenario that fails prints {\"scenario\":...,\"error\":...} and the command exits 1.\n\n\
         As `trellis dev`, the process and its nats-server share the cores (TOKIO_WORKER_THREADS \
-        and GOMAXPROCS override); each line's `threads` says how.",
+        and GOMAXPROCS override); each line's `threads` says how, and on which scheduler.",
     after_help = "Examples:\n  \
         trellis bench\n  \
         trellis bench --scenario fanout --n 10000\n  \
@@ -190,6 +190,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
             "threads",
             json!({
                 "runtime": tokio::runtime::Handle::current().metrics().num_workers(),
+                "scheduler": scheduler_name(),
                 // `null`: Go's default (every core), or a server given by URL.
                 "nats": local.nats_procs,
             }),
@@ -339,6 +340,16 @@ fn line(scenario: &str, n: usize, setup: &[(&str, Value)], fields: &[(&str, Valu
 }
 
 /// The `q` quantile of ascending `sorted` samples (0 for none).
+/// The scheduler this process's runtime runs on, as the bench lines name it.
+fn scheduler_name() -> &'static str {
+    match tokio::runtime::Handle::current().runtime_flavor() {
+        tokio::runtime::RuntimeFlavor::CurrentThread => "current_thread",
+        tokio::runtime::RuntimeFlavor::MultiThread => "multi_thread",
+        // A flavor of a later tokio.
+        _ => "other",
+    }
+}
+
 fn percentile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
