@@ -396,16 +396,21 @@ async fn chain(client: CoordinatorClient<Channel>, n: usize) -> Result<Fields, S
 }
 
 async fn throughput(client: CoordinatorClient<Channel>, n: usize) -> Result<Fields, String> {
+    let seconds = run_one(client, throughput_plan(n)).await?.as_secs_f64();
+    Ok(vec![
+        ("seconds", json!(round(seconds, 3))),
+        ("tasks_per_s", json!(round(n as f64 / seconds, 0))),
+    ])
+}
+
+/// The plan of `throughput`: `n` independent `noop` tasks.
+fn throughput_plan(n: usize) -> String {
     let mut plan = String::with_capacity(n * 32);
     plan.push_str("name: bench-throughput\ntasks:\n");
     for i in 0..n {
         plan.push_str(&format!("- {{id: t{i}, type: noop}}\n"));
     }
-    let seconds = run_one(client, plan).await?.as_secs_f64();
-    Ok(vec![
-        ("seconds", json!(round(seconds, 3))),
-        ("tasks_per_s", json!(round(n as f64 / seconds, 0))),
-    ])
+    plan
 }
 
 /// Lines each task of the `logs` scenario writes.
