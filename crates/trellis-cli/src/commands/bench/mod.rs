@@ -339,7 +339,6 @@ fn line(scenario: &str, n: usize, setup: &[(&str, Value)], fields: &[(&str, Valu
     line
 }
 
-/// The `q` quantile of ascending `sorted` samples (0 for none).
 /// The scheduler this process's runtime runs on, as the bench lines name it.
 fn scheduler_name() -> &'static str {
     match tokio::runtime::Handle::current().runtime_flavor() {
@@ -350,6 +349,7 @@ fn scheduler_name() -> &'static str {
     }
 }
 
+/// The `q` quantile of ascending `sorted` samples (0 for none).
 fn percentile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
