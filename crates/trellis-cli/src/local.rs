@@ -495,15 +495,16 @@ impl NatsChild {
             .arg(&store)
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        let procs = match cores::nats_procs(sync) {
-            Some(procs) => {
-                command.env(cores::NATS_PROCS_ENV, procs.to_string());
-                Some(procs)
-            }
-            None => std::env::var(cores::NATS_PROCS_ENV)
+        let procs = cores::nats_procs(sync);
+        if let Some(procs) = procs {
+            command.env(cores::NATS_PROCS_ENV, procs.to_string());
+        }
+        // Otherwise the server inherits the environment's, if any.
+        let procs = procs.or_else(|| {
+            std::env::var(cores::NATS_PROCS_ENV)
                 .ok()
-                .and_then(|procs| procs.parse().ok()),
-        };
+                .and_then(|procs| procs.parse().ok())
+        });
         let child = command
             .spawn()
             .map_err(|e| Failure::failed(format!("cannot start {binary}: {e}")))?;

@@ -128,15 +128,7 @@ async fn follow_to_end(
     match last_state.and_then(|s| ExecutionState::try_from(s).ok()) {
         Some(ExecutionState::Completed) => Ok(()),
         other => {
-            let execution = client
-                .get_execution(v1::GetExecutionRequest {
-                    execution_id: id.clone(),
-                })
-                .await
-                .map_err(|s| s.message().to_owned())?
-                .into_inner()
-                .execution
-                .unwrap_or_default();
+            let execution = super::get(&mut client, &id).await?;
             if execution.state == ExecutionState::Completed as i32 {
                 Ok(())
             } else {
