@@ -90,10 +90,11 @@ pub struct Args {
     /// How long an open circuit breaker holds dispatches before its probe (e.g. `30s`, `2m`).
     #[arg(long, env = "TRELLIS_BREAKER_COOLDOWN", default_value = "30s", value_parser = humantime::parse_duration)]
     breaker_cooldown: std::time::Duration,
-    /// Most tasks of one execution dispatched to workers and not yet finished; its other ready
-    /// tasks wait for results. Tasks wait in a queue's stream in dispatch order, so the window
-    /// bounds how long one execution's tasks can keep another's waiting; a larger one suits a
-    /// fleet with many more handler slots. 0: no limit (`max_concurrency` still applies).
+    /// Most tasks of one execution dispatched and not yet started by a worker; its other ready
+    /// tasks wait until a result or a heartbeat shows one started. Tasks wait in a queue's
+    /// stream in dispatch order, so the window bounds how long one execution's tasks can keep
+    /// another's waiting; tasks running on a worker's slots do not count, so long tasks still
+    /// fill a fleet. 0: no limit (`max_concurrency` still applies).
     #[arg(long, env = "TRELLIS_DISPATCH_WINDOW", default_value_t = crate::turn::DEFAULT_DISPATCH_WINDOW)]
     dispatch_window: u32,
     /// Send every assignment to the tasks stream, never offering a small execution's tasks to

@@ -77,8 +77,8 @@ pub struct Config {
     /// How long an open breaker holds dispatches before it lets one probe through.
     #[serde(with = "millis")]
     pub breaker_cooldown: Duration,
-    /// Most tasks of one execution dispatched and not yet finished (0: no limit), so a large
-    /// execution cannot queue all its tasks ahead of everyone else's.
+    /// Most tasks of one execution dispatched and not yet started by a worker (0: no limit), so
+    /// a large execution cannot queue all its tasks ahead of everyone else's.
     pub dispatch_window: u32,
     /// Offer a small execution's assignments to an idle worker of the queue before the tasks
     /// stream (`trellis.offer.<queue>`); what no worker takes goes to the stream.

@@ -68,9 +68,9 @@ pub struct DevArgs {
     /// Not for a server given by NATS_URL, whose own configuration decides.
     #[arg(long, value_enum, env = "TRELLIS_SYNC", default_value_t = local::SyncMode::Interval)]
     pub sync: local::SyncMode,
-    /// Most tasks of one execution dispatched to workers and not yet finished; its other ready
-    /// tasks wait for results, so one large execution cannot queue all its tasks ahead of
-    /// everyone else's. 0: no limit.
+    /// Most tasks of one execution dispatched and not yet started by a worker; its other ready
+    /// tasks wait until one starts or ends, so one large execution cannot queue all its tasks
+    /// ahead of everyone else's. 0: no limit.
     #[arg(long, env = "TRELLIS_DISPATCH_WINDOW", default_value_t = trellis_coordinator::turn::DEFAULT_DISPATCH_WINDOW)]
     pub dispatch_window: u32,
     /// Workers publish every final result to the results stream instead of first handing it to

@@ -265,8 +265,9 @@ impl Live {
 
     /// Lets the machine decide until it has nothing more to do now; nothing a fleet pause or an
     /// open circuit breaker covers is dispatched, a half-open breaker's probe is recorded, and
-    /// no more than `window` tasks are in flight at once (0: no limit; the rest wait for
-    /// results, which bring the execution back here).
+    /// no more than `window` tasks wait in the workers' queues at once (0: no limit): a
+    /// dispatched task counts until its start is recorded, from a heartbeat or with its result,
+    /// either of which brings the execution back here.
     pub(super) fn decide(
         &mut self,
         id: ExecutionId,
@@ -290,7 +291,7 @@ impl Live {
             let room = if unfenced {
                 0
             } else {
-                window.saturating_sub(self.machine.running())
+                window.saturating_sub(self.machine.awaiting_start())
             };
             let commands = self
                 .machine

@@ -402,6 +402,71 @@ mod window {
         assert_eq!(ran, 10, "every task ran");
     }
 
+    /// The window counts the tasks waiting for a worker: once a heartbeat shows a dispatched
+    /// task running on a worker, its room goes to the next one, so tasks that run for long fill
+    /// a fleet's slots while the queue never holds more than the window of one execution.
+    #[test]
+    fn a_task_a_worker_started_leaves_the_window() {
+        let mut coordinator = coordinator(3);
+        own_shard_0(&mut coordinator);
+        let first = dispatched(turn(&mut coordinator, vec![start(10)], 3));
+        assert_eq!(first.len(), 3, "the window's worth dispatched at once");
+        let running = |assigns: &[crate::turn::Assign]| -> Vec<v1::RunningTask> {
+            assigns
+                .iter()
+                .map(|assign| {
+                    let assignment =
+                        v1::TaskAssignment::decode(&assign.payload[..]).expect("an assignment");
+                    v1::RunningTask {
+                        execution_id: assignment.execution_id,
+                        task_instance_id: assignment.task_instance_id,
+                        attempt: assignment.attempt,
+                        started_at_unix_ms: 4,
+                        ..Default::default()
+                    }
+                })
+                .collect()
+        };
+        let heartbeat = |running: Vec<v1::RunningTask>, now: u64| {
+            let heartbeat = v1::WorkerHeartbeat {
+                worker_id: "w".to_owned(),
+                queues: vec!["noop".to_owned()],
+                slots: 16,
+                sent_at_unix_ms: i64::try_from(now).unwrap_or(i64::MAX),
+                running,
+                ..Default::default()
+            };
+            Input::Heartbeat(heartbeat.encode_to_vec().into())
+        };
+        // Two of the three start: two more go, and the queue holds three again.
+        let second = dispatched(turn(
+            &mut coordinator,
+            vec![heartbeat(running(&first[..2]), 5)],
+            5,
+        ));
+        assert_eq!(second.len(), 2, "room for those that started: {second:?}");
+        // The same heartbeat again changes nothing.
+        let again = dispatched(turn(
+            &mut coordinator,
+            vec![heartbeat(running(&first[..2]), 6)],
+            6,
+        ));
+        assert!(again.is_empty(), "a start counts once: {again:?}");
+        // A started task that completes frees no room in the queue; one that never started does.
+        let after_started = dispatched(turn(
+            &mut coordinator,
+            vec![Input::Results(vec![completed(&first[0].payload, 7)])],
+            7,
+        ));
+        assert!(after_started.is_empty(), "{after_started:?}");
+        let after_queued = dispatched(turn(
+            &mut coordinator,
+            vec![Input::Results(vec![completed(&first[2].payload, 8)])],
+            8,
+        ));
+        assert_eq!(after_queued.len(), 1, "{after_queued:?}");
+    }
+
     /// A turn's tasks of an execution go to the fast lane while the execution has at most
     /// FAST_LANE_SHARE tasks in flight with them: a wide execution sends none there (its turn's
     /// tasks share a message), a narrow one all of its tasks, whatever else runs.

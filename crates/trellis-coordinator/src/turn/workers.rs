@@ -14,7 +14,7 @@ pub(super) const MISSED_BEFORE_TERMINATED: u32 = 3;
 /// `include_terminated`.
 pub(super) const FORGET_AFTER_MS: u64 = 10 * 60 * 1000;
 /// Most assignments in one task message: enough that a synced write and its removal are shared
-/// by a whole turn's dispatches of a large execution (its dispatch window's default is 256),
+/// by a whole turn's dispatches of a large execution (its dispatch window's default is 128),
 /// few enough that a batch is a small part of a large worker's slots.
 pub const MAX_ASSIGNMENT_BATCH: usize = 128;
 

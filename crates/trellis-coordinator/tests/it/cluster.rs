@@ -83,6 +83,8 @@ pub struct Setup {
     pub checkpoint_store: Option<String>,
     /// The workers take no offered assignment: every task comes from the tasks stream.
     pub workers_take_no_offers: bool,
+    /// The coordinator's dispatch window, when not its default.
+    pub dispatch_window: Option<u32>,
 }
 
 /// Starts NATS, a coordinator with `setup` and `workers` workers.
@@ -112,6 +114,9 @@ pub async fn start_setup(
         security: setup.security,
         telemetry: setup.telemetry.clone(),
         checkpoint_store: setup.checkpoint_store,
+        dispatch_window: setup
+            .dispatch_window
+            .unwrap_or(trellis_coordinator::turn::DEFAULT_DISPATCH_WINDOW),
         ..trellis_coordinator::Config::default()
     };
     let token = shutdown.child_token();

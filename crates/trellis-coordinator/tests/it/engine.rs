@@ -36,6 +36,42 @@ async fn dependencies_run_in_order_and_the_seed_001_plan_completes() {
     assert_eq!(progress.percent, 100.0);
 }
 
+/// The dispatch window holds the tasks waiting for a worker, not those running: with a window
+/// of 2, six tasks of three seconds on a worker of 64 slots run more than two at once, as each
+/// heartbeat shows the ones dispatched before it running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_running_on_a_worker_leave_the_dispatch_window() {
+    let mut cluster = cluster::start_setup(
+        1,
+        trellis_agent_worker::HandlerRegistry::with_builtins,
+        cluster::Setup {
+            dispatch_window: Some(2),
+            ..cluster::Setup::default()
+        },
+    )
+    .await;
+    let mut plan = String::from("name: long\ntasks:\n");
+    for i in 0..6 {
+        plan.push_str(&format!(
+            "- {{id: s{i}, type: sleep, input: {{ms: 3000}}}}\n"
+        ));
+    }
+    let run = cluster.run(&plan).await;
+    assert_eq!(
+        run.state(),
+        ExecutionState::Completed,
+        "{:?}",
+        run.execution.reason
+    );
+    let most = run.max_running(|_| true);
+    assert!(
+        most >= 4,
+        "a heartbeat's starts let more go while the first two still run: at most {most} at once \
+         in {:?}",
+        run.timeline()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_concurrency_and_file_conflicts_hold_in_real_runs() {
     let mut cluster = cluster::start(2).await;

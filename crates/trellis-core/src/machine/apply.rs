@@ -123,8 +123,9 @@ impl Execution {
         if inst.worker.as_ref() == Some(worker) {
             return Ok(Applied::Ignored(Ignored::Duplicate));
         }
-        inst.worker = Some(worker.clone());
+        let first = inst.worker.replace(worker.clone()).is_none();
         inst.started_at_ms = Some(inst.dispatched_at_ms.map_or(at, |d| at.max(d)));
+        self.started += u32::from(first);
         self.changed.0.push(idx);
         Ok(Applied::Changed { stop: Vec::new() })
     }

@@ -76,13 +76,17 @@ impl Execution {
         inst.earlier_attempts.push(record);
     }
 
-    /// Ends the running attempt's turn: frees its slot and its deadline.
+    /// Ends the running attempt's turn: frees its slot and its deadline. Called before anything
+    /// clears the attempt's worker, which tells whether its start was counted.
     pub(super) fn end_turn(&mut self, idx: InstIdx) {
         let inst = &self.instances[idx as usize];
         if let Some(deadline) = inst.deadline_ms {
             self.deadlines.remove(&(deadline, idx));
         }
         self.running -= 1;
+        if inst.worker.is_some() {
+            self.started -= 1;
+        }
     }
 
     pub(super) fn new_instance(

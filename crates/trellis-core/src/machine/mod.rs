@@ -245,6 +245,9 @@ pub struct Execution {
     deadlines: BTreeSet<(u64, InstIdx)>,
     expiries: BTreeSet<(u64, QuestionId)>,
     running: u32,
+    /// Of the `running` attempts, those whose start is recorded (`TaskStarted`): the rest wait
+    /// in a queue for a worker. Derived, not stored in a snapshot.
+    started: u32,
     usage: Usage,
     budget_tripped: bool,
     settled_units: u64,
@@ -318,6 +321,7 @@ impl Execution {
             deadlines: BTreeSet::new(),
             expiries: BTreeSet::new(),
             running: 0,
+            started: 0,
             usage: Usage::default(),
             budget_tripped: false,
             settled_units: 0,
@@ -387,9 +391,16 @@ impl Execution {
         self.reason.as_deref()
     }
 
-    /// Returns the number of instances currently running.
+    /// Returns the number of instances currently running: dispatched, their attempt not ended.
     pub fn running(&self) -> u32 {
         self.running
+    }
+
+    /// Returns how many of the [`running`](Self::running) attempts have no start recorded yet:
+    /// dispatched and, as far as this execution knows, still waiting in a queue for a worker.
+    /// A start is recorded from a heartbeat that names the attempt or with its result.
+    pub fn awaiting_start(&self) -> u32 {
+        self.running - self.started
     }
 
     /// Returns the resources consumed so far.

@@ -16,7 +16,7 @@ use thiserror::Error;
 
 use super::{
     Changed, Execution, ExecutionState, Group, Holds, InstIdx, Instance, Next, OpenQuestion,
-    Origin, ReadySet, Slot, StateCounts, Usage, Work,
+    Origin, ReadySet, Slot, StateCounts, TaskState, Usage, Work,
 };
 use crate::ids::{ExecutionId, QuestionId};
 use crate::plan::Plan;
@@ -166,8 +166,10 @@ impl Execution {
             .map(|(idx, inst)| (inst.id, idx as InstIdx))
             .collect();
         let mut by_state = StateCounts::default();
+        let mut started = 0;
         for inst in &owned.instances {
             by_state.add(inst.state, 1);
+            started += u32::from(inst.state == TaskState::Running && inst.worker.is_some());
         }
         let group_by_id = owned
             .groups
@@ -199,6 +201,7 @@ impl Execution {
             deadlines: owned.deadlines,
             expiries: owned.expiries,
             running: owned.running,
+            started,
             usage: owned.usage,
             budget_tripped: owned.budget_tripped,
             settled_units: owned.settled_units,

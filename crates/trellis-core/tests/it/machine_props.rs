@@ -399,6 +399,12 @@ impl Harness {
             );
         }
         assert_eq!(exec.running() as usize, running.len());
+        // Those of them with no start recorded are the ones still waiting for a worker.
+        let unstarted = running
+            .iter()
+            .filter(|i| exec.record(**i).is_some_and(|r| r.worker_id.is_none()))
+            .count();
+        assert_eq!(exec.awaiting_start() as usize, unstarted);
         let locks: Vec<TaskIdx> = running.iter().filter_map(|i| exec.lock_task(*i)).collect();
         for (k, a) in locks.iter().enumerate() {
             for b in &locks[k + 1..] {

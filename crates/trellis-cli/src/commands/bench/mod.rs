@@ -118,7 +118,7 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value_t = local::SyncMode::Interval)]
     pub sync: local::SyncMode,
     /// The in-process coordinator's dispatch window: most tasks of one execution dispatched and
-    /// not yet finished (0: no limit). The coordinators the recovery, scale and soak scenarios
+    /// not yet started by a worker (0: no limit). The coordinators the recovery, scale and soak scenarios
     /// start as processes take TRELLIS_DISPATCH_WINDOW or their default.
     #[arg(long, default_value_t = trellis_coordinator::turn::DEFAULT_DISPATCH_WINDOW)]
     pub dispatch_window: u32,
