@@ -40,8 +40,9 @@ pub struct Options {
     pub breakers: Breakers,
     /// How the nats-server started here writes JetStream to disk.
     pub sync: SyncMode,
-    /// The coordinator's dispatch window (`trellis-coordinator --dispatch-window`).
-    pub dispatch_window: u32,
+    /// The coordinator's dispatch window (`trellis-coordinator --dispatch-window`); `None`:
+    /// [`SyncMode::dispatch_window`].
+    pub dispatch_window: Option<u32>,
     /// Workers hand final results to the coordinator before the results stream
     /// (`trellis-agent-worker --no-handoff` turns it off).
     pub handoff: bool,
@@ -69,6 +70,15 @@ impl SyncMode {
         match self {
             Self::Interval => "interval",
             Self::Always => "always",
+        }
+    }
+
+    /// The coordinator's dispatch window when none is given: a larger one when every append
+    /// waits for a flush, so each flush carries more tasks.
+    pub fn dispatch_window(self) -> u32 {
+        match self {
+            Self::Interval => trellis_coordinator::turn::DEFAULT_DISPATCH_WINDOW,
+            Self::Always => trellis_coordinator::turn::SYNCED_DISPATCH_WINDOW,
         }
     }
 }
@@ -286,7 +296,9 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         telemetry: telemetry.clone(),
         breaker_failures: options.breakers.failures,
         breaker_cooldown: options.breakers.cooldown,
-        dispatch_window: options.dispatch_window,
+        dispatch_window: options
+            .dispatch_window
+            .unwrap_or(options.sync.dispatch_window()),
         offers: options.offers,
         ..trellis_coordinator::Config::default()
     };

@@ -129,6 +129,7 @@ fn bench_splits_a_task_into_hops_and_measures_the_floor() {
     );
     for line in &lines {
         assert!(line.get("error").is_none(), "{line}");
+        assert_eq!(line["dispatch_window"], 128, "the default window: {line}");
         assert!(
             line["disk_flushes_per_task"].is_null()
                 || line["disk_flushes_per_task"].as_f64() >= Some(0.0),
@@ -192,6 +193,10 @@ fn bench_with_sync_always_says_so_on_every_line() {
     assert_eq!(lines.len(), 2, "one line per scenario: {lines:?}");
     for line in &lines {
         assert_eq!(line["sync"], "always", "{line}");
+        assert_eq!(
+            line["dispatch_window"], 256,
+            "the window that shares each flush among more tasks: {line}"
+        );
         let version = line["nats"].as_str().unwrap_or_default();
         let minor: u32 = version
             .split('.')

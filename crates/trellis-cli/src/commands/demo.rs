@@ -36,7 +36,7 @@ pub async fn run(_args: DemoArgs) -> Result<(), Failure> {
         monitor: None,
         breakers: local::Breakers::default(),
         sync: local::SyncMode::default(),
-        dispatch_window: trellis_coordinator::turn::DEFAULT_DISPATCH_WINDOW,
+        dispatch_window: None,
         handoff: true,
         offers: true,
     })

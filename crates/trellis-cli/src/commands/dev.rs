@@ -70,9 +70,10 @@ pub struct DevArgs {
     pub sync: local::SyncMode,
     /// Most tasks of one execution dispatched and not yet started by a worker; its other ready
     /// tasks wait until one starts or ends, so one large execution cannot queue all its tasks
-    /// ahead of everyone else's. 0: no limit.
-    #[arg(long, env = "TRELLIS_DISPATCH_WINDOW", default_value_t = trellis_coordinator::turn::DEFAULT_DISPATCH_WINDOW)]
-    pub dispatch_window: u32,
+    /// ahead of everyone else's. 0: no limit. Default: 128, or 256 with `--sync always` (each
+    /// flush then carries more tasks).
+    #[arg(long, env = "TRELLIS_DISPATCH_WINDOW")]
+    pub dispatch_window: Option<u32>,
     /// Workers publish every final result to the results stream instead of first handing it to
     /// the coordinator holding its shard (a core NATS request; the stream takes a stored write
     /// and a delivery). Either way a result counts once its events are stored.

@@ -126,6 +126,11 @@ pub struct Config {
 /// Tasks that run for long leave it once started, so it does not bound a fleet's slots.
 pub const DEFAULT_DISPATCH_WINDOW: u32 = 128;
 
+/// The dispatch window for a NATS that flushes every write before acknowledging it: a turn's
+/// append waits for a flush, and twice the window shares each flush among twice the tasks
+/// (`--sync always`: 27,000 tasks/s against 17,000–23,000 at the default, same sitting).
+pub const SYNCED_DISPATCH_WINDOW: u32 = 256;
+
 /// How often finished executions are looked at for leaving memory.
 const FORGET_EVERY_MS: u64 = 1_000;
 

@@ -118,10 +118,11 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value_t = local::SyncMode::Interval)]
     pub sync: local::SyncMode,
     /// The in-process coordinator's dispatch window: most tasks of one execution dispatched and
-    /// not yet started by a worker (0: no limit). The coordinators the recovery, scale and soak scenarios
-    /// start as processes take TRELLIS_DISPATCH_WINDOW or their default.
-    #[arg(long, default_value_t = trellis_coordinator::turn::DEFAULT_DISPATCH_WINDOW)]
-    pub dispatch_window: u32,
+    /// not yet started by a worker (0: no limit). Default: 128, or 256 with `--sync always`;
+    /// every line says which. The coordinators the recovery, scale and soak scenarios start as
+    /// processes take TRELLIS_DISPATCH_WINDOW or their default (128) instead.
+    #[arg(long)]
+    pub dispatch_window: Option<u32>,
     /// Workers publish every final result to the results stream instead of first handing it to
     /// the coordinator holding its shard (a core NATS request; the stream takes a stored write
     /// and a delivery). Either way a result counts once its events are stored.
@@ -175,6 +176,10 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
     // Every line says how durable the run was and on which server.
     let setup: Fields = vec![
         ("sync", json!(local.sync.name())),
+        (
+            "dispatch_window",
+            json!(args.dispatch_window.unwrap_or(local.sync.dispatch_window())),
+        ),
         ("handoff", json!(!args.no_handoff)),
         ("offers", json!(!args.no_offers)),
         (
