@@ -291,7 +291,7 @@ impl Live {
             let room = if unfenced {
                 0
             } else {
-                window.saturating_sub(self.machine.awaiting_start())
+                window.saturating_sub(self.machine.unstarted())
             };
             let commands = self
                 .machine

@@ -399,7 +399,7 @@ impl Execution {
     /// Returns how many of the [`running`](Self::running) attempts have no start recorded yet:
     /// dispatched and, as far as this execution knows, still waiting in a queue for a worker.
     /// A start is recorded from a heartbeat that names the attempt or with its result.
-    pub fn awaiting_start(&self) -> u32 {
+    pub fn unstarted(&self) -> u32 {
         self.running - self.started
     }
 

@@ -404,7 +404,7 @@ impl Harness {
             .iter()
             .filter(|i| exec.record(**i).is_some_and(|r| r.worker_id.is_none()))
             .count();
-        assert_eq!(exec.awaiting_start() as usize, unstarted);
+        assert_eq!(exec.unstarted() as usize, unstarted);
         let locks: Vec<TaskIdx> = running.iter().filter_map(|i| exec.lock_task(*i)).collect();
         for (k, a) in locks.iter().enumerate() {
             for b in &locks[k + 1..] {
