@@ -19,6 +19,9 @@ use background::in_background;
 
 mod background;
 mod cores;
+mod sync;
+
+pub use sync::SyncMode;
 
 /// Settings of a local cluster.
 #[derive(Debug, Clone)]
@@ -49,38 +52,6 @@ pub struct Options {
     /// The coordinator offers small executions' tasks to idle workers before the tasks stream
     /// (`trellis-coordinator --no-offers` and `trellis-agent-worker --no-offers` turn it off).
     pub offers: bool,
-}
-
-/// How the nats-server Trellis starts writes JetStream's files (`--sync`); see the durability
-/// table in the README.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum SyncMode {
-    /// JetStream's default: written at once, flushed to disk every two minutes. A process crash
-    /// loses nothing; a power cut of a single node loses up to two minutes of acknowledged work.
-    #[default]
-    Interval,
-    /// Every write is flushed to disk before it is acknowledged (`sync_interval: always`,
-    /// nats-server 2.10 or newer): a power cut loses nothing acknowledged; slower.
-    Always,
-}
-
-impl SyncMode {
-    /// The name `--sync` takes and the benchmarks print.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Interval => "interval",
-            Self::Always => "always",
-        }
-    }
-
-    /// The coordinator's dispatch window when none is given: a larger one when every append
-    /// waits for a flush, so each flush carries more tasks.
-    pub fn dispatch_window(self) -> u32 {
-        match self {
-            Self::Interval => trellis_coordinator::turn::DEFAULT_DISPATCH_WINDOW,
-            Self::Always => trellis_coordinator::turn::SYNCED_DISPATCH_WINDOW,
-        }
-    }
 }
 
 /// The coordinator's circuit breakers (`--breaker-failures`, `--breaker-cooldown`).
@@ -135,6 +106,8 @@ pub struct Local {
     /// or a server given by URL.
     pub nats_procs: Option<usize>,
     pub sync: SyncMode,
+    /// The coordinator's dispatch window: the one given, or [`SyncMode::dispatch_window`].
+    pub dispatch_window: u32,
     /// Why a service of the cluster stopped before it was told to (`the planner stopped:
     /// ...`): a cluster that lost a part must say so, not serve on without it.
     pub stopped: mpsc::UnboundedReceiver<String>,
@@ -289,6 +262,9 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         &report,
     );
     let planner_url = format!("http://{planner_addr}");
+    let dispatch_window = options
+        .dispatch_window
+        .unwrap_or(options.sync.dispatch_window());
     let config = trellis_coordinator::Config {
         nats: NatsOptions::new(nats_url.clone()),
         shards: 1,
@@ -296,9 +272,7 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         telemetry: telemetry.clone(),
         breaker_failures: options.breakers.failures,
         breaker_cooldown: options.breakers.cooldown,
-        dispatch_window: options
-            .dispatch_window
-            .unwrap_or(options.sync.dispatch_window()),
+        dispatch_window,
         offers: options.offers,
         ..trellis_coordinator::Config::default()
     };
@@ -363,6 +337,7 @@ pub async fn start(options: Options) -> Result<Local, Failure> {
         nats_version,
         nats_procs,
         sync: options.sync,
+        dispatch_window,
         stopped,
     })
 }

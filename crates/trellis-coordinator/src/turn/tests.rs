@@ -377,96 +377,6 @@ mod window {
         }
     }
 
-    /// An execution keeps at most the window's tasks in flight; each result lets one more go,
-    /// and every task still runs.
-    #[test]
-    fn an_execution_keeps_no_more_than_its_window_in_flight() {
-        let mut coordinator = coordinator(3);
-        own_shard_0(&mut coordinator);
-        let mut in_flight = dispatched(turn(&mut coordinator, vec![start(10)], 3));
-        assert_eq!(in_flight.len(), 3, "the window's worth dispatched at once");
-        let mut ran = 0;
-        let mut now = 4;
-        while let Some(done) = in_flight.pop() {
-            ran += 1;
-            let more = dispatched(turn(
-                &mut coordinator,
-                vec![Input::Results(vec![completed(&done.payload, now)])],
-                now,
-            ));
-            assert!(more.len() <= 1, "one finished, at most one more: {more:?}");
-            in_flight.extend(more);
-            assert!(in_flight.len() <= 3, "never more than the window in flight");
-            now += 1;
-        }
-        assert_eq!(ran, 10, "every task ran");
-    }
-
-    /// The window counts the tasks waiting for a worker: once a heartbeat shows a dispatched
-    /// task running on a worker, its room goes to the next one, so tasks that run for long fill
-    /// a fleet's slots while the queue never holds more than the window of one execution.
-    #[test]
-    fn a_task_a_worker_started_leaves_the_window() {
-        let mut coordinator = coordinator(3);
-        own_shard_0(&mut coordinator);
-        let first = dispatched(turn(&mut coordinator, vec![start(10)], 3));
-        assert_eq!(first.len(), 3, "the window's worth dispatched at once");
-        let running = |assigns: &[crate::turn::Assign]| -> Vec<v1::RunningTask> {
-            assigns
-                .iter()
-                .map(|assign| {
-                    let assignment =
-                        v1::TaskAssignment::decode(&assign.payload[..]).expect("an assignment");
-                    v1::RunningTask {
-                        execution_id: assignment.execution_id,
-                        task_instance_id: assignment.task_instance_id,
-                        attempt: assignment.attempt,
-                        started_at_unix_ms: 4,
-                        ..Default::default()
-                    }
-                })
-                .collect()
-        };
-        let heartbeat = |running: Vec<v1::RunningTask>, now: u64| {
-            let heartbeat = v1::WorkerHeartbeat {
-                worker_id: "w".to_owned(),
-                queues: vec!["noop".to_owned()],
-                slots: 16,
-                sent_at_unix_ms: i64::try_from(now).unwrap_or(i64::MAX),
-                running,
-                ..Default::default()
-            };
-            Input::Heartbeat(heartbeat.encode_to_vec().into())
-        };
-        // Two of the three start: two more go, and the queue holds three again.
-        let second = dispatched(turn(
-            &mut coordinator,
-            vec![heartbeat(running(&first[..2]), 5)],
-            5,
-        ));
-        assert_eq!(second.len(), 2, "room for those that started: {second:?}");
-        // The same heartbeat again changes nothing.
-        let again = dispatched(turn(
-            &mut coordinator,
-            vec![heartbeat(running(&first[..2]), 6)],
-            6,
-        ));
-        assert!(again.is_empty(), "a start counts once: {again:?}");
-        // A started task that completes frees no room in the queue; one that never started does.
-        let after_started = dispatched(turn(
-            &mut coordinator,
-            vec![Input::Results(vec![completed(&first[0].payload, 7)])],
-            7,
-        ));
-        assert!(after_started.is_empty(), "{after_started:?}");
-        let after_queued = dispatched(turn(
-            &mut coordinator,
-            vec![Input::Results(vec![completed(&first[2].payload, 8)])],
-            8,
-        ));
-        assert_eq!(after_queued.len(), 1, "{after_queued:?}");
-    }
-
     /// A turn's tasks of an execution go to the fast lane while the execution has at most
     /// FAST_LANE_SHARE tasks in flight with them: a wide execution sends none there (its turn's
     /// tasks share a message), a narrow one all of its tasks, whatever else runs.
@@ -535,25 +445,25 @@ mod window {
         Coordinator::new(config, &trellis_telemetry::Registry::default())
     }
 
-    /// Without a window (0) every ready task goes at once.
-    #[test]
-    fn no_window_dispatches_every_ready_task() {
-        let mut coordinator = coordinator(0);
-        own_shard_0(&mut coordinator);
-        assert_eq!(
-            dispatched(turn(&mut coordinator, vec![start(10)], 3)).len(),
-            10
-        );
-    }
-
     /// A heartbeat of a worker of the `noop` queue (the test plans' tasks') with `slots`, sent
     /// at `now`.
     fn heartbeat(worker: &str, slots: u32, now: u64) -> Input {
+        heartbeat_running(worker, slots, Vec::new(), now)
+    }
+
+    /// [`heartbeat`], naming the attempts the worker runs.
+    pub(super) fn heartbeat_running(
+        worker: &str,
+        slots: u32,
+        running: Vec<v1::RunningTask>,
+        now: u64,
+    ) -> Input {
         let heartbeat = v1::WorkerHeartbeat {
             worker_id: worker.to_owned(),
             queues: vec!["noop".to_owned()],
             slots,
             sent_at_unix_ms: i64::try_from(now).unwrap_or(i64::MAX),
+            running,
             ..Default::default()
         };
         Input::Heartbeat(heartbeat.encode_to_vec().into())
@@ -662,6 +572,7 @@ mod window {
 }
 
 mod built;
+mod dispatch_window;
 mod observe;
 mod offers;
 mod plan_cache;

@@ -176,10 +176,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
     // Every line says how durable the run was and on which server.
     let setup: Fields = vec![
         ("sync", json!(local.sync.name())),
-        (
-            "dispatch_window",
-            json!(args.dispatch_window.unwrap_or(local.sync.dispatch_window())),
-        ),
+        ("dispatch_window", json!(local.dispatch_window)),
         ("handoff", json!(!args.no_handoff)),
         ("offers", json!(!args.no_offers)),
         (
