@@ -115,10 +115,15 @@ impl Worker {
                 parent: propagation::extract_nats(message.headers.as_ref()),
                 ack: TaskAck::offered(),
             };
-            self.dispatch(&delivery, received, permit, &finished_tx)
+            let attempt = self
+                .dispatch(&delivery, received, permit, &finished_tx)
                 .await;
+            // Answered before the attempt runs: a handler may run long before it first waits.
             self.answer_offer(reply, "taken", subjects::OFFER_TAKEN)
                 .await;
+            if let Some(attempt) = attempt {
+                self.start(attempt).await;
+            }
         }
         // Offers already here and not looked at go unanswered: their coordinator watches them.
         let _ = offers.unsubscribe().await;
@@ -287,8 +292,12 @@ impl Worker {
                                 }
                             },
                         };
-                        self.dispatch(&delivery, received, permit, finished_tx)
-                            .await;
+                        if let Some(attempt) = self
+                            .dispatch(&delivery, received, permit, finished_tx)
+                            .await
+                        {
+                            self.start(attempt).await;
+                        }
                     }
                 }
             }
