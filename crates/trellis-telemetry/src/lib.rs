@@ -299,8 +299,9 @@ pub fn exit_code(service: &str, outcome: Result<(), impl std::fmt::Display>) -> 
 pub fn cancel_on_signal() -> CancellationToken {
     let token = CancellationToken::new();
     let signal = token.clone();
+    let stop = shutdown_signal();
     tokio::spawn(async move {
-        shutdown_signal().await;
+        stop.await;
         tracing::info!("shutdown requested");
         signal.cancel();
     });
@@ -308,27 +309,37 @@ pub fn cancel_on_signal() -> CancellationToken {
 }
 
 /// Completes on SIGTERM (what Kubernetes sends) or Ctrl-C: every service's signal to stop
-/// gracefully.
-pub async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// gracefully. The handlers are installed by this call, not by the future's first poll: a
+/// signal sent at any moment after it stops the service gracefully, where SIGTERM's default
+/// action would end the process at once (a process manager may send it the moment a service
+/// says it is ready). Call it inside the runtime.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
     {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
+        use tokio::signal::unix::{SignalKind, signal};
+        let term = signal(SignalKind::terminate());
+        let interrupt = signal(SignalKind::interrupt());
+        async move {
+            match (term, interrupt) {
+                (Ok(mut term), Ok(mut interrupt)) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = interrupt.recv() => {}
+                    }
                 }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+                (Ok(mut only), Err(_)) | (Err(_), Ok(mut only)) => {
+                    only.recv().await;
+                }
+                // No handler could be installed: the signals keep their default action.
+                (Err(_), Err(_)) => std::future::pending().await,
+            }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = ctrl_c.await;
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 

@@ -142,6 +142,10 @@ pub async fn run(args: DevArgs) -> Result<(), Failure> {
             local.nats_url
         ),
     };
+    // SIGTERM is what process managers, CI runners and Kubernetes send: it cleans up as Ctrl-C.
+    // Its handler is installed before the line that says the cluster is ready, so a stop sent
+    // the moment it is read is caught, not SIGTERM's default action.
+    let stop = trellis_telemetry::shutdown_signal();
     eprintln!(
         "trellis dev: coordinator at {}, planner at {}, NATS at {nats}, {} workers\n  \
          monitor: {monitor}/?token={token}\n  \
@@ -158,10 +162,9 @@ pub async fn run(args: DevArgs) -> Result<(), Failure> {
         local.planner_url,
         local.planner_url
     );
-    // SIGTERM is what process managers, CI runners and Kubernetes send: it cleans up as Ctrl-C.
     // A service that stops on its own ends the whole cluster, so nobody talks to half of one.
     let broken = tokio::select! {
-        () = trellis_telemetry::shutdown_signal() => None,
+        () = stop => None,
         reason = local.stopped.recv() => reason,
     };
     eprintln!("trellis dev: stopping");
