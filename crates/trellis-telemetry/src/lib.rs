@@ -316,22 +316,23 @@ pub fn cancel_on_signal() -> CancellationToken {
 pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
     {
-        use tokio::signal::unix::{SignalKind, signal};
-        let term = signal(SignalKind::terminate());
-        let interrupt = signal(SignalKind::interrupt());
+        use tokio::signal::unix::{Signal, SignalKind, signal};
+        // A signal whose handler could not be installed keeps its default action; its side of
+        // the wait never completes.
+        async fn received(signal: Option<Signal>) {
+            match signal {
+                Some(mut signal) => {
+                    signal.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        }
+        let term = signal(SignalKind::terminate()).ok();
+        let interrupt = signal(SignalKind::interrupt()).ok();
         async move {
-            match (term, interrupt) {
-                (Ok(mut term), Ok(mut interrupt)) => {
-                    tokio::select! {
-                        _ = term.recv() => {}
-                        _ = interrupt.recv() => {}
-                    }
-                }
-                (Ok(mut only), Err(_)) | (Err(_), Ok(mut only)) => {
-                    only.recv().await;
-                }
-                // No handler could be installed: the signals keep their default action.
-                (Err(_), Err(_)) => std::future::pending().await,
+            tokio::select! {
+                () = received(term) => {}
+                () = received(interrupt) => {}
             }
         }
     }

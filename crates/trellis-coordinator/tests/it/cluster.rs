@@ -220,6 +220,17 @@ impl Run {
             .unwrap_or(v1::ExecutionState::Unspecified)
     }
 
+    /// Asserts the execution completed; the failure message is its reason.
+    #[track_caller]
+    pub fn assert_completed(&self) {
+        assert_eq!(
+            self.state(),
+            v1::ExecutionState::Completed,
+            "{:?}",
+            self.execution.reason
+        );
+    }
+
     /// The log's first `TaskCompleted`; panics when there is none.
     pub fn first_completed(&self) -> v1::TaskCompleted {
         self.events

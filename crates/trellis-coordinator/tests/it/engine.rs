@@ -15,12 +15,7 @@ async fn dependencies_run_in_order_and_the_seed_001_plan_completes() {
     ))
     .expect("example plan");
     let run = cluster.run(&plan).await;
-    assert_eq!(
-        run.state(),
-        ExecutionState::Completed,
-        "{:?}",
-        run.execution.reason
-    );
+    run.assert_completed();
     let timeline = run.timeline();
     let at = |task: &str, what: &str| {
         timeline
@@ -57,12 +52,7 @@ async fn tasks_running_on_a_worker_leave_the_dispatch_window() {
         ));
     }
     let run = cluster.run(&plan).await;
-    assert_eq!(
-        run.state(),
-        ExecutionState::Completed,
-        "{:?}",
-        run.execution.reason
-    );
+    run.assert_completed();
     let most = run.max_running(|_| true);
     assert!(
         most >= 4,
@@ -86,12 +76,7 @@ async fn max_concurrency_and_file_conflicts_hold_in_real_runs() {
         "- {id: w2, type: sleep, input: {ms: 40}, files: [{path: db.sql, op: UPDATE}]}\n",
     );
     let run = cluster.run(&plan).await;
-    assert_eq!(
-        run.state(),
-        ExecutionState::Completed,
-        "{:?}",
-        run.execution.reason
-    );
+    run.assert_completed();
     assert_eq!(
         run.max_running(|_| true),
         3,
@@ -110,12 +95,7 @@ async fn a_fan_out_of_1000_resumes_its_parent_exactly_once() {
     let run = cluster
         .run("name: fan\ntasks:\n- {id: fan, type: fanout, input: {count: 1000, child: {type: noop, input: {}}}}\n- {id: after, type: noop, depends_on: [fan]}\n")
         .await;
-    assert_eq!(
-        run.state(),
-        ExecutionState::Completed,
-        "{:?}",
-        run.execution.reason
-    );
+    run.assert_completed();
     assert_eq!(
         run.count("fan", "dispatched"),
         2,
@@ -146,12 +126,7 @@ async fn nested_groups_three_levels_deep_complete() {
     let run = cluster
         .run("name: nested\ntasks:\n- id: top\n  type: fanout\n  input: {count: 3, child: {type: fanout, input: {count: 3, child: {type: fanout, input: {count: 3, child: {type: noop, input: {}}}}}}}\n")
         .await;
-    assert_eq!(
-        run.state(),
-        ExecutionState::Completed,
-        "{:?}",
-        run.execution.reason
-    );
+    run.assert_completed();
     let resumed = run
         .graph
         .nodes
@@ -242,12 +217,7 @@ async fn every_instance_records_its_worker_and_its_four_times() {
     assert_eq!(running.state, v1::TaskState::Running as i32);
     assert!(running.ended_at_unix_ms.is_none());
     let run = cluster.wait(&id, Duration::from_secs(60)).await;
-    assert_eq!(
-        run.state(),
-        ExecutionState::Completed,
-        "{:?}",
-        run.execution.reason
-    );
+    run.assert_completed();
     for task in ["quick", "slow", "flaky"] {
         let record = record_of(&run.graph, task).expect("every task has a record");
         let worker = record.worker_id.clone().unwrap_or_default();
