@@ -1,6 +1,7 @@
 //! One task at a time: `latency` (idle, with where each task's time went, hop by hop) and
 //! `loaded` (the same while `throughput` executions run in the same process).
 
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -230,8 +231,9 @@ const LOADED_FOR_AT_MOST: Duration = Duration::from_secs(60);
 
 /// `n` one-task executions, one after the other, while `throughput` executions of
 /// [`LOAD_TASKS`] tasks run back to back in the same process: their latency percentiles, how
-/// many were taken (`samples`: fewer than `n` when [`LOADED_FOR_AT_MOST`] ran out), the
-/// background's rate, and where a sample's time went: the median of each hop of
+/// many were taken (`samples`: fewer than `n` when [`LOADED_FOR_AT_MOST`] ran out), the same
+/// over the samples taken while a load execution ran its tasks (`running_*`, see [`within`]),
+/// the background's rate, and where a sample's time went: the median of each hop of
 /// [`LOADED_PATH`] (`hop_p50_us`) and the same over the samples at or above the 95th percentile
 /// (`hop_tail_us`), from a trace that watches each sample's execution (`unsplit`: samples whose
 /// trace watched a load execution started at the same moment, or missed a point).
@@ -246,11 +248,14 @@ pub(super) async fn loaded(client: CoordinatorClient<Channel>, n: usize) -> Resu
             let plan = throughput_plan(LOAD_TASKS);
             let start = Instant::now();
             let mut tasks = 0;
+            let mut running = Vec::new();
             while !stop.is_cancelled() {
-                run_one(client.clone(), plan.clone()).await?;
+                let called = Instant::now();
+                let (_, named, took) = run_one_split(client.clone(), plan.clone()).await?;
+                running.push(called + named..called + took);
                 tasks += LOAD_TASKS;
             }
-            Ok::<_, String>((tasks, start.elapsed()))
+            Ok::<_, String>((tasks, start.elapsed(), running))
         }
     });
     // Let the first load execution get going before sampling.
@@ -258,6 +263,7 @@ pub(super) async fn loaded(client: CoordinatorClient<Channel>, n: usize) -> Resu
     let mut samples = Vec::with_capacity(n);
     let mut answered = Vec::with_capacity(n);
     let mut split_samples: Vec<(f64, Vec<f64>)> = Vec::with_capacity(n);
+    let mut spans: Vec<(Range<Instant>, f64)> = Vec::with_capacity(n);
     let mut failure = None;
     let sampling = Instant::now();
     while samples.len() < n && sampling.elapsed() < LOADED_FOR_AT_MOST {
@@ -274,6 +280,7 @@ pub(super) async fn loaded(client: CoordinatorClient<Channel>, n: usize) -> Resu
                 let took = took.as_secs_f64() * 1000.0;
                 answered.push(started.as_secs_f64() * 1000.0);
                 samples.push(took);
+                spans.push((submitted..done, took));
                 if let Some(hops) = watched
                     .then(|| loaded_split(trace, submitted, done))
                     .flatten()
@@ -288,10 +295,12 @@ pub(super) async fn loaded(client: CoordinatorClient<Channel>, n: usize) -> Resu
         }
     }
     stop.cancel();
-    let (tasks, took) = load.await.map_err(|e| format!("the load failed: {e}"))??;
+    let (tasks, took, running) = load.await.map_err(|e| format!("the load failed: {e}"))??;
     if let Some(error) = failure {
         return Err(error);
     }
+    let mut while_running = within(&spans, &running);
+    while_running.sort_by(f64::total_cmp);
     samples.sort_by(f64::total_cmp);
     answered.sort_by(f64::total_cmp);
     let unsplit = samples.len() - split_samples.len();
@@ -310,6 +319,9 @@ pub(super) async fn loaded(client: CoordinatorClient<Channel>, n: usize) -> Resu
         ("p99_ms", json!(round(percentile(&samples, 0.99), 3))),
         ("p999_ms", json!(round(percentile(&samples, 0.999), 3))),
         ("max_ms", json!(round(percentile(&samples, 1.0), 3))),
+        ("running_samples", json!(while_running.len())),
+        ("running_p50_ms", percentile_field(&while_running, 0.50)),
+        ("running_p99_ms", percentile_field(&while_running, 0.99)),
         (
             "load_tasks_per_s",
             json!(round(tasks as f64 / took.as_secs_f64(), 0)),
@@ -318,6 +330,33 @@ pub(super) async fn loaded(client: CoordinatorClient<Channel>, n: usize) -> Resu
         ("hop_tail_us", tail),
         ("unsplit", json!(unsplit)),
     ])
+}
+
+/// The latencies (ms) of the samples whose whole span, from the call to the end seen, fell
+/// within one of the load executions' `running` spans (from `RunExecution` naming it, its start
+/// stored, to its end seen): under the load proper, and not while the next load execution's
+/// plan of [`LOAD_TASKS`] tasks was compiled and its start stored, when nothing of the load
+/// runs. Both lists are in time order.
+fn within(samples: &[(Range<Instant>, f64)], running: &[Range<Instant>]) -> Vec<f64> {
+    let mut load = running.iter().peekable();
+    samples
+        .iter()
+        .filter(|(span, _)| {
+            while load.next_if(|run| run.end < span.end).is_some() {}
+            load.peek()
+                .is_some_and(|run| run.start <= span.start && span.end <= run.end)
+        })
+        .map(|(_, took)| *took)
+        .collect()
+}
+
+/// A percentile (ms) of `sorted` as a field: `null` when there are no samples.
+fn percentile_field(sorted: &[f64], q: f64) -> Value {
+    if sorted.is_empty() {
+        Value::Null
+    } else {
+        json!(round(percentile(sorted, q), 3))
+    }
 }
 
 #[cfg(test)]
@@ -336,6 +375,37 @@ mod tests {
                 (took, hops)
             })
             .collect()
+    }
+
+    fn at(start: Instant, ms: u64) -> Instant {
+        start + Duration::from_millis(ms)
+    }
+
+    /// A sample counts as under load only when its whole span lies within one load execution's
+    /// running span: not across the gap between two, not before the first or after the last.
+    #[test]
+    fn samples_within_a_running_load_are_told_apart() {
+        let t = Instant::now();
+        let running = [at(t, 10)..at(t, 20), at(t, 30)..at(t, 40)];
+        let samples = [
+            (at(t, 0)..at(t, 5), 1.0),   // before the first
+            (at(t, 9)..at(t, 11), 2.0),  // across its start
+            (at(t, 10)..at(t, 12), 3.0), // within the first
+            (at(t, 19)..at(t, 20), 4.0), // within, to its end
+            (at(t, 19)..at(t, 31), 5.0), // across the gap
+            (at(t, 25)..at(t, 28), 6.0), // in the gap
+            (at(t, 31)..at(t, 39), 7.0), // within the second
+            (at(t, 39)..at(t, 41), 8.0), // across its end
+            (at(t, 50)..at(t, 51), 9.0), // after the last
+        ];
+        assert_eq!(within(&samples, &running), vec![3.0, 4.0, 7.0]);
+        assert!(within(&samples, &[]).is_empty(), "no load ran: none");
+    }
+
+    #[test]
+    fn a_percentile_of_no_samples_is_null() {
+        assert_eq!(percentile_field(&[], 0.99), Value::Null);
+        assert_eq!(percentile_field(&[1.0, 2.0, 3.0], 0.5), json!(2.0));
     }
 
     #[test]
