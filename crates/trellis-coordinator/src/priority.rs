@@ -80,6 +80,28 @@ pub fn lower_this_thread(what: &str) {
 #[cfg(not(target_os = "linux"))]
 pub fn lower_this_thread(_what: &str) {}
 
+/// Puts the calling thread in Linux's idle scheduling class (`SCHED_IDLE`, inherited by the
+/// threads it starts): it runs on what the process's other threads and every other process leave
+/// of the cores, and a thread of the normal class that wakes takes the core from it at once.
+/// Stricter than [`lower_this_thread`], whose nice 10 still takes a share while the cores are
+/// saturated: for work whose lag costs nobody a wait (the embedded cluster's read model). Elsewhere
+/// does nothing; a refusal only costs the class, so it is said and the thread runs on.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+pub fn idle_this_thread(what: &str) {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `sched_setscheduler` only reads the parameter, borrowed for the call; pid 0 is
+    // the calling thread, and SCHED_IDLE takes a static priority of 0.
+    let refused = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0;
+    if refused {
+        let err = std::io::Error::last_os_error();
+        tracing::warn!(%err, "cannot put {what} in the idle scheduling class; it runs lowered only");
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn idle_this_thread(_what: &str) {}
+
 /// Linux only: elsewhere the priority is left as it is.
 #[cfg(all(test, target_os = "linux"))]
 mod tests {

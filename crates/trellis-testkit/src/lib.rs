@@ -190,18 +190,34 @@ fn greets(addr: SocketAddr) -> bool {
 /// The calling thread's nice value (Linux), from `/proc/thread-self/stat` (its 19th field);
 /// fails where there is no such file.
 pub fn this_threads_nice() -> std::io::Result<i32> {
-    let malformed = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
+    this_threads_stat(19, "nice value")
+}
+
+/// Linux's number of the idle scheduling policy, as [`this_threads_policy`] reads it.
+pub const SCHED_IDLE: u32 = 5;
+
+/// The calling thread's scheduling policy (Linux), from `/proc/thread-self/stat` (its 41st
+/// field): 0 the normal class, [`SCHED_IDLE`] the idle one; fails where there is no such file.
+pub fn this_threads_policy() -> std::io::Result<u32> {
+    this_threads_stat(41, "scheduling policy")
+}
+
+/// Field `number` (from 1, as proc(5) counts them) of `/proc/thread-self/stat`, parsed; `what`
+/// names it in the error.
+fn this_threads_stat<T: std::str::FromStr>(number: usize, what: &str) -> std::io::Result<T> {
+    let malformed =
+        |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_owned());
     let stat = std::fs::read_to_string("/proc/thread-self/stat")?;
-    // The command name may hold spaces: the fields after it start at its closing parenthesis.
+    // The command name (field 2) may hold spaces: field 3 starts after its closing parenthesis.
     let after_name = stat
         .rfind(')')
         .and_then(|end| stat.get(end + 2..))
         .ok_or_else(|| malformed("no command name in /proc/thread-self/stat"))?;
     after_name
         .split(' ')
-        .nth(16)
-        .and_then(|nice| nice.parse().ok())
-        .ok_or_else(|| malformed("no nice value in /proc/thread-self/stat"))
+        .nth(number - 3)
+        .and_then(|field| field.parse().ok())
+        .ok_or_else(|| malformed(&format!("no {what} in /proc/thread-self/stat")))
 }
 
 /// Returns a loopback port that was free a moment ago (the OS picks it; the listener is closed at
