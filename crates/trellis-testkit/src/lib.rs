@@ -213,9 +213,9 @@ fn this_threads_stat<T: std::str::FromStr>(number: usize, what: &str) -> std::io
         .rfind(')')
         .and_then(|end| stat.get(end + 2..))
         .ok_or_else(|| malformed("no command name in /proc/thread-self/stat"))?;
-    after_name
-        .split(' ')
-        .nth(number - 3)
+    number
+        .checked_sub(3)
+        .and_then(|after| after_name.split(' ').nth(after))
         .and_then(|field| field.parse().ok())
         .ok_or_else(|| malformed(&format!("no {what} in /proc/thread-self/stat")))
 }

@@ -57,7 +57,7 @@ mod tests {
     use trellis_testkit::{SCHED_IDLE, this_threads_nice, this_threads_policy};
 
     /// The calling thread's nice value and scheduling policy.
-    fn own_nice() -> (i32, u32) {
+    fn own_priority() -> (i32, u32) {
         let nice = this_threads_nice().expect("a Linux /proc");
         (nice, this_threads_policy().expect("a Linux /proc"))
     }
@@ -67,15 +67,17 @@ mod tests {
     /// thread stays as it was.
     #[test]
     fn a_background_service_and_its_threads_run_at_a_lower_priority() {
-        let caller = own_nice();
+        let caller = own_priority();
         let (report, _stopped) = tokio::sync::mpsc::unbounded_channel();
         let (seen_tx, seen_rx) = std::sync::mpsc::channel();
         in_background(
             "test-service",
             move || async move {
-                let started = std::thread::spawn(own_nice).join().expect("the thread ran");
-                let blocking = tokio::task::spawn_blocking(own_nice).await?;
-                let _ = seen_tx.send((own_nice(), started, blocking));
+                let started = std::thread::spawn(own_priority)
+                    .join()
+                    .expect("the thread ran");
+                let blocking = tokio::task::spawn_blocking(own_priority).await?;
+                let _ = seen_tx.send((own_priority(), started, blocking));
                 Ok(())
             },
             &report,
@@ -90,6 +92,6 @@ mod tests {
             (lowered, lowered, lowered),
             "the service's thread, a thread it starts, its blocking pool"
         );
-        assert_eq!(own_nice(), caller, "the caller's priority is its own");
+        assert_eq!(own_priority(), caller, "the caller's priority is its own");
     }
 }
