@@ -131,12 +131,14 @@ fn a_run_left_starting_by_a_crash_is_started_again() {
     dev.ok(&["tasks", "add", "Only task", "-f", "src/only.rs:create"]);
     dev.ok(&["lists", "create", "solo"]);
     dev.ok(&["lists", "add", "solo", "T-1"]);
-    // `trellis dev` keeps its database in the temporary directory, named after its process.
+    // `trellis dev` keeps its database in the temporary directory, named after its process. A
+    // process killed before it could remove its own may have left one under the same process
+    // number: the file is the one this process holds open.
     let prefix = format!("trellis-store-{}-", dev.child.id());
-    let file = std::fs::read_dir(std::env::temp_dir())
-        .expect("the temporary directory")
+    let file = std::fs::read_dir(format!("/proc/{}/fd", dev.child.id()))
+        .expect("trellis dev's open files")
         .filter_map(Result::ok)
-        .map(|entry| entry.path())
+        .filter_map(|entry| std::fs::read_link(entry.path()).ok())
         .find(|path| {
             path.file_name()
                 .is_some_and(|name| name.to_string_lossy().starts_with(&prefix))

@@ -26,7 +26,7 @@ const TRELLIS: &str = env!("CARGO_BIN_EXE_trellis");
 /// The token the monitor of [`Dev`] requires.
 pub const TOKEN: &str = "test-token-7f3a";
 
-/// A `trellis dev` process and the addresses it printed; killed on drop.
+/// A `trellis dev` process and the addresses it printed; stopped on drop.
 #[derive(Debug)]
 pub struct Dev {
     child: Child,
@@ -38,7 +38,11 @@ pub struct Dev {
 
 impl Drop for Dev {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        // SIGTERM, not SIGKILL: it removes its SQLite store from the temporary directory, where
+        // a later `trellis dev` of the same process number would otherwise find it.
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
         let _ = self.child.wait();
     }
 }
