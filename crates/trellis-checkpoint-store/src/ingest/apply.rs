@@ -329,7 +329,9 @@ impl Applier {
             questions_resolved: run.resolved,
             ..ReadModelBatch::default()
         };
-        let mut instances: HashMap<TaskInstanceId, TaskStatusRecord> = HashMap::new();
+        // Each execution's changed records, each instance once (an instance id names one
+        // instance of one execution).
+        let mut changed: Vec<Vec<TaskStatusRecord>> = Vec::with_capacity(run.touched.len());
         for execution_id in run.touched {
             let Some(tracked) = self.executions.get_mut(&execution_id) else {
                 continue;
@@ -356,9 +358,7 @@ impl Applier {
                     ended_at_ms: root.ended_at_ms,
                 };
             }
-            for record in records {
-                instances.insert(record.task_instance_id, record);
-            }
+            changed.push(records);
             let progress = machine.progress(tracked.last_event_at_ms);
             let labels = if replica.labels_written {
                 BTreeMap::new()
@@ -396,17 +396,26 @@ impl Applier {
                 tracked.replica = None;
             }
         }
-        for mut asked in run.asked {
-            // The asking instance changed state with the question, so its record is here.
-            if let Some(record) = instances.get(&asked.task_instance_id) {
-                asked.task_id = record.task_id.clone();
-            }
-            batch.questions_asked.push(asked);
-        }
-        batch.instances = instances.into_values().collect();
+        batch.instances = concat(changed);
+        // In the order the store writes them: neighbours in its indexes, and the same order for
+        // the same batch.
         batch
             .instances
             .sort_unstable_by_key(|record| (record.correlation_id, record.task_instance_id));
+        if !run.asked.is_empty() {
+            let by_id: HashMap<TaskInstanceId, &TaskStatusRecord> = batch
+                .instances
+                .iter()
+                .map(|record| (record.task_instance_id, record))
+                .collect();
+            for mut asked in run.asked {
+                // The asking instance changed state with the question, so its record is here.
+                if let Some(record) = by_id.get(&asked.task_instance_id) {
+                    asked.task_id = record.task_id.clone();
+                }
+                batch.questions_asked.push(asked);
+            }
+        }
         batch
     }
 
@@ -416,6 +425,19 @@ impl Applier {
         self.executions
             .retain(|_, tracked| tracked.replica.is_some() || tracked.no_replica);
     }
+}
+
+/// The records of every execution in one list. A run of one execution's messages (the common
+/// case under load) hands over its list as it is.
+fn concat(mut parts: Vec<Vec<TaskStatusRecord>>) -> Vec<TaskStatusRecord> {
+    if parts.len() == 1 {
+        return parts.pop().unwrap_or_default();
+    }
+    let mut all = Vec::with_capacity(parts.iter().map(Vec::len).sum());
+    for part in parts {
+        all.extend(part);
+    }
+    all
 }
 
 /// Ends the replica of an execution whose log it cannot follow: the events are still recorded,
@@ -498,6 +520,44 @@ mod tests {
             err.contains(expected),
             "{err:?} does not contain {expected:?}"
         );
+    }
+
+    fn record(execution: u64, instance: u64) -> TaskStatusRecord {
+        TaskStatusRecord {
+            task_instance_id: TaskInstanceId::derived(7, u128::from(instance)),
+            task_id: format!("t{instance}"),
+            parent_task_instance_id: None,
+            subtask_group_id: None,
+            resumed_after_subtasks_group_id: None,
+            continues_task_instance_id: None,
+            correlation_id: ExecutionId::derived(5, u128::from(execution)),
+            run_number: 1,
+            attempt: 1,
+            state: trellis_core::record::TaskState::Completed,
+            worker_id: None,
+            created_at_ms: 7,
+            dispatched_at_ms: None,
+            started_at_ms: None,
+            ended_at_ms: None,
+            output: None,
+            error: None,
+            earlier_attempts: Vec::new(),
+            validation: Vec::new(),
+        }
+    }
+
+    /// Each execution's records are handed over once, in one list, the list of a single
+    /// execution as it is.
+    #[test]
+    fn records_of_every_execution_are_concatenated() {
+        let parts: Vec<Vec<TaskStatusRecord>> = (0..3)
+            .map(|execution| (0..5).map(|instance| record(execution, instance)).collect())
+            .collect();
+        let all: Vec<TaskStatusRecord> = parts.iter().flatten().cloned().collect();
+        assert_eq!(all.len(), 15);
+        assert_eq!(concat(parts.clone()), all);
+        assert_eq!(concat(vec![parts[1].clone()]), parts[1]);
+        assert_eq!(concat(Vec::new()), Vec::new());
     }
 
     #[test]
