@@ -145,6 +145,25 @@ fn labels_insert<'a>(labels: &[(ExecutionId, &String, &String)]) -> QueryBuilder
     query
 }
 
+/// What an instance already stored takes from its new record.
+///
+/// An instance's task, parent and group are fixed when it is made, so an update leaves them out:
+/// SQLite rewrites the entry of every index on a column the statement assigns, even to the same
+/// value, and three of the table's four secondary indexes are on them. An update (each change of
+/// an instance's state after the first write) so rewrites the row and its entry in the state
+/// index, not its entries in all four.
+const INSTANCES_ON_CONFLICT: &str = " ON CONFLICT (execution_id, task_instance_id) DO UPDATE SET \
+     resumed_after_subtasks_group_id = excluded.resumed_after_subtasks_group_id, \
+     continues_task_instance_id = excluded.continues_task_instance_id, \
+     run_number = excluded.run_number, attempt = excluded.attempt, \
+     state = excluded.state, worker_id = excluded.worker_id, \
+     created_at_unix_ms = excluded.created_at_unix_ms, \
+     dispatched_at_unix_ms = excluded.dispatched_at_unix_ms, \
+     started_at_unix_ms = excluded.started_at_unix_ms, \
+     ended_at_unix_ms = excluded.ended_at_unix_ms, output = excluded.output, \
+     error = excluded.error, earlier_attempts = excluded.earlier_attempts, \
+     validation = excluded.validation";
+
 /// Upserts task instances.
 fn instances_upsert<'a>(records: &'a [TaskStatusRecord]) -> QueryBuilder<'a, Db> {
     let mut query =
@@ -171,22 +190,7 @@ fn instances_upsert<'a>(records: &'a [TaskStatusRecord]) -> QueryBuilder<'a, Db>
             .push_bind(json_array(&record.earlier_attempts))
             .push_bind(json_array(&record.validation));
     });
-    query.push(
-        " ON CONFLICT (execution_id, task_instance_id) DO UPDATE SET \
-         task_id = excluded.task_id, \
-         parent_task_instance_id = excluded.parent_task_instance_id, \
-         subtask_group_id = excluded.subtask_group_id, \
-         resumed_after_subtasks_group_id = excluded.resumed_after_subtasks_group_id, \
-         continues_task_instance_id = excluded.continues_task_instance_id, \
-         run_number = excluded.run_number, attempt = excluded.attempt, \
-         state = excluded.state, worker_id = excluded.worker_id, \
-         created_at_unix_ms = excluded.created_at_unix_ms, \
-         dispatched_at_unix_ms = excluded.dispatched_at_unix_ms, \
-         started_at_unix_ms = excluded.started_at_unix_ms, \
-         ended_at_unix_ms = excluded.ended_at_unix_ms, output = excluded.output, \
-         error = excluded.error, earlier_attempts = excluded.earlier_attempts, \
-         validation = excluded.validation",
-    );
+    query.push(INSTANCES_ON_CONFLICT);
     query
 }
 

@@ -203,3 +203,37 @@ include!("sql.rs");
 include!("backlog_sql.rs");
 include!("notify_sql.rs");
 include!("templates_sql.rs");
+
+#[cfg(test)]
+mod tests {
+    use sqlx::Row as _;
+
+    use super::*;
+
+    /// An update of a stored instance rewrites its entry in one secondary index, the state's:
+    /// the statement assigns no other indexed column. With every column assigned (as before),
+    /// SQLite's program deletes and inserts an entry in each of the four.
+    #[tokio::test]
+    async fn an_instance_update_rewrites_only_its_state_index_entry() {
+        let store = SqliteStore::connect("sqlite::memory:")
+            .await
+            .expect("an in-memory store");
+        let placeholders = vec!["?"; INSTANCE_COLUMNS.split(',').count()].join(", ");
+        let sql = format!(
+            "EXPLAIN INSERT INTO task_instances ({INSTANCE_COLUMNS}) VALUES ({placeholders})\
+             {INSTANCES_ON_CONFLICT}"
+        );
+        let program = sqlx::query(&sql)
+            .fetch_all(&store.pool)
+            .await
+            .expect("SQLite explains the upsert");
+        let index_deletes = program
+            .iter()
+            .filter(|row| row.get::<String, _>("opcode") == "IdxDelete")
+            .count();
+        assert_eq!(
+            index_deletes, 1,
+            "the upsert's update deletes {index_deletes} index entries:\n{sql}"
+        );
+    }
+}
