@@ -220,6 +220,17 @@ fn this_threads_stat<T: std::str::FromStr>(number: usize, what: &str) -> std::io
         .ok_or_else(|| malformed(&format!("no {what} in /proc/thread-self/stat")))
 }
 
+/// Stops a child process the way an operator would, with SIGTERM (through `kill`, which every
+/// Linux machine has), and waits for it to exit: a `trellis` service then shuts down gracefully
+/// and removes what it keeps in the temporary directory, which SIGKILL would leave behind.
+pub fn terminate(child: &mut Child) {
+    // An error means the child has already exited, which is what we want.
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+}
+
 /// Returns a loopback port that was free a moment ago (the OS picks it; the listener is closed at
 /// once), for a server a test starts as a separate process.
 ///

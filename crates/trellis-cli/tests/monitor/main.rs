@@ -40,10 +40,7 @@ impl Drop for Dev {
     fn drop(&mut self) {
         // SIGTERM, not SIGKILL: it removes its SQLite store from the temporary directory, where
         // a later `trellis dev` of the same process number would otherwise find it.
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.wait();
+        trellis_testkit::terminate(&mut self.child);
     }
 }
 

@@ -27,10 +27,7 @@ pub struct Dev {
 impl Drop for Dev {
     fn drop(&mut self) {
         // SIGTERM: it stops its nats-server and removes its stores.
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.wait();
+        trellis_testkit::terminate(&mut self.child);
     }
 }
 
