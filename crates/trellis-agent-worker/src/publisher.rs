@@ -83,8 +83,8 @@ pub(crate) async fn publisher(
             "worker.result_sent",
             waiting
                 .iter()
-                .filter_map(|finished| results::execution_of(&finished.payload))
-                .filter_map(|execution| hops::id_bits(&execution)),
+                .filter_map(|finished| results::execution_id(&finished.payload))
+                .filter_map(hops::id_bits),
         );
         let mut pending = Vec::new();
         for outgoing in batches(std::mem::take(&mut waiting)) {

@@ -218,7 +218,7 @@ pub(super) fn batch_len(message: &Taken) -> Option<usize> {
 /// The execution a result's payload names, as the bits a trace's marks take (read only while a
 /// trace watches an execution).
 fn result_execution(result: &[u8]) -> Option<u128> {
-    hops::id_bits(&results::execution_of(result)?)
+    hops::id_bits(results::execution_id(result)?)
 }
 
 /// The executions of a consumed result message's results, as [`result_execution`].
