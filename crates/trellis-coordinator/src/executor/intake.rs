@@ -1,8 +1,8 @@
 //! What reaches the executor's loop becomes the turn's inputs: requests are numbered for their
 //! answer, result messages taken in (from a results stream or handed off by a worker) are
 //! unpacked into one delivery per result (a message marked a batch that does not decode is set
-//! aside), and a turn holding requests beside many results is split so the requests go first
-//! ([`requests_ahead`]).
+//! aside), and a turn holding requests or small executions' results beside many results is split
+//! so those go first ([`ahead_of_results`]).
 
 use std::time::Duration;
 
@@ -13,7 +13,8 @@ use trellis_telemetry::{hops, propagation};
 
 use super::{Executor, Inbound, RESULTS_BEHIND_REQUESTS};
 use crate::shards::LeaseEvent;
-use crate::turn::{Delivery, Input};
+use crate::turn::{Delivery, FAST_LANE_SHARE, Input};
+use trellis_core::ids::ExecutionId;
 
 impl Executor {
     /// Turns what reached the task into the turn's inputs, keeping what must be answered or
@@ -48,6 +49,15 @@ impl Executor {
             Inbound::Release { shard, done } => self.releases.push((shard, done)),
             Inbound::Input(input) => inputs.push(input),
         }
+    }
+
+    /// Whether a result's execution is small: held here with at most [`FAST_LANE_SHARE`] tasks in
+    /// flight, the executions whose tasks ride the fast lane. An execution not held here is not.
+    pub(super) fn small_execution(&self, result: &[u8]) -> bool {
+        results::execution_id(result)
+            .and_then(|id| id.parse::<ExecutionId>().ok())
+            .and_then(|id| self.coordinator.execution(id))
+            .is_some_and(|execution| execution.running() <= FAST_LANE_SHARE)
     }
 
     /// Takes one consumed result message: a result alone, or a batch of them, each a delivery of
@@ -165,30 +175,63 @@ async fn reply(nats: &async_nats::Client, message: &async_nats::Message, answer:
     }
 }
 
-/// Splits a turn's inputs in two when they hold requests and more than
-/// [`RESULTS_BEHIND_REQUESTS`] results: `Err((ahead, results))`, everything but the results to
-/// decide first, then the results; else `Ok(inputs)`, one turn as they are.
+/// Splits a turn's inputs in two when more than [`RESULTS_BEHIND_REQUESTS`] results would
+/// otherwise hold up something that should not wait for them: `Err((ahead, behind))`, the
+/// requests, the other inputs and the results of small executions (those `small` says of a
+/// result's payload) to decide first, then the rest of the results; else `Ok(inputs)`, one turn.
 ///
-/// Under load a turn of a few thousand results takes milliseconds to decide and append; a
-/// caller's start, cancel or query that came in meanwhile then waits for the turn in progress
-/// only, not for the next one's results as well. Any order of inputs from different sources is
-/// one the loop could have taken them in, and the results keep theirs.
-pub(super) fn requests_ahead(inputs: Vec<Input>) -> Result<Vec<Input>, (Vec<Input>, Vec<Input>)> {
-    let mut requests = false;
-    let mut results = 0;
-    for input in &inputs {
-        match input {
-            Input::Request { .. } => requests = true,
-            Input::Results(deliveries) => results += deliveries.len(),
-            _ => {}
-        }
-    }
-    if !requests || results <= RESULTS_BEHIND_REQUESTS {
+/// Under load a turn of a few thousand results takes milliseconds to decide and append, and its
+/// effects (the next tasks of a large execution, encoded and sent) go out before its observers
+/// hear: a caller's start, cancel or query that came in meanwhile, or the result of a
+/// one-task execution, then waits for the turn in progress only, not for the next one's large
+/// execution as well. Any order of inputs from different sources is one the loop could have
+/// taken them in; `small` answers alike for every result of an execution, so an execution's
+/// results keep their order.
+pub(super) fn ahead_of_results(
+    inputs: Vec<Input>,
+    mut small: impl FnMut(&[u8]) -> bool,
+) -> Result<Vec<Input>, (Vec<Input>, Vec<Input>)> {
+    let deliveries = || {
+        inputs.iter().flat_map(|input| match input {
+            Input::Results(deliveries) => deliveries.as_slice(),
+            _ => &[],
+        })
+    };
+    if deliveries().count() <= RESULTS_BEHIND_REQUESTS {
         return Ok(inputs);
     }
-    Err(inputs
-        .into_iter()
-        .partition(|input| !matches!(input, Input::Results(_))))
+    let requests = inputs
+        .iter()
+        .any(|input| matches!(input, Input::Request { .. }));
+    let mut hurried = false;
+    let mut behind = 0;
+    for delivery in deliveries() {
+        if small(&delivery.payload) {
+            hurried = true;
+        } else {
+            behind += 1;
+        }
+    }
+    if !(requests || hurried) || behind <= RESULTS_BEHIND_REQUESTS {
+        return Ok(inputs);
+    }
+    let (mut ahead, mut behind) = (Vec::new(), Vec::new());
+    for input in inputs {
+        let Input::Results(deliveries) = input else {
+            ahead.push(input);
+            continue;
+        };
+        let (first, rest): (Vec<Delivery>, Vec<Delivery>) = deliveries
+            .into_iter()
+            .partition(|delivery| small(&delivery.payload));
+        if !first.is_empty() {
+            ahead.push(Input::Results(first));
+        }
+        if !rest.is_empty() {
+            behind.push(Input::Results(rest));
+        }
+    }
+    Err((ahead, behind))
 }
 
 /// The span a result is applied in: a child of the worker's run, so dispatch → run → result is
@@ -236,18 +279,27 @@ pub(super) fn message_executions(message: &Taken) -> Vec<u128> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::turn::{ReplyTo, Request};
+    use crate::turn::{ReplyTo, Request, Token};
 
     fn results(first: u64, n: u64) -> Input {
         Input::Results(
             (first..first + n)
-                .map(|token| Delivery {
-                    token,
-                    payload: Bytes::new(),
-                    span: tracing::Span::none(),
-                })
+                .map(|token| delivery(token, false))
                 .collect(),
         )
+    }
+
+    /// A result whose payload [`is_small`] says is a small execution's, or not.
+    fn delivery(token: Token, small: bool) -> Delivery {
+        Delivery {
+            token,
+            payload: Bytes::from_static(if small { b"small" } else { b"large" }),
+            span: tracing::Span::none(),
+        }
+    }
+
+    fn is_small(payload: &[u8]) -> bool {
+        payload == b"small"
     }
 
     fn request(reply: ReplyTo) -> Input {
@@ -266,11 +318,17 @@ mod tests {
             .iter()
             .map(|input| match input {
                 Input::Request { reply, .. } => format!("request {reply}"),
-                Input::Results(deliveries) => format!(
-                    "results {}..{}",
-                    deliveries[0].token,
-                    deliveries[deliveries.len() - 1].token + 1
-                ),
+                Input::Results(deliveries) => {
+                    let (first, last) =
+                        (deliveries[0].token, deliveries[deliveries.len() - 1].token);
+                    if last - first + 1 == deliveries.len() as u64 {
+                        format!("results {first}..{}", last + 1)
+                    } else {
+                        let tokens: Vec<String> =
+                            deliveries.iter().map(|d| d.token.to_string()).collect();
+                        format!("results {}", tokens.join(" "))
+                    }
+                }
                 Input::Tick => "tick".to_owned(),
                 other => format!("{other:?}"),
             })
@@ -286,7 +344,7 @@ mod tests {
             Input::Tick,
             request(2),
         ];
-        let Err((ahead, behind)) = requests_ahead(inputs) else {
+        let Err((ahead, behind)) = ahead_of_results(inputs, |_| false) else {
             panic!("80 results behind two requests were not split off");
         };
         assert_eq!(shape(&ahead), ["request 1", "tick", "request 2"]);
@@ -296,14 +354,61 @@ mod tests {
     #[test]
     fn a_turn_stays_whole_without_requests_or_with_few_results() {
         let few = vec![results(0, RESULTS_BEHIND_REQUESTS as u64), request(1)];
-        let Ok(few) = requests_ahead(few) else {
+        let Ok(few) = ahead_of_results(few, |_| false) else {
             panic!("a turn of few results was split");
         };
         assert_eq!(shape(&few), ["results 0..64", "request 1"]);
         let no_requests = vec![results(0, 500), Input::Tick];
-        let Ok(no_requests) = requests_ahead(no_requests) else {
+        let Ok(no_requests) = ahead_of_results(no_requests, |_| false) else {
             panic!("a turn without requests was split");
         };
         assert_eq!(shape(&no_requests), ["results 0..500", "tick"]);
+    }
+
+    /// A one-task execution's result waits for neither the large execution's results that
+    /// came before it nor their effects; each execution's results keep their order.
+    #[test]
+    fn small_executions_results_go_ahead_of_many_others() {
+        let inputs = vec![
+            results(0, 40),
+            Input::Results(vec![delivery(40, true)]),
+            // One message may carry both kinds (a worker's batch).
+            Input::Results(
+                (41..100)
+                    .map(|token| delivery(token, token == 50 || token == 70))
+                    .collect(),
+            ),
+            Input::Tick,
+        ];
+        let Err((ahead, behind)) = ahead_of_results(inputs, is_small) else {
+            panic!("a small execution's results behind 96 others were not split off");
+        };
+        assert_eq!(shape(&ahead), ["results 40..41", "results 50 70", "tick"]);
+        let rest: Vec<String> = (41..100)
+            .filter(|token| *token != 50 && *token != 70)
+            .map(|token| token.to_string())
+            .collect();
+        assert_eq!(
+            shape(&behind),
+            [
+                "results 0..40".to_owned(),
+                format!("results {}", rest.join(" "))
+            ]
+        );
+    }
+
+    /// A turn of its own costs an append round trip: taken only to pass more results than
+    /// RESULTS_BEHIND_REQUESTS, and the turn left as it came otherwise.
+    #[test]
+    fn small_results_beside_few_others_share_their_turn() {
+        let mut inputs = vec![results(0, RESULTS_BEHIND_REQUESTS as u64)];
+        inputs.push(Input::Results(
+            (64..70).map(|token| delivery(token, true)).collect(),
+        ));
+        inputs.push(Input::Tick);
+        let Ok(inputs) = ahead_of_results(inputs, is_small) else {
+            panic!("small results beside 64 others were split off");
+        };
+        assert_eq!(shape(&inputs), ["results 0..64", "results 64..70", "tick"]);
     }
 }

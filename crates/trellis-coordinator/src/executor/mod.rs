@@ -10,8 +10,9 @@
 //! the outcomes to [`Coordinator::appended`] and carries out what it returns: task assignments
 //! (sent; their acks are awaited beside the loop), stop messages, progress, observers, index
 //! deletes; (4) acknowledges the consumed result messages (a batch of results once every one is
-//! settled) and answers the writes; (5) starts checkpoints, loads and consumers. Requests
-//! waiting beside many results take a turn of their own ahead of them ([`intake::requests_ahead`]). A
+//! settled) and answers the writes; (5) starts checkpoints, loads and consumers. Requests and
+//! small executions' results waiting beside many results take a turn of their own ahead of them
+//! ([`intake::ahead_of_results`]). A
 //! crash between any two steps loses nothing: recovery re-issues what the log says is due, and
 //! unacknowledged results are delivered again. A NATS outage stalls the loop instead of skipping
 //! the log.
@@ -47,8 +48,8 @@ use crate::turn::{Answer, Coordinator, Error, Input, Observation, ReplyTo, Reque
 const TICK: Duration = Duration::from_millis(20);
 /// Most inputs taken in one turn of the loop.
 const MAX_INPUTS_PER_TURN: usize = 4096;
-/// Results in one turn beyond which the turn's requests are decided in a turn of their own,
-/// ahead of them.
+/// Results in one turn beyond which the turn's requests and small executions' results are
+/// decided in a turn of their own, ahead of them.
 const RESULTS_BEHIND_REQUESTS: usize = 64;
 /// Capacity of each execution's observer channel, in flushed batches.
 const OBSERVER_CAPACITY: usize = 4096;
@@ -248,7 +249,7 @@ impl Executor {
                 (self.tx.max_capacity() - self.tx.capacity()) as u64,
                 std::sync::atomic::Ordering::Relaxed,
             );
-            match intake::requests_ahead(inputs) {
+            match intake::ahead_of_results(inputs, |result| self.small_execution(result)) {
                 Ok(inputs) => self.one_turn(inputs, now).await,
                 Err((ahead, results)) => {
                     self.one_turn(ahead, now).await;
