@@ -384,3 +384,65 @@ async fn a_batch_of_assignments_runs_each_once_and_is_acknowledged_whole() -> an
     harness.wait_until_queue_drained("noop").await?;
     worker.stop().await
 }
+
+/// On a runtime of one thread (this test's) the worker runs each attempt where it dispatches it,
+/// and a message of many assignments would hold the thread until its last one had run: what woke
+/// meanwhile (another execution's offer, result or observer) waited behind all of them. It
+/// yields part-way: a task the message's first attempt wakes runs before its second half starts
+/// (without the yields, before its last attempt only).
+#[tokio::test]
+async fn a_large_batch_lets_what_woke_meanwhile_run_part_way_through() -> anyhow::Result<()> {
+    let mut harness = Harness::start().await?;
+    let woke = std::sync::Arc::new(tokio::sync::Notify::new());
+    let ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let other = tokio::spawn({
+        let (woke, ran) = (woke.clone(), ran.clone());
+        async move {
+            woke.notified().await;
+            ran.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    // Whether the other task had run when each attempt started, in the order they started.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut registry = HandlerRegistry::new();
+    registry.register("mark", {
+        let seen = seen.clone();
+        move |_ctx: TaskContext| {
+            let ran = ran.load(std::sync::atomic::Ordering::SeqCst);
+            let mut seen = seen.lock().expect("no handler panics holding it");
+            if seen.is_empty() {
+                woke.notify_one();
+            }
+            seen.push(ran);
+            std::future::ready(Outcome::Completed(json!(null)))
+        }
+    });
+    let tasks: Vec<TaskAssignment> = (0..128).map(|i| assignment("mark", json!(i))).collect();
+    harness
+        .publish_batch(
+            "mark",
+            tasks.iter().map(|task| task.encode_to_vec()).collect(),
+        )
+        .await?;
+    // A slot for every assignment: none waits for one (a wait would let the other task run).
+    let worker = harness.worker_with("w1", &["mark"], registry, |config| {
+        config.slots = 256;
+    });
+    for _ in &tasks {
+        tokio::time::timeout(SOON, harness.results.next())
+            .await
+            .context("results stop before every task of the batch ended")??;
+    }
+    let seen = seen.lock().expect("no handler panics holding it").clone();
+    assert_eq!(seen.len(), tasks.len(), "each attempt ran once");
+    // The first attempt that found the other task run: at most half-way through the message.
+    let after = seen.iter().position(|ran| *ran);
+    assert!(
+        after.is_some_and(|at| at > 0 && at <= tasks.len() / 2),
+        "the other task, woken by the message's first attempt, ran before attempt {after:?} \
+         of {} started: the message held the thread too long",
+        tasks.len()
+    );
+    other.await?;
+    worker.stop().await
+}
