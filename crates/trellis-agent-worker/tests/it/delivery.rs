@@ -1,6 +1,8 @@
 //! Delivery around the handlers: corrupt messages, reassignment after a worker dies, cancel,
 //! heartbeats, graceful shutdown and unknown task types.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
@@ -393,22 +395,22 @@ async fn a_batch_of_assignments_runs_each_once_and_is_acknowledged_whole() -> an
 #[tokio::test]
 async fn a_large_batch_lets_what_woke_meanwhile_run_part_way_through() -> anyhow::Result<()> {
     let mut harness = Harness::start().await?;
-    let woke = std::sync::Arc::new(tokio::sync::Notify::new());
-    let ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let woke = Arc::new(tokio::sync::Notify::new());
+    let ran = Arc::new(AtomicBool::new(false));
     let other = tokio::spawn({
         let (woke, ran) = (woke.clone(), ran.clone());
         async move {
             woke.notified().await;
-            ran.store(true, std::sync::atomic::Ordering::SeqCst);
+            ran.store(true, Ordering::SeqCst);
         }
     });
     // Whether the other task had run when each attempt started, in the order they started.
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = Arc::new(Mutex::new(Vec::new()));
     let mut registry = HandlerRegistry::new();
     registry.register("mark", {
         let seen = seen.clone();
         move |_ctx: TaskContext| {
-            let ran = ran.load(std::sync::atomic::Ordering::SeqCst);
+            let ran = ran.load(Ordering::SeqCst);
             let mut seen = seen.lock().expect("no handler panics holding it");
             if seen.is_empty() {
                 woke.notify_one();

@@ -203,18 +203,15 @@ pub(super) fn ahead_of_results(
     let requests = inputs
         .iter()
         .any(|input| matches!(input, Input::Request { .. }));
-    let mut hurried = false;
-    let mut behind = 0;
-    for delivery in deliveries() {
-        if small(&delivery.payload) {
-            hurried = true;
-        } else {
-            behind += 1;
-        }
-    }
-    if !(requests || hurried) || behind <= RESULTS_BEHIND_REQUESTS {
+    // Asked once per result, in the order the split below walks them (so it never runs out).
+    let smalls: Vec<bool> = deliveries()
+        .map(|delivery| small(&delivery.payload))
+        .collect();
+    let behind = smalls.iter().filter(|small| !**small).count();
+    if !(requests || behind < smalls.len()) || behind <= RESULTS_BEHIND_REQUESTS {
         return Ok(inputs);
     }
+    let mut smalls = smalls.into_iter();
     let (mut ahead, mut behind) = (Vec::new(), Vec::new());
     for input in inputs {
         let Input::Results(deliveries) = input else {
@@ -223,7 +220,7 @@ pub(super) fn ahead_of_results(
         };
         let (first, rest): (Vec<Delivery>, Vec<Delivery>) = deliveries
             .into_iter()
-            .partition(|delivery| small(&delivery.payload));
+            .partition(|_| smalls.next().unwrap_or(false));
         if !first.is_empty() {
             ahead.push(Input::Results(first));
         }
